@@ -1,0 +1,29 @@
+--[[ claim_job: lease a job that a blocking BLMOVE just moved to the queue's intermediate list.
+
+A crash between the BLMOVE and this script leaves the job in the intermediate list with
+no lock, where the sweep finds it; nothing is lost.
+
+KEYS:
+  1  rq:queue:<q>:intermediate
+  2  rq:job:<id>
+  3  emq:{<q>}:<id>:lock
+  4  emq:{<q>}:leases
+  5  emq:{<q>}:stats
+ARGV:
+  1 job id  2 token  3 worker name  4 lease_ms  5 worker-wide default max attempts
+Returns:
+  {-1}  the job is no longer in the intermediate list (someone else handled it)
+  {0}   the job hash no longer exists (the id is dropped, as RQ does)
+  {1, attempts, field, value, ...}  leased; the job's hash as HGETALL gives it
+]]
+-- @include lib/lease.lua
+
+local job_id = ARGV[1]
+if redis.call('LREM', KEYS[1], 1, job_id) == 0 then return {-1} end
+if redis.call('EXISTS', KEYS[2]) == 0 then return {0} end
+local attempts = grant_lease(KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, ARGV[2], ARGV[3],
+  tonumber(ARGV[4]), ARGV[5])
+local reply = {1, attempts}
+local hash = redis.call('HGETALL', KEYS[2])
+for k = 1, #hash do reply[2 + k] = hash[k] end
+return reply

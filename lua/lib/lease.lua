@@ -1,0 +1,56 @@
+-- lib/lease.lua: helpers shared by the scripts that grant, end and recover leases.
+-- Included (textually, by rq_emq/scripts.py) where a script says `-- @include lib/lease.lua`.
+-- Redis-side time only: no clock of any client is trusted.
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Grant job_id to the holder of `token`: lock with a PX expiry, deadline in the index,
+-- one more attempt counted, the owner recorded on the job hash (the fence).
+local function grant_lease(job_key, lock_key, leases_key, stats_key, job_id, token, worker, lease_ms, default_max)
+  local now = now_ms()
+  redis.call('SET', lock_key, token, 'PX', lease_ms)
+  redis.call('ZADD', leases_key, now + lease_ms, job_id)
+  local attempts = redis.call('HINCRBY', job_key, 'emq_attempts', 1)
+  redis.call('HSET', job_key, 'emq_token', token, 'emq_worker', worker)
+  redis.call('HSETNX', job_key, 'emq_max_attempts', default_max)
+  redis.call('HINCRBY', stats_key, 'taken', 1)
+  return attempts
+end
+
+-- Forget the lease on job_id: lock, index entry and stall mark. The owner token is
+-- replaced by `settled` (so the holder's next renewal learns the job ended normally
+-- rather than being taken from it), or removed when `settled` is false.
+local function drop_lease(job_key, lock_key, leases_key, stalled_key, job_id, settled)
+  redis.call('DEL', lock_key)
+  redis.call('ZREM', leases_key, job_id)
+  redis.call('SREM', stalled_key, job_id)
+  if redis.call('EXISTS', job_key) == 1 then
+    if settled then
+      redis.call('HSET', job_key, 'emq_token', settled)
+    else
+      redis.call('HDEL', job_key, 'emq_token')
+    end
+  end
+end
+
+-- Take job_id out of RQ's view of "in flight": its executions (rq:executions:<id>, a
+-- small per-job zset) name the started-registry members `<id>:<execution>` to remove,
+-- so no stale entry can later fall due and make stock cleanup fail a re-run.
+local function remove_executions(started_key, job_id)
+  local registry = 'rq:executions:' .. job_id
+  local ids = redis.call('ZRANGE', registry, 0, 63)
+  for _, execution_id in ipairs(ids) do
+    local member = job_id .. ':' .. execution_id
+    local execution_key = 'rq:execution:' .. member
+    local worker = redis.call('HGET', execution_key, 'worker_name')
+    if worker and worker ~= '' then
+      redis.call('SREM', 'rq:worker:' .. worker .. ':executions', member)
+    end
+    redis.call('ZREM', started_key, member)
+    redis.call('DEL', execution_key)
+  end
+  redis.call('DEL', registry)
+end

@@ -1,0 +1,49 @@
+--[[ pop_job: take the first job waiting on the given queues, in order, and lease it.
+
+One atomic step replaces RQ's BLPOP/BLMOVE + fetch: there is no moment at which the job
+is out of its queue without a lease, so no crash can lose it.
+
+KEYS (3 per queue i = 1..n, in priority order):
+  3i-2  rq:queue:<q>        the queue list
+  3i-1  emq:{<q>}:leases    lease deadline index (zset id -> ms)
+  3i    emq:{<q>}:stats     counters
+ARGV:
+  1  token (>= 128 random bits + worker name)
+  2  worker name
+  3  lease_ms
+  4  worker-wide default max attempts
+  5  how many ids of deleted jobs to skip in this call
+  5+i  lease key prefix of queue i, `emq:{<q>}:`
+Returns:
+  {}                            every queue is empty
+  {0, skipped}                  only deleted jobs were found; call again
+  {i, job_id, attempts, skipped, field, value, ...}  the job (its hash as HGETALL gives it)
+  where `skipped` lists popped ids whose job hash no longer exists (dropped, as RQ does).
+]]
+-- @include lib/lease.lua
+
+local token, worker, lease_ms, default_max = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local skip_budget = tonumber(ARGV[5])
+local skipped = {}
+local n = #KEYS / 3
+for i = 1, n do
+  local queue_key, leases_key, stats_key = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  while true do
+    local job_id = redis.call('LPOP', queue_key)
+    if not job_id then break end
+    local job_key = 'rq:job:' .. job_id
+    if redis.call('EXISTS', job_key) == 1 then
+      local lock_key = ARGV[5 + i] .. job_id .. ':lock'
+      local attempts = grant_lease(job_key, lock_key, leases_key, stats_key, job_id, token, worker,
+        lease_ms, default_max)
+      local reply = {i, job_id, attempts, skipped}
+      local hash = redis.call('HGETALL', job_key)
+      for k = 1, #hash do reply[4 + k] = hash[k] end
+      return reply
+    end
+    skipped[#skipped + 1] = job_id
+    if #skipped >= skip_budget then return {0, skipped} end
+  end
+end
+if #skipped > 0 then return {0, skipped} end
+return {}

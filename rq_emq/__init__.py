@@ -1,0 +1,33 @@
+"""rq-emq: exact crash recovery for RQ with per-job lock leases.
+
+Producers keep ``queue.enqueue(...)``; operators run ``rq worker -w rq_emq.LeaseWorker``.
+"""
+
+from __future__ import annotations
+
+from .fencing import LeaseLost
+from .settings import LeaseSettings, SettingsError
+from .worker import META_MAX_ATTEMPTS, LeaseJobInterrupted, LeaseWorker, SimpleLeaseWorker
+
+__version__ = "0.1.0"
+
+
+def max_attempts(n: int, meta: dict | None = None) -> dict:
+    """``meta`` for ``queue.enqueue(..., meta=max_attempts(5))``: this job may be taken at
+    most ``n`` times before a stall fails it (the worker-wide default applies otherwise)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise SettingsError(f"max_attempts must be a whole number of at least 1, got {n!r}")
+    return {**(meta or {}), META_MAX_ATTEMPTS: n}
+
+
+__all__ = [
+    "META_MAX_ATTEMPTS",
+    "LeaseJobInterrupted",
+    "LeaseLost",
+    "LeaseSettings",
+    "LeaseWorker",
+    "SettingsError",
+    "SimpleLeaseWorker",
+    "__version__",
+    "max_attempts",
+]

@@ -1,0 +1,53 @@
+"""Differences between the RQ releases we support (2.0 … 3.x), in one place.
+
+RQ 2.0 is the oldest release supported: it introduced Executions (started-registry
+members ``<job_id>:<execution_id>`` with a per-job ``rq:executions:<id>`` index, which the
+sweep uses to clean RQ's view of a recovered job) and the intermediate list behind its
+single-queue BLMOVE. RQ 1.x has neither.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import rq
+from rq.utils import now
+
+RQ_VERSION: tuple[int, ...] = tuple(int(part) for part in rq.__version__.split(".")[:2] if part.isdigit())
+
+from rq.worker import WorkerStatus
+
+
+def resp2_callbacks() -> dict[str, Any]:
+    """redis-py's reply callbacks for RESP2-shaped replies (what Lua hands back, whatever
+    protocol the client speaks), giving the Python shapes RQ's code expects.
+
+    redis-py 8 builds them per protocol; 5 to 7 keep two dicts to merge.
+    """
+    try:
+        from redis._parsers.response_callbacks import get_response_callbacks
+
+        return dict(get_response_callbacks(user_protocol=2, legacy_responses=True))
+    except ImportError:
+        from redis._parsers.helpers import _RedisCallbacks, _RedisCallbacksRESP2
+
+        return {**_RedisCallbacks, **_RedisCallbacksRESP2}
+
+
+def is_repeated_stop_signal(worker: Any) -> bool:
+    """True when RQ ignores this cold-stop signal as a duplicate (within 1 s of the first).
+
+    Every supported release debounces the pool's echo of Ctrl+C the same way; we must not
+    hand a job back for a signal that RQ then ignores.
+    """
+    requested: datetime | None = getattr(worker, "_shutdown_requested_date", None)
+    return requested is not None and (now() - requested) < timedelta(seconds=1)
+
+
+def current_execution(worker: Any) -> Any:
+    """The execution the worker runs now (RQ 3.x keeps a dict; 2.x one attribute)."""
+    return getattr(worker, "execution", None)
+
+
+__all__ = ["RQ_VERSION", "WorkerStatus", "current_execution", "is_repeated_stop_signal", "resp2_callbacks"]

@@ -1,0 +1,173 @@
+"""The lock manager: one timer per process that renews every lease the process holds.
+
+Each tick is one round trip: a ``renew_leases`` EVALSHA per queue with leases, plus the
+worker's and its executions' RQ heartbeats, all in one pipeline. Renewal is token
+checked in Lua, so nobody extends a lease they do not hold; leases reported lost are
+handed to the worker (which by default stops the job). Tick work a worker adds (RQ
+heartbeats, the sweep) plugs in through ``on_tick``.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis import Redis
+from redis.client import Pipeline
+from rq.utils import now, utcformat
+
+from . import scripts
+from .fencing import Fence
+from .keys import QueueKeys
+
+logger = logging.getLogger("rq_emq.lease")
+
+
+def new_token(worker_name: str) -> str:
+    """A lease token: 128 random bits, then the holder's name for people reading Redis."""
+    return f"{secrets.token_hex(16)}:{worker_name}"
+
+
+@dataclass
+class Lease:
+    """One job this process holds: where it lives, the token that proves it, RQ objects."""
+
+    queue: str
+    job_id: str
+    token: str
+    job: Any = None
+    execution: Any = None
+    #: Renewal found the lease taken from us (recovered, or the job deleted).
+    lost: bool = field(default=False)
+    #: Renewal found the job already finished by us (a tick raced the finish).
+    settled: bool = field(default=False)
+
+    @property
+    def fence(self) -> Fence:
+        return Fence(self.queue, self.job_id, self.token)
+
+
+class LockManager:
+    """Renews, in one round trip per tick, every lease its process holds."""
+
+    def __init__(
+        self,
+        client: Redis,
+        lease_ms: int,
+        renew_interval_ms: int,
+        on_lost: Callable[[Lease], None],
+        on_tick: Callable[[Pipeline, list[Lease]], Callable[[list[Any]], None] | None] | None = None,
+        name: str = "rq-emq-lock-manager",
+    ) -> None:
+        self.client = client
+        self.lease_ms = lease_ms
+        self.renew_interval_ms = renew_interval_ms
+        self.on_lost = on_lost
+        self.on_tick = on_tick
+        self.name = name
+        self._leases: dict[str, Lease] = {}
+        self._guard = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.ticks = 0
+
+    # -- the set of leases -------------------------------------------------------------
+    def add(self, lease: Lease) -> None:
+        with self._guard:
+            self._leases[lease.job_id] = lease
+
+    def get(self, job_id: str) -> Lease | None:
+        return self._leases.get(job_id)
+
+    def remove(self, job_id: str) -> Lease | None:
+        with self._guard:
+            return self._leases.pop(job_id, None)
+
+    def held(self) -> list[Lease]:
+        with self._guard:
+            return [lease for lease in self._leases.values() if not (lease.lost or lease.settled)]
+
+    # -- the timer -----------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        self._thread = None
+
+    def _run(self) -> None:
+        interval = self.renew_interval_ms / 1000.0
+        while not self._stop.wait(interval):
+            try:
+                self.tick()
+            except Exception:  # a tick must never kill the timer; the next one retries
+                logger.exception("lock manager tick failed; retrying in %.1fs", interval)
+
+    def tick(self) -> list[str]:
+        """Renew every held lease now; returns the ids of leases found lost."""
+        leases = self.held()
+        pipe = self.client.pipeline(transaction=False)
+        by_queue: dict[str, list[Lease]] = {}
+        for lease in leases:
+            by_queue.setdefault(lease.queue, []).append(lease)
+        script = scripts.load("renew_leases")
+        heartbeat = utcformat(now())
+        for queue, group in by_queue.items():
+            q = QueueKeys(queue)
+            args: list[Any] = [self.lease_ms, q.prefix, heartbeat]
+            for lease in group:
+                args += [lease.job_id, lease.token]
+            script.queue(pipe, [q.leases, q.stalled, q.stats], args)
+        after = self.on_tick(pipe, leases) if self.on_tick else None
+        if not len(pipe):
+            return []
+        replies = pipe.execute(raise_on_error=False)
+        self.ticks += 1
+        lost: list[str] = []
+        settled: list[str] = []
+        retry = False
+        for queue, reply in zip(by_queue, replies, strict=False):
+            if scripts.is_noscript(reply):
+                script.load(self.client)
+                retry = True
+            elif isinstance(reply, Exception):
+                logger.error("renewing leases on queue %s failed: %s", queue, reply)
+            else:
+                lost += _ids(reply[0])
+                settled += _ids(reply[1])
+        if after is not None:
+            after(replies[len(by_queue):])
+        if retry:
+            return self.tick()
+        for job_id in settled:
+            lease = self.get(job_id)
+            if lease is not None:
+                lease.settled = True
+        for job_id in lost:
+            lease = self.get(job_id)
+            if lease is None or lease.lost:
+                continue
+            lease.lost = True
+            logger.warning(
+                "job %s on queue %s: lease lost (renewal refused)",
+                job_id,
+                lease.queue,
+                extra={"job_id": job_id, "queue": lease.queue},
+            )
+            self.on_lost(lease)
+        return lost
+
+
+def _ids(values: list[Any]) -> list[str]:
+    return [v.decode() if isinstance(v, bytes) else str(v) for v in values]

@@ -1,0 +1,124 @@
+"""Lease settings: names, defaults, sources and validation, all in one place.
+
+A setting comes from (highest first) a constructor keyword, an ``RQ_EMQ_<NAME>``
+environment variable, a class attribute on the worker, or the default below. Values
+are validated when the worker is built, so a bad value stops ``rq worker`` at startup
+with a message that names the setting.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+ENV_PREFIX = "RQ_EMQ_"
+
+
+class SettingsError(ValueError):
+    """A lease setting is missing, malformed or inconsistent with another one."""
+
+
+@dataclass(frozen=True)
+class LeaseSettings:
+    """Validated lease settings for one worker process."""
+
+    #: How long a lease lives without renewal (milliseconds).
+    lease_ms: int = 30_000
+    #: How often the lock manager renews every lease the process holds (milliseconds).
+    renew_interval_ms: int = 10_000
+    #: At most one sweep per queue per this interval, fleet-wide (milliseconds).
+    sweep_interval_ms: int = 5_000
+    #: Leased jobs a single sweep call looks at before it yields (bounds script run time).
+    sweep_batch: int = 200
+    #: Worker-wide default for how many times a job may be taken before a stall fails it.
+    max_attempts: int = 3
+    #: When renewal finds the lease lost while the job runs: True stops the job, False lets
+    #: it finish (its outcome is still fenced and discarded).
+    stop_on_lease_lost: bool = True
+    #: With several queues, how long one blocking wait on the first queue lasts before the
+    #: worker looks at the others again (milliseconds).
+    idle_poll_ms: int = 200
+
+    def __post_init__(self) -> None:
+        _require_int(self, "lease_ms", minimum=100)
+        _require_int(self, "renew_interval_ms", minimum=10)
+        _require_int(self, "sweep_interval_ms", minimum=10)
+        _require_int(self, "sweep_batch", minimum=1, maximum=10_000)
+        _require_int(self, "max_attempts", minimum=1)
+        _require_int(self, "idle_poll_ms", minimum=10, maximum=60_000)
+        if not isinstance(self.stop_on_lease_lost, bool):
+            raise SettingsError(_msg("stop_on_lease_lost", "must be true or false", self.stop_on_lease_lost))
+        if self.renew_interval_ms >= self.lease_ms:
+            raise SettingsError(
+                f"renew_interval_ms ({ENV_PREFIX}RENEW_INTERVAL_MS) = {self.renew_interval_ms} must be shorter "
+                f"than lease_ms ({ENV_PREFIX}LEASE_MS) = {self.lease_ms}: a lease would lapse between renewals"
+            )
+
+    @property
+    def registry_grace_ms(self) -> int:
+        """How long past a lease's deadline RQ's started registry entry stays valid.
+
+        Stock cleanup (``rq info``, django-rq, a stock worker) fails entries that fall due;
+        keeping them valid for two sweep intervals and a minute past the lease lets our
+        sweep recover a dead worker's job first, while a fleet rolled back to stock RQ
+        still cleans up eventually.
+        """
+        return 2 * self.sweep_interval_ms + 60_000
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def resolve(
+        cls,
+        overrides: Mapping[str, Any] | None = None,
+        defaults: Mapping[str, Any] | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> LeaseSettings:
+        """Build settings from keyword overrides, the environment and class-level defaults."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for name in cls.names():
+            if defaults and defaults.get(name) is not None:
+                values[name] = defaults[name]
+            env_value = environ.get(ENV_PREFIX + name.upper())
+            if env_value is not None and env_value.strip() != "":
+                values[name] = _parse_env(name, env_value)
+            if overrides and overrides.get(name) is not None:
+                values[name] = overrides[name]
+        unknown = set(overrides or ()) - set(cls.names())
+        if unknown:
+            raise SettingsError(f"unknown lease setting(s): {', '.join(sorted(unknown))}")
+        return cls(**values)
+
+
+def _msg(name: str, rule: str, value: object) -> str:
+    return f"{name} ({ENV_PREFIX}{name.upper()}) {rule}, got {value!r}"
+
+
+def _require_int(obj: LeaseSettings, name: str, minimum: int, maximum: int | None = None) -> None:
+    value = getattr(obj, name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SettingsError(_msg(name, "must be a whole number", value))
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"at least {minimum}" if maximum is None else f"between {minimum} and {maximum}"
+        raise SettingsError(_msg(name, f"must be {bound}", value))
+
+
+def _parse_env(name: str, raw: str) -> Any:
+    field_type = {f.name: f.type for f in fields(LeaseSettings)}[name]
+    text = raw.strip()
+    if field_type in (bool, "bool"):
+        lowered = text.lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise SettingsError(_msg(name, "must be true or false", raw))
+    try:
+        return int(text.replace("_", ""))
+    except ValueError:
+        raise SettingsError(_msg(name, "must be a whole number", raw)) from None

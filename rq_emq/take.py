@@ -1,0 +1,117 @@
+"""Taking a job off its queue under a lease, without a moment in which a crash loses it.
+
+When jobs are waiting, ``pop_job`` takes the first one across the worker's queues (in
+order) and leases it in one EVALSHA, which also returns the job's hash: one round trip,
+where RQ spends two (pop, then fetch). When every queue is empty the worker blocks like
+RQ does, with ``BLMOVE`` into the first queue's intermediate list, then ``claim_job``
+leases what arrived. A crash between the two leaves the job in the intermediate list,
+where the sweep finds it. RQ's multi-queue ``BLPOP`` (which drops a job popped by a worker
+that dies before recording it) is never used; with several queues the blocking wait on
+the first queue lasts ``idle_poll_ms`` before the others are looked at again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis import Redis
+
+from . import scripts
+from .keys import QueueKeys
+from .lease import new_token
+from .settings import LeaseSettings
+
+logger = logging.getLogger("rq_emq.lease")
+
+# Ids of deleted jobs one pop may skip before it returns (bounds the script's run time).
+SKIP_BUDGET = 100
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A job just leased: which queue (index into the worker's list), its lease, its hash."""
+
+    queue_index: int
+    job_id: str
+    token: str
+    attempts: int
+    raw: dict[bytes, bytes]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _as_hash(flat: Sequence[Any]) -> dict[bytes, bytes]:
+    items = [v if isinstance(v, bytes) else str(v).encode() for v in flat]
+    return dict(zip(items[0::2], items[1::2], strict=True))
+
+
+class Taker:
+    """Takes jobs for one worker from its queues, in the worker's order."""
+
+    def __init__(self, connection: Redis, worker_name: str, settings: LeaseSettings) -> None:
+        self.connection = connection
+        self.worker_name = worker_name
+        self.settings = settings
+
+    def pop(self, queue_names: Sequence[str]) -> Taken | None:
+        """Lease the first waiting job across ``queue_names``; None when all are empty."""
+        script = scripts.load("pop_job")
+        keys: list[str] = []
+        prefixes: list[str] = []
+        for name in queue_names:
+            q = QueueKeys(name)
+            keys += [q.rq_queue, q.leases, q.stats]
+            prefixes.append(q.prefix)
+        while True:
+            token = new_token(self.worker_name)
+            args = [token, self.worker_name, self.settings.lease_ms, self.settings.max_attempts, SKIP_BUDGET]
+            reply = script(self.connection, keys, [*args, *prefixes])
+            if not reply:
+                return None
+            index = int(reply[0])
+            skipped = [_text(v) for v in reply[1 if index == 0 else 3]]
+            for job_id in skipped:
+                logger.warning("job %s was in a queue but its hash is gone; skipped", job_id)
+            if index == 0:
+                continue
+            return Taken(index - 1, _text(reply[1]), token, int(reply[2]), _as_hash(reply[4:]))
+
+    def claim(self, queue_name: str, job_id: str) -> Taken | None:
+        """Lease a job that ``BLMOVE`` put in ``queue_name``'s intermediate list."""
+        q = QueueKeys(queue_name)
+        token = new_token(self.worker_name)
+        keys = [q.intermediate, f"rq:job:{job_id}", q.lock(job_id), q.leases, q.stats]
+        args = [job_id, token, self.worker_name, self.settings.lease_ms, self.settings.max_attempts]
+        reply = scripts.load("claim_job")(self.connection, keys, args)
+        status = int(reply[0])
+        if status == 0:
+            logger.warning("job %s was in queue %s but its hash is gone; skipped", job_id, queue_name)
+        if status != 1:
+            return None
+        return Taken(0, job_id, token, int(reply[1]), _as_hash(reply[2:]))
+
+    def take(self, queue_names: Sequence[str], timeout: float | None) -> Taken | None:
+        """Take a job, waiting up to ``timeout`` seconds (None: do not wait, as in burst)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        first = QueueKeys(queue_names[0])
+        several = len(queue_names) > 1
+        while True:
+            taken = self.pop(queue_names)
+            if taken is not None or deadline is None:
+                return taken
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            wait = min(remaining, self.settings.idle_poll_ms / 1000.0) if several else remaining
+            # Redis reads a zero timeout as "forever"; never ask for less than a millisecond.
+            job_id = self.connection.blmove(first.rq_queue, first.intermediate, max(wait, 0.001), "LEFT", "RIGHT")
+            if job_id is not None:
+                taken = self.claim(queue_names[0], _text(job_id))
+                if taken is not None:
+                    return taken

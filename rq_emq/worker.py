@@ -1,0 +1,358 @@
+"""``LeaseWorker`` and ``SimpleLeaseWorker``: RQ workers whose every in-flight job holds a lease.
+
+Operators switch with ``rq worker -w rq_emq.LeaseWorker`` (forking) or
+``-w rq_emq.SimpleLeaseWorker`` (no fork). The overrides sit at RQ's seams and stay thin:
+
+- taking a job is one atomic lease grant (:mod:`rq_emq.take`);
+- one lock-manager timer per process renews the leases and sends RQ's worker and
+  execution heartbeats in the same round trip (:mod:`rq_emq.lease`), so RQ's started
+  registry entry never falls due while the lease lives;
+- finishing (success, failure, ``Retry``, stop, timeout) keeps RQ's code and is fenced
+  (:mod:`rq_emq.fencing`);
+- a lost lease stops the job; a horse dies with its worker; a cold stop hands the job back.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+from redis import ConnectionPool, Redis
+from redis.client import Pipeline
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from rq import SimpleWorker, Worker
+from rq.job import Job
+from rq.queue import Queue
+from rq.utils import now
+
+from . import compat, scripts
+from .fencing import LeaseLost, fenced
+from .keys import QueueKeys, job_key
+from .lease import Lease, LockManager
+from .settings import LeaseSettings
+from .take import Taken, Taker
+
+logger = logging.getLogger("rq_emq.lease")
+
+#: ``job.meta`` key a stock ``rq.Queue`` producer sets to give one job its own max attempts.
+META_MAX_ATTEMPTS = "emq_max_attempts"
+
+_PR_SET_PDEATHSIG = 1
+
+
+class LeaseJobInterrupted(Exception):
+    """Raised inside a SimpleLeaseWorker's job when its lease was lost."""
+
+
+class LeaseMixin:
+    """The lease behaviour shared by both worker kinds (put before the RQ worker class)."""
+
+    # Settings as class attributes; None means "environment variable, else default".
+    lease_ms: int | None = None
+    renew_interval_ms: int | None = None
+    sweep_interval_ms: int | None = None
+    sweep_batch: int | None = None
+    max_attempts: int | None = None
+    stop_on_lease_lost: bool | None = None
+    idle_poll_ms: int | None = None
+
+    connection: Redis
+    name: str
+    queues: list[Queue]
+    log: logging.Logger
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        names = LeaseSettings.names()
+        overrides = {name: kwargs.pop(name) for name in names if name in kwargs}
+        defaults = {name: getattr(type(self), name, None) for name in names}
+        self.lease_settings = LeaseSettings.resolve(overrides, defaults)
+        super().__init__(*args, **kwargs)
+        self.lock_manager: LockManager | None = None
+        self._taker: Taker | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def bootstrap(self, *args: Any, **kwargs: Any) -> None:
+        super().bootstrap(*args, **kwargs)  # type: ignore[misc]
+        scripts.load_all(self.connection)
+        settings = self.lease_settings
+        self._taker = Taker(self.connection, self.name, settings)
+        self.lock_manager = LockManager(
+            _own_client(self.connection),
+            settings.lease_ms,
+            settings.renew_interval_ms,
+            on_lost=self._on_lease_lost,
+            on_tick=self._tick_heartbeats,
+            name=f"rq-emq-lock-manager:{self.name}",
+        )
+        self.lock_manager.start()
+
+    def teardown(self) -> None:
+        if not self.is_horse and self.lock_manager is not None:  # type: ignore[attr-defined]
+            self.lock_manager.stop()
+        super().teardown()  # type: ignore[misc]
+
+    # -- take ----------------------------------------------------------------------------
+    def dequeue_job_and_maintain_ttl(
+        self, timeout: int | None, max_idle_time: int | None = None
+    ) -> tuple[Job, Queue] | None:
+        """RQ's wait loop, with RQ's dequeue replaced by an atomic take under a lease."""
+        me: Any = self
+        qnames = ",".join(q.name for q in me._ordered_queues)
+        me.set_state(compat.WorkerStatus.IDLE)
+        me.procline("Listening on " + qnames)
+        wait_time = 1.0
+        idle_since = now()
+        result: tuple[Job, Queue] | None = None
+        while True:
+            try:
+                me.heartbeat()
+                if me.should_run_maintenance_tasks:
+                    me.run_maintenance_tasks()
+                wait = timeout
+                if timeout is not None and max_idle_time is not None:
+                    idle_left = max_idle_time - (now() - idle_since).total_seconds()
+                    if idle_left <= 0:
+                        break
+                    wait = min(timeout, math.ceil(idle_left))
+                result = self._take(wait)
+                if result is not None or timeout is None:
+                    break
+            except (RedisConnectionError, RedisTimeoutError) as error:
+                me.log.error("Worker %s: could not reach Redis: %s; retrying in %ds", me.name, error, wait_time)
+                time.sleep(wait_time)
+                wait_time = min(wait_time * me.exponential_backoff_factor, me.max_connection_wait_time)
+        me.heartbeat()
+        return result
+
+    def _take(self, timeout: float | None) -> tuple[Job, Queue] | None:
+        me: Any = self
+        assert self._taker is not None and self.lock_manager is not None
+        queues: list[Queue] = list(me._ordered_queues)
+        taken = self._taker.take([q.name for q in queues], timeout)
+        if taken is None:
+            return None
+        queue = queues[taken.queue_index]
+        lease = Lease(queue.name, taken.job_id, taken.token)
+        self.lock_manager.add(lease)
+        job = self._job_from(taken, queue, lease)
+        if job is None:
+            return None
+        lease.job = job
+        me.reorder_queues(reference_queue=queue)
+        me.log.info("Worker %s: %s: %s (attempt %d)", me.name, queue.name, job.id, taken.attempts,
+                    extra={"job_id": job.id, "queue": queue.name})
+        return job, queue
+
+    def _job_from(self, taken: Taken, queue: Queue, lease: Lease) -> Job | None:
+        """Build the Job from the hash the take returned; a malformed one goes to failed."""
+        me: Any = self
+        job = me.job_class(taken.job_id, connection=self.connection, serializer=me.serializer)
+        try:
+            job.restore(taken.raw)
+            wanted = job.meta.get(META_MAX_ATTEMPTS)
+        except Exception as error:
+            self._fail_unreadable(queue, lease, error)
+            return None
+        recorded = taken.raw.get(b"emq_max_attempts")
+        if isinstance(wanted, int) and wanted >= 1 and str(wanted).encode() != recorded:
+            self.connection.hset(job_key(job.id), "emq_max_attempts", wanted)
+        return job
+
+    def _fail_unreadable(self, queue: Queue, lease: Lease, error: Exception) -> None:
+        logger.error("job %s on queue %s cannot be read (%s); moved to failed", lease.job_id, queue.name, error,
+                     extra={"job_id": lease.job_id, "queue": queue.name})
+        assert self.lock_manager is not None
+        self.lock_manager.remove(lease.job_id)
+        try:
+            with fenced(self.connection, lease.fence):
+                pipe = self.connection.pipeline()
+                pipe.zadd(QueueKeys(queue.name).failed, {lease.job_id: now().timestamp() + 365 * 86400})
+                pipe.hset(job_key(lease.job_id), mapping={"status": "failed", "exc_info": f"unreadable job: {error}"})
+                pipe.execute()
+        except LeaseLost:
+            pass
+
+    # -- run -----------------------------------------------------------------------------
+    def prepare_execution(self, job: Job) -> Any:
+        execution = super().prepare_execution(job)  # type: ignore[misc]
+        lease = self.lock_manager.get(job.id) if self.lock_manager else None
+        if lease is not None:
+            lease.execution = execution
+        return execution
+
+    def execute_job(self, job: Job, queue: Queue) -> Any:
+        try:
+            return super().execute_job(job, queue)  # type: ignore[misc]
+        finally:
+            if self.lock_manager is not None:
+                self.lock_manager.remove(job.id)
+
+    def get_heartbeat_ttl(self, job: Job, *args: Any, **kwargs: Any) -> int:
+        """Seconds RQ's started-registry entry stays valid: the lease plus a grace that lets
+        our sweep act before stock cleanup would; the lock manager refreshes it every tick."""
+        settings = self.lease_settings
+        return math.ceil((settings.lease_ms + settings.registry_grace_ms) / 1000)
+
+    def maintain_heartbeats(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing to do: the lock manager's tick sends these with the lease renewals."""
+
+    def _tick_heartbeats(self, pipe: Pipeline, leases: list[Lease]) -> None:
+        if not leases:
+            return None
+        me: Any = self
+        me.heartbeat(me.job_monitoring_interval + 60, pipeline=pipe)
+        ttl = self.get_heartbeat_ttl(leases[0].job)
+        for lease in leases:
+            if lease.execution is not None and lease.job is not None:
+                lease.execution.heartbeat(lease.job.started_job_registry, ttl, pipeline=pipe)
+        return None
+
+    def _on_lease_lost(self, lease: Lease) -> None:
+        if self.lease_settings.stop_on_lease_lost:
+            logger.warning("job %s on queue %s: stopping it, its lease is lost", lease.job_id, lease.queue,
+                           extra={"job_id": lease.job_id, "queue": lease.queue})
+            self._stop_lost_job(lease)
+
+    def _stop_lost_job(self, lease: Lease) -> None:
+        raise NotImplementedError
+
+    # -- finish (fenced) -----------------------------------------------------------------
+    @contextmanager
+    def _fenced_finish(self, job: Job) -> Iterator[None]:
+        lease = self.lock_manager.get(job.id) if self.lock_manager is not None else None
+        if lease is None or "pipeline" in vars(self.connection):
+            yield  # not a job we leased, or already inside a fenced finish
+            return
+        try:
+            with fenced(self.connection, lease.fence):
+                yield
+        except LeaseLost:
+            pass  # logged where it was refused; nothing was written
+
+    def handle_job_success(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> Any:
+        with self._fenced_finish(job):
+            return super().handle_job_success(job, queue, *args, **kwargs)  # type: ignore[misc]
+
+    def handle_job_failure(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> Any:
+        with self._fenced_finish(job):
+            return super().handle_job_failure(job, queue, *args, **kwargs)  # type: ignore[misc]
+
+    def handle_job_retry(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> Any:
+        with self._fenced_finish(job):
+            return super().handle_job_retry(job, queue, *args, **kwargs)  # type: ignore[misc]
+
+    # -- maintenance -----------------------------------------------------------------------
+    def clean_registries(self) -> None:
+        """RQ's registry maintenance, minus its intermediate-list cleanup: that one fails a
+        job found there, where our sweep puts it back in its queue."""
+        from rq import worker_registration
+        from rq.registry import clean_registries
+
+        me: Any = self
+        for queue in self.queues:
+            if queue.acquire_maintenance_lock():
+                clean_registries(queue, me._exc_handlers)
+                worker_registration.clean_worker_registry(queue)
+                queue.release_maintenance_lock()
+        me.last_cleaned_at = now()
+
+    # -- stop now --------------------------------------------------------------------------
+    def request_force_stop(self, signum: int, frame: FrameType | None) -> None:
+        if not compat.is_repeated_stop_signal(self):
+            self._stop_running_job()
+            self._hand_back_leases()
+        super().request_force_stop(signum, frame)  # type: ignore[misc]
+
+    def _stop_running_job(self) -> None:
+        """Fork mode kills the horse first; in simple mode the job is in this very thread."""
+
+    def _hand_back_leases(self) -> None:
+        if self.lock_manager is None:
+            return
+        for lease in self.lock_manager.held():
+            q = QueueKeys(lease.queue)
+            keys = [job_key(lease.job_id), q.lock(lease.job_id), q.leases, q.stalled, q.stats,
+                    q.rq_queue, q.intermediate, q.started]
+            try:
+                returned = scripts.load("return_job_to_queue")(self.connection, keys, [lease.job_id, lease.token])
+            except Exception:
+                logger.exception("job %s: could not hand it back to queue %s", lease.job_id, lease.queue)
+                continue
+            self.lock_manager.remove(lease.job_id)
+            if returned:
+                logger.warning("job %s handed back to the front of queue %s (cold stop)", lease.job_id, lease.queue,
+                               extra={"job_id": lease.job_id, "queue": lease.queue})
+
+
+class LeaseWorker(LeaseMixin, Worker):
+    """A forking RQ worker whose jobs hold lock leases (``rq worker -w rq_emq.LeaseWorker``)."""
+
+    def main_work_horse(self, job: Job, queue: Queue) -> None:
+        _die_with_parent(self._worker_pid)
+        super().main_work_horse(job, queue)
+
+    def fork_work_horse(self, job: Job, queue: Queue) -> None:
+        self._worker_pid = os.getpid()
+        super().fork_work_horse(job, queue)
+
+    def _stop_lost_job(self, lease: Lease) -> None:
+        if self.horse_pid:
+            self.kill_horse(signal.SIGKILL)
+
+    def _stop_running_job(self) -> None:
+        if self.horse_pid:
+            self.kill_horse(signal.SIGKILL)
+            self.wait_for_horse()
+
+
+class SimpleLeaseWorker(LeaseMixin, SimpleWorker):
+    """A non-forking RQ worker whose jobs hold lock leases; a thread renews while jobs run."""
+
+    #: Delivered to the main thread to interrupt a job whose lease was lost.
+    interrupt_signal = signal.SIGUSR1
+
+    def execute_job(self, job: Job, queue: Queue) -> Any:
+        previous = signal.signal(self.interrupt_signal, self._interrupt_lost_job)
+        self._interrupt_job_id: str | None = None
+        try:
+            return super().execute_job(job, queue)
+        finally:
+            signal.signal(self.interrupt_signal, previous)
+
+    def _stop_lost_job(self, lease: Lease) -> None:
+        self._interrupt_job_id = lease.job_id
+        signal.pthread_kill(threading.main_thread().ident or 0, self.interrupt_signal)
+
+    def _interrupt_lost_job(self, signum: int, frame: FrameType | None) -> None:
+        job_id, self._interrupt_job_id = self._interrupt_job_id, None
+        if job_id is not None:
+            raise LeaseJobInterrupted(f"job {job_id}: lease lost, job stopped")
+
+
+def _own_client(connection: Redis) -> Redis:
+    """A client with its own pool, so the lock manager's thread shares no connection
+    (nor pool lock) with the main thread or a forked horse."""
+    pool = connection.connection_pool
+    return Redis(connection_pool=ConnectionPool(connection_class=pool.connection_class, **pool.connection_kwargs))
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL this horse when its worker dies, so a lapsed lease means that
+    nobody works on the job any more (RQ puts the horse in its own process group)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the worker's cold stop still kills it
+        return
+    if os.getppid() != parent_pid:  # the worker died before prctl took effect
+        os._exit(1)

@@ -1,0 +1,58 @@
+"""Fixtures: a private redis-server per test session (or REDIS_URL), clean data per test,
+and real worker processes that are always reaped."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+
+import pytest
+import redis
+from procs import Processes
+from redis_server import ExternalRedis, RedisServer, in_ci
+
+
+def _start_private_server() -> RedisServer:
+    if shutil.which("redis-server") is None:
+        if in_ci():
+            pytest.fail("redis-server is required in CI (CI=true) but is not installed")
+        pytest.skip("redis-server is not installed")
+    return RedisServer().start()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer | ExternalRedis]:
+    url = os.environ.get("REDIS_URL")
+    server: RedisServer | ExternalRedis = ExternalRedis(url) if url else _start_private_server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer | ExternalRedis) -> str:
+    return redis_server.url
+
+
+@pytest.fixture
+def r(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    client.script_flush()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def own_server() -> Iterator[RedisServer]:
+    """A server of this test's own, to pause, kill or restart."""
+    server = _start_private_server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def procs(tmp_path: object) -> Iterator[Processes]:
+    processes = Processes(str(tmp_path))
+    yield processes
+    processes.stop_all()

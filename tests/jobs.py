@@ -1,0 +1,42 @@
+"""Job functions the tests enqueue; workers import them (tests/ is on their PYTHONPATH)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+
+def record(log: str, tag: str = "run") -> None:
+    """Append one line per run, with the pid: the side-effect log counts runs."""
+    with open(log, "a") as out:
+        out.write(f"{tag} {os.getpid()}\n")
+
+
+def runs(log: str) -> list[str]:
+    path = Path(log)
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def sleep_and_record(log: str, seconds: float, result: object = "done") -> object:
+    record(log, "start")
+    time.sleep(seconds)
+    record(log, "end")
+    return result
+
+
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+def fail(message: str = "boom") -> None:
+    raise ValueError(message)
+
+
+def fail_and_record(log: str) -> None:
+    record(log)
+    raise ValueError("boom")
+
+
+def noop() -> None:
+    return None

@@ -1,0 +1,76 @@
+"""Real worker processes for tests: started as an operator would (``rq worker -w ...``),
+their logs kept, and every one of them (and its horse) reaped at the end."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+TESTS_DIR = Path(__file__).resolve().parent
+RQ_BIN = str(Path(sys.executable).parent / "rq")
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.02, what: str = "") -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class Processes:
+    def __init__(self, log_dir: str) -> None:
+        self.log_dir = Path(log_dir)
+        self.started: list[subprocess.Popen[bytes]] = []
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
+        env.update(extra)
+        return env
+
+    def start(self, args: list[str], env: dict[str, str] | None = None, name: str = "proc") -> subprocess.Popen[bytes]:
+        log = open(self.log_dir / f"{name}-{len(self.started)}.log", "wb")
+        process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env or self.env(),
+                                   cwd=str(TESTS_DIR), start_new_session=True)
+        process.log_path = log.name  # type: ignore[attr-defined]
+        self.started.append(process)
+        return process
+
+    def worker(self, url: str, *queues: str, worker_class: str = "rq_emq.LeaseWorker", burst: bool = False,
+               name: str | None = None, args: tuple[str, ...] = (), **env: str) -> subprocess.Popen[bytes]:
+        cmd = [RQ_BIN, "worker", "-w", worker_class, "--url", url, *(["--burst"] if burst else []), *args]
+        if name:
+            cmd += ["--name", name]
+        return self.start([*cmd, *(queues or ("default",))], env=self.env(**env), name="worker")
+
+    def log(self, process: subprocess.Popen[bytes]) -> str:
+        return Path(process.log_path).read_text(errors="replace")  # type: ignore[attr-defined]
+
+    def stop_all(self) -> None:
+        for process in self.started:
+            if process.poll() is None:
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                process.wait(timeout=10)

@@ -1,0 +1,281 @@
+"""Take, renew and fence, driven directly against a real Redis (no worker process)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import redis
+from rq import Queue
+from rq.job import Job
+
+from rq_emq import scripts
+from rq_emq.fencing import Fence, LeaseLost, fenced
+from rq_emq.keys import QueueKeys, job_key
+from rq_emq.lease import Lease, LockManager
+from rq_emq.settings import LeaseSettings
+from rq_emq.take import Taker
+
+SETTINGS = LeaseSettings(lease_ms=2_000, renew_interval_ms=500)
+
+
+def taker(r: redis.Redis, name: str = "w1", **overrides: int) -> Taker:
+    settings = LeaseSettings(**{**SETTINGS.__dict__, **overrides})
+    return Taker(r, name, settings)
+
+
+def manager(r: redis.Redis, lost: list[Lease]) -> LockManager:
+    return LockManager(r, SETTINGS.lease_ms, SETTINGS.renew_interval_ms, on_lost=lost.append)
+
+
+# -- take ---------------------------------------------------------------------------------
+def test_pop_leases_the_job_in_the_same_step(r: redis.Redis) -> None:
+    job = Queue("q", connection=r).enqueue("jobs.add", 1, 2)
+    taken = taker(r).pop(["q"])
+    assert taken is not None and taken.job_id == job.id
+    q = QueueKeys("q")
+    assert r.llen(q.rq_queue) == 0
+    assert r.get(q.lock(job.id)).decode() == taken.token
+    assert 0 < r.pttl(q.lock(job.id)) <= 2_000
+    assert r.zscore(q.leases, job.id) is not None
+    fields = r.hgetall(job_key(job.id))
+    assert fields[b"emq_attempts"] == b"1"
+    assert fields[b"emq_token"].decode() == taken.token
+    assert fields[b"emq_max_attempts"] == b"3"
+    assert taken.raw[b"origin"] == b"q"  # the job's hash comes back with the take
+
+
+def test_tokens_carry_128_random_bits_and_the_worker_name(r: redis.Redis) -> None:
+    queue = Queue("q", connection=r)
+    tokens = set()
+    for _ in range(20):
+        queue.enqueue("jobs.noop")
+        taken = taker(r, name="worker-7").pop(["q"])
+        assert taken is not None
+        secret, _, name = taken.token.partition(":")
+        assert name == "worker-7" and len(secret) == 32 and int(secret, 16) >= 0
+        tokens.add(secret)
+    assert len(tokens) == 20
+
+
+def test_pop_honours_queue_order(r: redis.Redis) -> None:
+    low = Queue("low", connection=r).enqueue("jobs.noop")
+    high = Queue("high", connection=r).enqueue("jobs.noop")
+    t = taker(r)
+    first, second = t.pop(["high", "low"]), t.pop(["high", "low"])
+    assert first is not None and second is not None
+    assert (first.job_id, first.queue_index) == (high.id, 0)
+    assert (second.job_id, second.queue_index) == (low.id, 1)
+    assert t.pop(["high", "low"]) is None
+
+
+def test_a_deleted_job_in_the_queue_is_skipped_and_logged(r: redis.Redis, caplog: pytest.LogCaptureFixture) -> None:
+    queue = Queue("q", connection=r)
+    ghost = queue.enqueue("jobs.noop")
+    real = queue.enqueue("jobs.noop")
+    r.delete(job_key(ghost.id))
+    with caplog.at_level(logging.WARNING, logger="rq_emq.lease"):
+        taken = taker(r).pop(["q"])
+    assert taken is not None and taken.job_id == real.id
+    assert ghost.id in caplog.text
+    assert not r.exists(QueueKeys("q").lock(ghost.id))
+
+
+def test_claim_leases_a_job_moved_to_the_intermediate_list(r: redis.Redis) -> None:
+    job = Queue("q", connection=r).enqueue("jobs.noop")
+    q = QueueKeys("q")
+    r.lmove(q.rq_queue, q.intermediate)
+    taken = taker(r).claim("q", job.id)
+    assert taken is not None and r.llen(q.intermediate) == 0
+    assert r.get(q.lock(job.id)).decode() == taken.token
+    # a second claim of the same id finds nothing to claim
+    assert taker(r).claim("q", job.id) is None
+
+
+def test_blocking_take_wakes_up_for_a_job_that_arrives(r: redis.Redis, redis_url: str) -> None:
+    import threading
+
+    def enqueue_later() -> None:
+        Queue("q", connection=redis.Redis.from_url(redis_url)).enqueue("jobs.noop")
+
+    timer = threading.Timer(0.2, enqueue_later)
+    timer.start()
+    taken = taker(r).take(["q"], timeout=5)
+    timer.join()
+    assert taken is not None
+    assert r.llen(QueueKeys("q").intermediate) == 0
+
+
+def test_with_several_queues_a_job_on_any_queue_is_taken(r: redis.Redis) -> None:
+    job = Queue("c", connection=r).enqueue("jobs.noop")
+    taken = taker(r).take(["a", "b", "c"], timeout=1)
+    assert taken is not None and taken.job_id == job.id and taken.queue_index == 2
+
+
+# -- renew ------------------------------------------------------------------------------------
+def _leased(r: redis.Redis) -> tuple[Job, Lease]:
+    job = Queue("q", connection=r).enqueue("jobs.noop")
+    taken = taker(r).pop(["q"])
+    assert taken is not None
+    return job, Lease("q", job.id, taken.token)
+
+
+def test_renewal_extends_the_lease_and_unmarks_it(r: redis.Redis) -> None:
+    job, lease = _leased(r)
+    q = QueueKeys("q")
+    r.pexpire(q.lock(job.id), 50)
+    r.sadd(q.stalled, job.id)
+    lost: list[Lease] = []
+    m = manager(r, lost)
+    m.add(lease)
+    assert m.tick() == []
+    assert r.pttl(q.lock(job.id)) > 1_000
+    assert not r.sismember(q.stalled, job.id)
+    assert lost == []
+
+
+def test_a_holder_whose_lock_lapsed_sets_it_again_while_the_job_is_still_its_own(r: redis.Redis) -> None:
+    job, lease = _leased(r)
+    q = QueueKeys("q")
+    r.delete(q.lock(job.id))  # as if the lock expired during a pause
+    m = manager(r, [])
+    m.add(lease)
+    assert m.tick() == []
+    assert r.get(q.lock(job.id)).decode() == lease.token
+
+
+def test_nobody_can_renew_a_lease_they_do_not_hold(r: redis.Redis) -> None:
+    job, lease = _leased(r)
+    q = QueueKeys("q")
+    lost: list[Lease] = []
+    m = manager(r, lost)
+    intruder = Lease("q", job.id, "f" * 32 + ":intruder")
+    m.add(intruder)
+    assert m.tick() == [job.id]
+    assert r.get(q.lock(job.id)).decode() == lease.token  # untouched
+    assert lost == [intruder] and intruder.lost
+
+
+def test_a_recovered_job_is_reported_lost_to_its_old_holder(r: redis.Redis) -> None:
+    job, lease = _leased(r)
+    r.hdel(job_key(job.id), "emq_token")  # what a recovery does to the owner record
+    r.delete(QueueKeys("q").lock(job.id))
+    lost: list[Lease] = []
+    m = manager(r, lost)
+    m.add(lease)
+    assert m.tick() == [job.id]
+    assert not r.exists(QueueKeys("q").lock(job.id))
+    assert int(r.hget(QueueKeys("q").stats, "lease_lost")) == 1
+
+
+def test_a_tick_is_one_round_trip_for_any_number_of_leases(r: redis.Redis) -> None:
+    queue_a, queue_b = Queue("a", connection=r), Queue("b", connection=r)
+    m = manager(r, [])
+    for i in range(60):
+        (queue_a if i % 2 else queue_b).enqueue("jobs.noop")
+        taken = taker(r).pop(["a", "b"])
+        assert taken is not None
+        m.add(Lease("b" if taken.queue_index else "a", taken.job_id, taken.token))
+    scripts.load_all(r)  # as a worker does at startup
+    sent: list[int] = []
+    original = redis.client.Pipeline.execute
+
+    def counting(self: redis.client.Pipeline, *args: object, **kwargs: object) -> object:
+        sent.append(len(self))
+        return original(self, *args, **kwargs)
+
+    redis.client.Pipeline.execute = counting  # type: ignore[method-assign]
+    try:
+        r.config_resetstat()
+        m.tick()
+        stats = r.info("commandstats")
+    finally:
+        redis.client.Pipeline.execute = original  # type: ignore[method-assign]
+    assert sent == [2]  # one pipeline: one renew script per queue
+    assert stats["cmdstat_evalsha"]["calls"] == 2
+    assert int(r.hget(QueueKeys("a").stats, "renewed")) + int(r.hget(QueueKeys("b").stats, "renewed")) == 60
+
+
+def test_a_renewal_racing_the_finish_is_not_a_lost_lease(r: redis.Redis) -> None:
+    job, lease = _leased(r)
+    assert lease.fence.release(r)
+    lost: list[Lease] = []
+    m = manager(r, lost)
+    m.add(lease)
+    assert m.tick() == []
+    assert lost == [] and lease.settled
+
+
+# -- fence --------------------------------------------------------------------------------------
+def test_a_fenced_transaction_commits_and_releases_the_lease(r: redis.Redis) -> None:
+    job, lease = _leased(r)
+    q = QueueKeys("q")
+    with fenced(r, lease.fence):
+        pipe = r.pipeline()
+        pipe.hset(job_key(job.id), "status", "finished")
+        pipe.hgetall(job_key(job.id))
+        pipe.zadd("rq:finished:q", {job.id: 1})
+        replies = pipe.execute()
+    assert replies[0] == 0 and replies[1][b"status"] == b"finished" and replies[2] == 1
+    assert not r.exists(q.lock(job.id)) and r.zscore(q.leases, job.id) is None
+    assert r.hget(job_key(job.id), "status") == b"finished"
+    assert r.hget(job_key(job.id), "emq_attempts") is None
+
+
+def test_a_late_finish_by_a_worker_that_lost_its_lease_changes_nothing(
+    r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    job, lease = _leased(r)
+    r.hset(job_key(job.id), "emq_token", "someone-else")
+    before = r.hgetall(job_key(job.id))
+    with caplog.at_level(logging.WARNING, logger="rq_emq.lease"), fenced(r, lease.fence):
+        pipe = r.pipeline()
+        pipe.hset(job_key(job.id), "status", "finished")
+        pipe.zadd("rq:finished:q", {job.id: 1})
+        with pytest.raises(LeaseLost):
+            pipe.execute()
+    assert r.hgetall(job_key(job.id)) == before
+    assert not r.exists("rq:finished:q")
+    assert job.id in caplog.text
+    assert int(r.hget(QueueKeys("q").stats, "fenced")) == 1
+
+
+def test_transactions_after_the_outcome_run_unfenced(r: redis.Redis) -> None:
+    job, lease = _leased(r)
+    with fenced(r, lease.fence):
+        first = r.pipeline()
+        first.hset(job_key(job.id), "status", "finished")
+        first.execute()
+        second = r.pipeline()  # e.g. RQ enqueueing dependents after the commit
+        second.rpush("rq:queue:q", "dependent")
+        assert second.execute() == [1]
+
+
+def test_the_fence_keeps_rqs_watch(r: redis.Redis) -> None:
+    job, lease = _leased(r)
+    with fenced(r, lease.fence):
+        pipe = r.pipeline()
+        pipe.watch("dependents")
+        r.sadd("dependents", "x")  # changed under the watch
+        pipe.multi()
+        pipe.hset(job_key(job.id), "status", "finished")
+        with pytest.raises(redis.exceptions.WatchError):
+            pipe.execute()
+    assert r.hget(job_key(job.id), "emq_token").decode() == lease.token  # still ours, nothing written
+
+
+def test_a_flushed_script_cache_is_reloaded(r: redis.Redis) -> None:
+    job, lease = _leased(r)
+    r.script_flush()
+    with fenced(r, lease.fence):
+        pipe = r.pipeline()
+        pipe.hset(job_key(job.id), "status", "finished")
+        assert pipe.execute() == [0]
+    r.script_flush()
+    assert scripts.load("pop_job")(r, [], ["t", "w", 1000, 3, 10]) == []
+
+
+def test_release_reports_whether_the_lease_was_ours(r: redis.Redis) -> None:
+    job, lease = _leased(r)
+    assert Fence("q", job.id, "not-mine").release(r) is False
+    assert lease.fence.release(r) is True

@@ -31,6 +31,7 @@ from redis.client import Pipeline
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import SimpleWorker, Worker
+from rq.exceptions import InvalidJobOperation
 from rq.job import Job
 from rq.queue import Queue
 from rq.utils import now
@@ -288,7 +289,8 @@ class LeaseMixin:
             except Exception:
                 logger.exception("job %s: could not hand it back to queue %s", lease.job_id, lease.queue)
                 continue
-            self.lock_manager.remove(lease.job_id)
+            # Stop renewing, but keep the lease so RQ's own finish of this job is fenced out.
+            lease.lost = True
             if returned:
                 logger.warning("job %s handed back to the front of queue %s (cold stop)", lease.job_id, lease.queue,
                                extra={"job_id": lease.job_id, "queue": lease.queue})
@@ -304,6 +306,12 @@ class LeaseWorker(LeaseMixin, Worker):
     def fork_work_horse(self, job: Job, queue: Queue) -> None:
         self._worker_pid = os.getpid()
         super().fork_work_horse(job, queue)
+
+    def monitor_work_horse(self, job: Job, queue: Queue, *args: Any) -> None:
+        try:
+            super().monitor_work_horse(job, queue, *args)
+        except InvalidJobOperation:  # RQ < 2.1 trips on a job deleted while it ran
+            logger.warning("job %s was deleted while it ran", job.id, extra={"job_id": job.id, "queue": queue.name})
 
     def _stop_lost_job(self, lease: Lease) -> None:
         if self.horse_pid:

@@ -1,0 +1,49 @@
+"""Small readers of Redis state shared by the process tests."""
+
+from __future__ import annotations
+
+import time
+
+import redis
+from procs import wait_for
+
+from rq_emq.keys import QueueKeys, job_key
+
+# Short settings so that a test sees many lease lifetimes in a few seconds.
+FAST = {"RQ_EMQ_LEASE_MS": "400", "RQ_EMQ_RENEW_INTERVAL_MS": "100", "RQ_EMQ_SWEEP_INTERVAL_MS": "100"}
+
+
+def status(r: redis.Redis, job_id: str) -> str | None:
+    value = r.hget(job_key(job_id), "status")
+    return value.decode() if value else None
+
+
+def wait_status(r: redis.Redis, job_id: str, *wanted: str, timeout: float = 15.0) -> str:
+    return str(wait_for(lambda: status(r, job_id) in wanted and status(r, job_id), timeout=timeout,
+                        what=f"job {job_id} status in {wanted}"))
+
+
+def stat(r: redis.Redis, queue: str, name: str) -> int:
+    return int(r.hget(QueueKeys(queue).stats, name) or 0)
+
+
+def started_members(r: redis.Redis, queue: str) -> list[str]:
+    return [m.decode() for m in r.zrange(QueueKeys(queue).started, 0, -1)]
+
+
+def horse_pid_from(lines: list[str]) -> int:
+    return int(lines[0].split()[1])
+
+
+def lease_state(r: redis.Redis, queue: str, job_id: str) -> dict[str, object]:
+    q = QueueKeys(queue)
+    return {
+        "lock": r.get(q.lock(job_id)),
+        "indexed": r.zscore(q.leases, job_id) is not None,
+        "token": r.hget(job_key(job_id), "emq_token"),
+        "attempts": r.hget(job_key(job_id), "emq_attempts"),
+    }
+
+
+def now() -> float:
+    return time.time()

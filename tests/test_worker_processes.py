@@ -1,0 +1,257 @@
+"""LeaseWorker and SimpleLeaseWorker as operators run them: real ``rq worker -w`` processes,
+real signals, a real Redis."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from helpers import FAST, lease_state, stat, started_members, status, wait_status
+from jobs import runs
+from procs import Processes, pid_alive, wait_for
+from rq import Queue
+from rq.registry import StartedJobRegistry
+
+from rq_emq.keys import QueueKeys, job_key
+
+WORKERS = ["rq_emq.LeaseWorker", "rq_emq.SimpleLeaseWorker"]
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("worker_class", WORKERS)
+def test_a_job_running_20_times_the_lease_is_never_reclaimed_and_finishes_once(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path, worker_class: str
+) -> None:
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 8.0, job_timeout=60)  # 20 x 400 ms
+    worker = procs.worker(redis_url, worker_class=worker_class, burst=True, **FAST)
+    wait_for(lambda: runs(log), what="the job to start")
+    q = QueueKeys("default")
+    scores = []
+    while status(r, job.id) == "started":
+        state = lease_state(r, "default", job.id)
+        if status(r, job.id) != "started":
+            break
+        assert state["indexed"] and state["token"], state
+        members = started_members(r, "default")
+        assert len(members) == 1 and members[0].startswith(job.id)
+        scores.append(r.zscore(q.started, members[0]))
+        # stock cleanup (rq info, django-rq, a stock worker) must leave a leased job alone
+        StartedJobRegistry("default", connection=r).cleanup()
+        time.sleep(0.25)
+    assert worker.wait(timeout=30) == 0, procs.log(worker)
+    assert status(r, job.id) == "finished"
+    assert [line.split()[0] for line in runs(log)] == ["start", "end"]
+    assert stat(r, "default", "lease_lost") == 0 and stat(r, "default", "fenced") == 0
+    assert stat(r, "default", "renewed") >= 40
+    # the started-registry entry was pushed forward by the heartbeat all along
+    assert len(scores) > 20 and scores[-1] - scores[0] >= 5
+    assert not r.exists(q.lock(job.id)) and r.zcard(q.leases) == 0
+
+
+def test_sigkill_of_the_worker_kills_its_horse(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
+) -> None:
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 60.0, job_timeout=120)
+    worker = procs.worker(redis_url, **FAST)
+    lines = wait_for(lambda: runs(log), what="the job to start")
+    horse = int(lines[0].split()[1])  # type: ignore[index]
+    assert horse != worker.pid and pid_alive(horse)
+    os.kill(worker.pid, signal.SIGKILL)
+    wait_for(lambda: not pid_alive(horse), timeout=3, what="the horse to die with its worker")
+    # the job is left in flight with its lease running out, for the sweep to recover
+    assert status(r, job.id) == "started"
+    wait_for(lambda: not r.exists(QueueKeys("default").lock(job.id)), timeout=3, what="the lock to lapse")
+
+
+@pytest.mark.parametrize("worker_class", WORKERS)
+def test_a_worker_whose_lease_is_taken_stops_the_job_and_writes_nothing(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path, worker_class: str
+) -> None:
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 20.0, job_timeout=60)
+    worker = procs.worker(redis_url, worker_class=worker_class, burst=True, **FAST)
+    wait_for(lambda: runs(log), what="the job to start")
+    # what a sweep's recovery does: the owner record goes, the job goes back to its queue
+    r.hdel(job_key(job.id), "emq_token")
+    r.hset(job_key(job.id), "status", "queued")
+    assert worker.wait(timeout=10) == 0, procs.log(worker)
+    assert [line.split()[0] for line in runs(log)] == ["start"]  # stopped, never reached the end
+    assert status(r, job.id) == "queued"  # the late finish changed nothing
+    assert r.zcard("rq:failed:default") == 0 and r.zcard("rq:finished:default") == 0
+    assert stat(r, "default", "lease_lost") == 1
+    assert f"job {job.id}" in procs.log(worker) and "lease lost" in procs.log(worker)
+
+
+def test_with_stop_on_lease_lost_off_the_job_finishes_but_its_outcome_is_fenced(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
+) -> None:
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 1.5, job_timeout=60)
+    worker = procs.worker(redis_url, burst=True, RQ_EMQ_STOP_ON_LEASE_LOST="false", **FAST)
+    wait_for(lambda: runs(log), what="the job to start")
+    r.hset(job_key(job.id), mapping={"emq_token": "taken-by-another", "status": "queued"})
+    assert worker.wait(timeout=10) == 0, procs.log(worker)
+    assert [line.split()[0] for line in runs(log)] == ["start", "end"]
+    assert status(r, job.id) == "queued"
+    assert r.zcard("rq:finished:default") == 0
+    assert stat(r, "default", "fenced") >= 1
+
+
+@pytest.mark.parametrize("worker_class", WORKERS)
+def test_a_cold_stop_hands_the_job_back_to_the_front_of_its_queue(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path, worker_class: str
+) -> None:
+    log = str(tmp_path / "runs.log")
+    queue = Queue(connection=r)
+    job = queue.enqueue("jobs.sleep_and_record", log, 30.0, job_timeout=60)
+    worker = procs.worker(redis_url, worker_class=worker_class, **FAST)
+    wait_for(lambda: runs(log), what="the job to start")
+    behind = queue.enqueue("jobs.noop")
+    worker.send_signal(signal.SIGTERM)  # warm shutdown: would wait for the job
+    time.sleep(1.3)  # RQ ignores a second signal within 1 s
+    worker.send_signal(signal.SIGTERM)  # stop now
+    worker.wait(timeout=10)
+    q = QueueKeys("default")
+    assert [m.decode() for m in r.lrange(q.rq_queue, 0, -1)] == [job.id, behind.id]
+    assert status(r, job.id) == "queued"
+    assert lease_state(r, "default", job.id) == {"lock": None, "indexed": False, "token": None, "attempts": b"0"}
+    assert started_members(r, "default") == []
+    assert stat(r, "default", "returned") == 1
+
+
+def test_rq_semantics_hold_under_the_lease_worker(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
+) -> None:
+    from rq import Retry
+
+    log = str(tmp_path / "runs.log")
+    queue = Queue(connection=r)
+    ok = queue.enqueue("jobs.add", 2, 3)
+    dependent = queue.enqueue("jobs.add", 1, 1, depends_on=ok)
+    failing = queue.enqueue("jobs.fail", "bad input")
+    retried = queue.enqueue("jobs.fail_and_record", log, retry=Retry(max=2))
+    timed_out = queue.enqueue("jobs.sleep_and_record", str(tmp_path / "t.log"), 5.0, job_timeout=1)
+    worker = procs.worker(redis_url, burst=True, **FAST)
+    assert worker.wait(timeout=60) == 0, procs.log(worker)
+    assert ok.latest_result().return_value == 5  # type: ignore[union-attr]
+    assert dependent.latest_result().return_value == 2  # type: ignore[union-attr]
+    assert status(r, failing.id) == "failed" and "bad input" in (failing.latest_result().exc_string or "")  # type: ignore[union-attr]
+    assert status(r, retried.id) == "failed" and len(runs(log)) == 3
+    assert status(r, timed_out.id) == "failed"
+    assert "JobTimeoutException" in (timed_out.latest_result().exc_string or "")  # type: ignore[union-attr]
+    assert r.zcard(QueueKeys("default").leases) == 0
+    assert stat(r, "default", "taken") == 7 and stat(r, "default", "finished") == 7
+
+
+def test_the_stop_job_command_stops_a_leased_job(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
+) -> None:
+    from rq.command import send_stop_job_command
+
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 30.0, job_timeout=60)
+    worker = procs.worker(redis_url, burst=True, **FAST)
+    wait_for(lambda: runs(log), what="the job to start")
+    wait_for(lambda: status(r, job.id) == "started" and r.hget(job_key(job.id), "worker_name"))
+    time.sleep(0.3)  # let the worker subscribe to its command channel
+    send_stop_job_command(r, job.id)
+    assert worker.wait(timeout=15) == 0, procs.log(worker)
+    assert status(r, job.id) == "stopped"
+    assert not r.exists(QueueKeys("default").lock(job.id))
+
+
+def test_a_per_job_max_attempts_from_a_stock_producer_is_recorded(
+    r: redis.Redis, redis_url: str, procs: Processes
+) -> None:
+    import rq_emq
+
+    custom = Queue(connection=r).enqueue("jobs.noop", meta=rq_emq.max_attempts(7))
+    default = Queue(connection=r).enqueue("jobs.noop")
+    worker = procs.worker(redis_url, burst=True, RQ_EMQ_MAX_ATTEMPTS="4", **FAST)
+    assert worker.wait(timeout=20) == 0, procs.log(worker)
+    assert r.hget(job_key(custom.id), "emq_max_attempts") == b"7"
+    assert r.hget(job_key(default.id), "emq_max_attempts") == b"4"
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"RQ_EMQ_RENEW_INTERVAL_MS": "30000"}, "renew_interval_ms"),
+        ({"RQ_EMQ_LEASE_MS": "soon"}, "lease_ms"),
+        ({"RQ_EMQ_MAX_ATTEMPTS": "0"}, "max_attempts"),
+    ],
+)
+def test_bad_settings_stop_the_worker_at_startup_naming_the_setting(
+    r: redis.Redis, redis_url: str, procs: Processes, env: dict[str, str], named: str
+) -> None:
+    job = Queue(connection=r).enqueue("jobs.noop")
+    worker = procs.worker(redis_url, burst=True, **env)
+    assert worker.wait(timeout=20) != 0
+    assert named in procs.log(worker)
+    assert status(r, job.id) == "queued" and r.llen("rq:queue:default") == 1  # nothing taken, nothing lost
+
+
+def test_deleted_jobs_and_stray_registry_entries_are_skipped_not_fatal(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
+) -> None:
+    queue = Queue(connection=r)
+    ghost = queue.enqueue("jobs.noop")
+    r.delete(job_key(ghost.id))
+    log = str(tmp_path / "runs.log")
+    deleted_mid_run = queue.enqueue("jobs.sleep_and_record", log, 20.0, job_timeout=60)
+    survivor = queue.enqueue("jobs.add", 20, 22)
+    q = QueueKeys("default")
+    r.zadd(q.started, {"no-such-job:no-such-execution": 1})  # long overdue
+    r.zadd(q.leases, {"no-such-job": 1})
+    r.rpush(q.intermediate, "no-such-job")
+    worker = procs.worker(redis_url, burst=True, **FAST)
+    wait_for(lambda: runs(log), what="the job to start")
+    r.delete(job_key(deleted_mid_run.id))
+    assert worker.wait(timeout=20) == 0, procs.log(worker)
+    assert status(r, survivor.id) == "finished", procs.log(worker)
+    assert survivor.latest_result().return_value == 42  # type: ignore[union-attr]
+    assert ghost.id in procs.log(worker)
+    assert not r.exists(job_key(deleted_mid_run.id))  # not recreated by a heartbeat
+
+
+def test_several_queues_are_served_in_order_without_blpop(r: redis.Redis, redis_url: str, procs: Processes) -> None:
+    low = Queue("low", connection=r).enqueue("jobs.add", 1, 0)
+    high = Queue("high", connection=r).enqueue("jobs.add", 2, 0)
+    r.config_resetstat()
+    worker = procs.worker(redis_url, "high", "low", burst=True, **FAST)
+    assert worker.wait(timeout=20) == 0, procs.log(worker)
+    assert high.latest_result().return_value == 2 and low.latest_result().return_value == 1  # type: ignore[union-attr]
+    assert high.latest_result().created_at <= low.latest_result().created_at  # type: ignore[union-attr]
+    assert "cmdstat_blpop" not in r.info("commandstats")
+
+
+def test_an_idle_worker_picks_up_a_new_job_promptly(r: redis.Redis, redis_url: str, procs: Processes) -> None:
+    for queues in (("default",), ("a", "b", "default")):
+        worker = procs.worker(redis_url, *queues, **FAST)
+        wait_for(lambda: r.keys("rq:worker:*"), what="the worker to register")
+        time.sleep(0.5)
+        job = Queue(connection=r).enqueue("jobs.noop")
+        wait_status(r, job.id, "finished", timeout=5)
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+        r.flushdb()
+
+
+def test_worker_pool_runs_lease_workers(r: redis.Redis, redis_url: str, procs: Processes) -> None:
+    queue = Queue(connection=r)
+    jobs = [queue.enqueue("jobs.add", i, i) for i in range(6)]
+    from procs import RQ_BIN
+
+    pool = procs.start([RQ_BIN, "worker-pool", "-w", "rq_emq.LeaseWorker", "--url", redis_url, "-n", "2", "default"],
+                       env=procs.env(**FAST), name="pool")
+    for job in jobs:
+        wait_status(r, job.id, "finished", timeout=30)
+    assert stat(r, "default", "taken") == 6
+    pool.send_signal(signal.SIGINT)
+    pool.wait(timeout=15)

@@ -7,7 +7,7 @@ recovered the job, the owner token is gone and the lease is reported lost.
 
 KEYS:
   1  emq:{<q>}:leases
-  2  emq:{<q>}:stalled
+  2  emq:{<q>}:stalled (zset id -> ms when marked)
   3  emq:{<q>}:stats
 ARGV:
   1  lease_ms
@@ -31,7 +31,7 @@ for i = 4, #ARGV, 2 do
   if owner == token and redis.call('ZSCORE', KEYS[1], job_id) then
     redis.call('SET', prefix .. job_id .. ':lock', token, 'PX', lease_ms)
     redis.call('ZADD', KEYS[1], deadline, job_id)
-    redis.call('SREM', KEYS[2], job_id)
+    redis.call('ZREM', KEYS[2], job_id)
     redis.call('HSET', job_key, 'last_heartbeat', heartbeat)
     renewed = renewed + 1
   elseif owner == 'done:' .. token then

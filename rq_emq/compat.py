@@ -8,15 +8,15 @@ single-queue BLMOVE. RQ 1.x has neither.
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta
 from typing import Any
 
 import rq
 from rq.utils import now
+from rq.worker import WorkerStatus
 
 RQ_VERSION: tuple[int, ...] = tuple(int(part) for part in rq.__version__.split(".")[:2] if part.isdigit())
-
-from rq.worker import WorkerStatus
 
 
 def resp2_callbacks() -> dict[str, Any]:
@@ -35,6 +35,26 @@ def resp2_callbacks() -> dict[str, Any]:
         return {**_RedisCallbacks, **_RedisCallbacksRESP2}
 
 
+def run_failure_callback(job: Any, error: BaseException) -> None:
+    """Run ``job``'s failure callback for ``error`` under its timeout, from any thread
+    (RQ 3 moved this from a Job method to ``rq.callbacks``). A raising callback is logged,
+    as RQ does, and does not stop the failure from being recorded."""
+    from rq.timeouts import TimerDeathPenalty
+
+    if getattr(job, "failure_callback", None) is None:
+        return
+    exc_info = (type(error), error, None)
+    try:
+        try:
+            from rq.callbacks import execute_failure_callback
+        except ImportError:
+            job.execute_failure_callback(TimerDeathPenalty, *exc_info)
+        else:
+            execute_failure_callback(job, TimerDeathPenalty, *exc_info)
+    except Exception:
+        logging.getLogger("rq_emq.sweep").exception("job %s: failure callback raised", job.id)
+
+
 def is_repeated_stop_signal(worker: Any) -> bool:
     """True when RQ ignores this cold-stop signal as a duplicate (within 1 s of the first).
 
@@ -50,4 +70,11 @@ def current_execution(worker: Any) -> Any:
     return getattr(worker, "execution", None)
 
 
-__all__ = ["RQ_VERSION", "WorkerStatus", "current_execution", "is_repeated_stop_signal", "resp2_callbacks"]
+__all__ = [
+    "RQ_VERSION",
+    "WorkerStatus",
+    "current_execution",
+    "is_repeated_stop_signal",
+    "resp2_callbacks",
+    "run_failure_callback",
+]

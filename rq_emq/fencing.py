@@ -144,7 +144,9 @@ class _FencedPipelineMixin:
         for index, ((args, options), reply) in enumerate(zip(commands, replies, strict=True)):
             if isinstance(reply, ResponseError):
                 if raise_on_error:
-                    raise type(reply)(f"Command # {index + 1} ({_command_name(args)}) of pipeline caused error: {reply}")
+                    raise type(reply)(
+                        f"Command # {index + 1} ({_command_name(args)}) of pipeline caused error: {reply}"
+                    )
                 data.append(reply)
                 continue
             options = {k: v for k, v in options.items() if k not in ("keys", "EMPTY_RESPONSE")}
@@ -186,7 +188,7 @@ def fenced(connection: Redis, fence: Fence) -> Iterator[None]:
 
     def pipeline(*args: Any, **kwargs: Any) -> Pipeline:
         pipe = original(*args, **kwargs)
-        if pipe.transaction:
+        if getattr(pipe, "transaction", False) is True:
             pipe.__class__ = _fenced_class(type(pipe))
             pipe._emq_session = session  # type: ignore[attr-defined]
         return pipe

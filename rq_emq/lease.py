@@ -147,25 +147,25 @@ class LockManager:
                 lost += _ids(reply[0])
                 settled += _ids(reply[1])
         if after is not None:
-            after(replies[len(by_queue):])
+            after(replies[len(by_queue) :])
         if retry:
             return self.tick()
         for job_id in settled:
-            lease = self.get(job_id)
-            if lease is not None:
-                lease.settled = True
+            done = self.get(job_id)
+            if done is not None:
+                done.settled = True
         for job_id in lost:
-            lease = self.get(job_id)
-            if lease is None or lease.lost:
+            held = self.get(job_id)
+            if held is None or held.lost:
                 continue
-            lease.lost = True
+            held.lost = True
             logger.warning(
                 "job %s on queue %s: lease lost (renewal refused)",
                 job_id,
-                lease.queue,
-                extra={"job_id": job_id, "queue": lease.queue},
+                held.queue,
+                extra={"job_id": job_id, "queue": held.queue},
             )
-            self.on_lost(lease)
+            self.on_lost(held)
         return lost
 
 

@@ -52,8 +52,9 @@ class LeaseSettings:
             raise SettingsError(_msg("stop_on_lease_lost", "must be true or false", self.stop_on_lease_lost))
         if self.renew_interval_ms >= self.lease_ms:
             raise SettingsError(
-                f"renew_interval_ms ({ENV_PREFIX}RENEW_INTERVAL_MS) = {self.renew_interval_ms} must be shorter "
-                f"than lease_ms ({ENV_PREFIX}LEASE_MS) = {self.lease_ms}: a lease would lapse between renewals"
+                f"renew_interval_ms ({ENV_PREFIX}RENEW_INTERVAL_MS) = {self.renew_interval_ms} must be "
+                f"shorter than lease_ms ({ENV_PREFIX}LEASE_MS) = {self.lease_ms}: a lease would lapse "
+                "between renewals"
             )
 
     @property

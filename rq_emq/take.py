@@ -109,8 +109,8 @@ class Taker:
             if remaining <= 0:
                 return None
             wait = min(remaining, self.settings.idle_poll_ms / 1000.0) if several else remaining
-            # Redis reads a zero timeout as "forever"; never ask for less than a millisecond.
-            job_id = self.connection.blmove(first.rq_queue, first.intermediate, max(wait, 0.001), "LEFT", "RIGHT")
+            block = max(wait, 0.001)  # Redis reads 0 as "forever"
+            job_id = self.connection.blmove(first.rq_queue, first.intermediate, block, "LEFT", "RIGHT")  # type: ignore[arg-type]
             if job_id is not None:
                 taken = self.claim(queue_names[0], _text(job_id))
                 if taken is not None:

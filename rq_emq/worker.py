@@ -41,6 +41,7 @@ from .fencing import LeaseLost, fenced
 from .keys import QueueKeys, job_key
 from .lease import Lease, LockManager
 from .settings import LeaseSettings
+from .sweep import Sweeper
 from .take import Taken, Taker
 
 logger = logging.getLogger("rq_emq.lease")
@@ -79,6 +80,7 @@ class LeaseMixin:
         self.lease_settings = LeaseSettings.resolve(overrides, defaults)
         super().__init__(*args, **kwargs)
         self.lock_manager: LockManager | None = None
+        self.sweeper: Sweeper | None = None
         self._taker: Taker | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -96,10 +98,22 @@ class LeaseMixin:
             name=f"rq-emq-lock-manager:{self.name}",
         )
         self.lock_manager.start()
+        me: Any = self
+        self.sweeper = Sweeper(
+            self.lock_manager.client,
+            [q.name for q in self.queues],
+            settings,
+            name=f"rq-emq-sweeper:{self.name}",
+            job_class=me.job_class,
+            serializer=me.serializer,
+        )
+        self.sweeper.start()
 
     def teardown(self) -> None:
-        if not self.is_horse and self.lock_manager is not None:  # type: ignore[attr-defined]
-            self.lock_manager.stop()
+        if not self.is_horse:  # type: ignore[attr-defined]
+            for timer in (self.sweeper, self.lock_manager):
+                if timer is not None:
+                    timer.stop()
         super().teardown()  # type: ignore[misc]
 
     # -- take ----------------------------------------------------------------------------
@@ -129,7 +143,9 @@ class LeaseMixin:
                 if result is not None or timeout is None:
                     break
             except (RedisConnectionError, RedisTimeoutError) as error:
-                me.log.error("Worker %s: could not reach Redis: %s; retrying in %ds", me.name, error, wait_time)
+                me.log.error(
+                    "Worker %s: could not reach Redis: %s; retrying in %ds", me.name, error, wait_time
+                )
                 time.sleep(wait_time)
                 wait_time = min(wait_time * me.exponential_backoff_factor, me.max_connection_wait_time)
         me.heartbeat()
@@ -150,8 +166,14 @@ class LeaseMixin:
             return None
         lease.job = job
         me.reorder_queues(reference_queue=queue)
-        me.log.info("Worker %s: %s: %s (attempt %d)", me.name, queue.name, job.id, taken.attempts,
-                    extra={"job_id": job.id, "queue": queue.name})
+        me.log.info(
+            "Worker %s: %s: %s (attempt %d)",
+            me.name,
+            queue.name,
+            job.id,
+            taken.attempts,
+            extra={"job_id": job.id, "queue": queue.name},
+        )
         return job, queue
 
     def _job_from(self, taken: Taken, queue: Queue, lease: Lease) -> Job | None:
@@ -170,15 +192,23 @@ class LeaseMixin:
         return job
 
     def _fail_unreadable(self, queue: Queue, lease: Lease, error: Exception) -> None:
-        logger.error("job %s on queue %s cannot be read (%s); moved to failed", lease.job_id, queue.name, error,
-                     extra={"job_id": lease.job_id, "queue": queue.name})
+        logger.error(
+            "job %s on queue %s cannot be read (%s); moved to failed",
+            lease.job_id,
+            queue.name,
+            error,
+            extra={"job_id": lease.job_id, "queue": queue.name},
+        )
         assert self.lock_manager is not None
         self.lock_manager.remove(lease.job_id)
         try:
             with fenced(self.connection, lease.fence):
                 pipe = self.connection.pipeline()
                 pipe.zadd(QueueKeys(queue.name).failed, {lease.job_id: now().timestamp() + 365 * 86400})
-                pipe.hset(job_key(lease.job_id), mapping={"status": "failed", "exc_info": f"unreadable job: {error}"})
+                pipe.hset(
+                    job_key(lease.job_id),
+                    mapping={"status": "failed", "exc_info": f"unreadable job: {error}"},
+                )
                 pipe.execute()
         except LeaseLost:
             pass
@@ -220,8 +250,12 @@ class LeaseMixin:
 
     def _on_lease_lost(self, lease: Lease) -> None:
         if self.lease_settings.stop_on_lease_lost:
-            logger.warning("job %s on queue %s: stopping it, its lease is lost", lease.job_id, lease.queue,
-                           extra={"job_id": lease.job_id, "queue": lease.queue})
+            logger.warning(
+                "job %s on queue %s: stopping it, its lease is lost",
+                lease.job_id,
+                lease.queue,
+                extra={"job_id": lease.job_id, "queue": lease.queue},
+            )
             self._stop_lost_job(lease)
 
     def _stop_lost_job(self, lease: Lease) -> None:
@@ -282,18 +316,32 @@ class LeaseMixin:
             return
         for lease in self.lock_manager.held():
             q = QueueKeys(lease.queue)
-            keys = [job_key(lease.job_id), q.lock(lease.job_id), q.leases, q.stalled, q.stats,
-                    q.rq_queue, q.intermediate, q.started]
+            keys = [
+                job_key(lease.job_id),
+                q.lock(lease.job_id),
+                q.leases,
+                q.stalled,
+                q.stats,
+                q.rq_queue,
+                q.intermediate,
+                q.started,
+            ]
             try:
-                returned = scripts.load("return_job_to_queue")(self.connection, keys, [lease.job_id, lease.token])
+                returned = scripts.load("return_job_to_queue")(
+                    self.connection, keys, [lease.job_id, lease.token]
+                )
             except Exception:
                 logger.exception("job %s: could not hand it back to queue %s", lease.job_id, lease.queue)
                 continue
             # Stop renewing, but keep the lease so RQ's own finish of this job is fenced out.
             lease.lost = True
             if returned:
-                logger.warning("job %s handed back to the front of queue %s (cold stop)", lease.job_id, lease.queue,
-                               extra={"job_id": lease.job_id, "queue": lease.queue})
+                logger.warning(
+                    "job %s handed back to the front of queue %s (cold stop)",
+                    lease.job_id,
+                    lease.queue,
+                    extra={"job_id": lease.job_id, "queue": lease.queue},
+                )
 
 
 class LeaseWorker(LeaseMixin, Worker):
@@ -311,7 +359,9 @@ class LeaseWorker(LeaseMixin, Worker):
         try:
             super().monitor_work_horse(job, queue, *args)
         except InvalidJobOperation:  # RQ < 2.1 trips on a job deleted while it ran
-            logger.warning("job %s was deleted while it ran", job.id, extra={"job_id": job.id, "queue": queue.name})
+            logger.warning(
+                "job %s was deleted while it ran", job.id, extra={"job_id": job.id, "queue": queue.name}
+            )
 
     def _stop_lost_job(self, lease: Lease) -> None:
         if self.horse_pid:
@@ -351,7 +401,9 @@ def _own_client(connection: Redis) -> Redis:
     """A client with its own pool, so the lock manager's thread shares no connection
     (nor pool lock) with the main thread or a forked horse."""
     pool = connection.connection_pool
-    return Redis(connection_pool=ConnectionPool(connection_class=pool.connection_class, **pool.connection_kwargs))
+    return Redis(
+        connection_pool=ConnectionPool(connection_class=pool.connection_class, **pool.connection_kwargs)
+    )
 
 
 def _die_with_parent(parent_pid: int) -> None:

@@ -19,8 +19,13 @@ def status(r: redis.Redis, job_id: str) -> str | None:
 
 
 def wait_status(r: redis.Redis, job_id: str, *wanted: str, timeout: float = 15.0) -> str:
-    return str(wait_for(lambda: status(r, job_id) in wanted and status(r, job_id), timeout=timeout,
-                        what=f"job {job_id} status in {wanted}"))
+    return str(
+        wait_for(
+            lambda: status(r, job_id) in wanted and status(r, job_id),
+            timeout=timeout,
+            what=f"job {job_id} status in {wanted}",
+        )
+    )
 
 
 def stat(r: redis.Redis, queue: str, name: str) -> int:

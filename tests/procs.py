@@ -15,7 +15,9 @@ TESTS_DIR = Path(__file__).resolve().parent
 RQ_BIN = str(Path(sys.executable).parent / "rq")
 
 
-def wait_for(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.02, what: str = "") -> object:
+def wait_for(
+    predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.02, what: str = ""
+) -> object:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -48,16 +50,32 @@ class Processes:
         env.update(extra)
         return env
 
-    def start(self, args: list[str], env: dict[str, str] | None = None, name: str = "proc") -> subprocess.Popen[bytes]:
+    def start(
+        self, args: list[str], env: dict[str, str] | None = None, name: str = "proc"
+    ) -> subprocess.Popen[bytes]:
         log = open(self.log_dir / f"{name}-{len(self.started)}.log", "wb")
-        process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env or self.env(),
-                                   cwd=str(TESTS_DIR), start_new_session=True)
+        process = subprocess.Popen(
+            args,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env or self.env(),
+            cwd=str(TESTS_DIR),
+            start_new_session=True,
+        )
         process.log_path = log.name  # type: ignore[attr-defined]
         self.started.append(process)
         return process
 
-    def worker(self, url: str, *queues: str, worker_class: str = "rq_emq.LeaseWorker", burst: bool = False,
-               name: str | None = None, args: tuple[str, ...] = (), **env: str) -> subprocess.Popen[bytes]:
+    def worker(
+        self,
+        url: str,
+        *queues: str,
+        worker_class: str = "rq_emq.LeaseWorker",
+        burst: bool = False,
+        name: str | None = None,
+        args: tuple[str, ...] = (),
+        **env: str,
+    ) -> subprocess.Popen[bytes]:
         cmd = [RQ_BIN, "worker", "-w", worker_class, "--url", url, *(["--burst"] if burst else []), *args]
         if name:
             cmd += ["--name", name]

@@ -42,8 +42,22 @@ class RedisServer:
         binary = shutil.which("redis-server")
         if binary is None:
             raise FileNotFoundError("redis-server is not installed")
-        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                "--dir", str(self.dir), "--logfile", str(self.dir / "redis.log"), *self.extra_args]
+        args = [
+            binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.dir),
+            "--logfile",
+            str(self.dir / "redis.log"),
+            *self.extra_args,
+        ]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.wait_ready()
         return self
@@ -56,7 +70,9 @@ class RedisServer:
                 return
             except redis.exceptions.ConnectionError:
                 if self.process is not None and self.process.poll() is not None:
-                    raise RuntimeError(f"redis-server exited: {(self.dir / 'redis.log').read_text()}") from None
+                    raise RuntimeError(
+                        f"redis-server exited: {(self.dir / 'redis.log').read_text()}"
+                    ) from None
                 time.sleep(0.02)
         raise TimeoutError(f"redis-server on port {self.port} did not start")
 

@@ -69,7 +69,9 @@ def test_pop_honours_queue_order(r: redis.Redis) -> None:
     assert t.pop(["high", "low"]) is None
 
 
-def test_a_deleted_job_in_the_queue_is_skipped_and_logged(r: redis.Redis, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_deleted_job_in_the_queue_is_skipped_and_logged(
+    r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
     queue = Queue("q", connection=r)
     ghost = queue.enqueue("jobs.noop")
     real = queue.enqueue("jobs.noop")
@@ -124,13 +126,13 @@ def test_renewal_extends_the_lease_and_unmarks_it(r: redis.Redis) -> None:
     job, lease = _leased(r)
     q = QueueKeys("q")
     r.pexpire(q.lock(job.id), 50)
-    r.sadd(q.stalled, job.id)
+    r.zadd(q.stalled, {job.id: 1})
     lost: list[Lease] = []
     m = manager(r, lost)
     m.add(lease)
     assert m.tick() == []
     assert r.pttl(q.lock(job.id)) > 1_000
-    assert not r.sismember(q.stalled, job.id)
+    assert r.zscore(q.stalled, job.id) is None
     assert lost == []
 
 

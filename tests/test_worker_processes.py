@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from helpers import FAST, lease_state, stat, started_members, status, wait_status
+from helpers import FAST, lease_state, started_members, stat, status, wait_status
 from jobs import runs
 from procs import Processes, pid_alive, wait_for
 from rq import Queue
@@ -19,6 +19,20 @@ from rq.registry import StartedJobRegistry
 from rq_emq.keys import QueueKeys, job_key
 
 WORKERS = ["rq_emq.LeaseWorker", "rq_emq.SimpleLeaseWorker"]
+
+
+def take_away(r: redis.Redis, job_id: str, status: str, new_owner: str | None = None) -> None:
+    """What a recovery elsewhere does to the holder: lease gone, owner record changed."""
+    q = QueueKeys("default")
+    with r.pipeline() as pipe:
+        pipe.zrem(q.leases, job_id).delete(q.lock(job_id)).hset(job_key(job_id), "status", status)
+        if new_owner:
+            pipe.hset(job_key(job_id), "emq_token", new_owner)
+        else:
+            pipe.hdel(job_key(job_id), "emq_token")
+        pipe.execute()
+
+
 pytestmark = pytest.mark.slow
 
 
@@ -77,9 +91,7 @@ def test_a_worker_whose_lease_is_taken_stops_the_job_and_writes_nothing(
     job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 20.0, job_timeout=60)
     worker = procs.worker(redis_url, worker_class=worker_class, burst=True, **FAST)
     wait_for(lambda: runs(log), what="the job to start")
-    # what a sweep's recovery does: the owner record goes, the job goes back to its queue
-    r.hdel(job_key(job.id), "emq_token")
-    r.hset(job_key(job.id), "status", "queued")
+    take_away(r, job.id, status="queued")
     assert worker.wait(timeout=10) == 0, procs.log(worker)
     assert [line.split()[0] for line in runs(log)] == ["start"]  # stopped, never reached the end
     assert status(r, job.id) == "queued"  # the late finish changed nothing
@@ -95,7 +107,7 @@ def test_with_stop_on_lease_lost_off_the_job_finishes_but_its_outcome_is_fenced(
     job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 1.5, job_timeout=60)
     worker = procs.worker(redis_url, burst=True, RQ_EMQ_STOP_ON_LEASE_LOST="false", **FAST)
     wait_for(lambda: runs(log), what="the job to start")
-    r.hset(job_key(job.id), mapping={"emq_token": "taken-by-another", "status": "queued"})
+    take_away(r, job.id, status="queued", new_owner="taken-by-another")
     assert worker.wait(timeout=10) == 0, procs.log(worker)
     assert [line.split()[0] for line in runs(log)] == ["start", "end"]
     assert status(r, job.id) == "queued"
@@ -120,7 +132,12 @@ def test_a_cold_stop_hands_the_job_back_to_the_front_of_its_queue(
     q = QueueKeys("default")
     assert [m.decode() for m in r.lrange(q.rq_queue, 0, -1)] == [job.id, behind.id]
     assert status(r, job.id) == "queued"
-    assert lease_state(r, "default", job.id) == {"lock": None, "indexed": False, "token": None, "attempts": b"0"}
+    assert lease_state(r, "default", job.id) == {
+        "lock": None,
+        "indexed": False,
+        "token": None,
+        "attempts": b"0",
+    }
     assert started_members(r, "default") == []
     assert stat(r, "default", "returned") == 1
 
@@ -220,7 +237,9 @@ def test_deleted_jobs_and_stray_registry_entries_are_skipped_not_fatal(
     assert not r.exists(job_key(deleted_mid_run.id))  # not recreated by a heartbeat
 
 
-def test_several_queues_are_served_in_order_without_blpop(r: redis.Redis, redis_url: str, procs: Processes) -> None:
+def test_several_queues_are_served_in_order_without_blpop(
+    r: redis.Redis, redis_url: str, procs: Processes
+) -> None:
     low = Queue("low", connection=r).enqueue("jobs.add", 1, 0)
     high = Queue("high", connection=r).enqueue("jobs.add", 2, 0)
     r.config_resetstat()
@@ -248,8 +267,11 @@ def test_worker_pool_runs_lease_workers(r: redis.Redis, redis_url: str, procs: P
     jobs = [queue.enqueue("jobs.add", i, i) for i in range(6)]
     from procs import RQ_BIN
 
-    pool = procs.start([RQ_BIN, "worker-pool", "-w", "rq_emq.LeaseWorker", "--url", redis_url, "-n", "2", "default"],
-                       env=procs.env(**FAST), name="pool")
+    pool = procs.start(
+        [RQ_BIN, "worker-pool", "-w", "rq_emq.LeaseWorker", "--url", redis_url, "-n", "2", "default"],
+        env=procs.env(**FAST),
+        name="pool",
+    )
     for job in jobs:
         wait_status(r, job.id, "finished", timeout=30)
     assert stat(r, "default", "taken") == 6

@@ -26,7 +26,7 @@ end
 local function drop_lease(job_key, lock_key, leases_key, stalled_key, job_id, settled)
   redis.call('DEL', lock_key)
   redis.call('ZREM', leases_key, job_id)
-  redis.call('SREM', stalled_key, job_id)
+  redis.call('ZREM', stalled_key, job_id)
   if redis.call('EXISTS', job_key) == 1 then
     if settled then
       redis.call('HSET', job_key, 'emq_token', settled)

@@ -1,0 +1,154 @@
+--[[ move_stalled_jobs_to_wait: one call of the two-phase stalled sweep for one queue.
+
+Detect, decide and move happen inside this one script, so sweepers running at once can
+never both recover the same job. A job is recovered only after a grace pass: a sweep
+marks it (lock gone), and only a later sweep, at least `window_ms` later, recovers it if
+its lock is still gone. A holder that renews in between keeps the job (renewal unmarks).
+
+Phase 2 (recover): each job marked at least `window_ms` ago
+  - lock back, or no longer in flight: unmarked;
+  - else recovered: out of the started registry, the intermediate list and the lease
+    index; then back to the front of its queue (status queued) or, when its attempts have
+    reached its max attempts, to RQ's failed registry (status failed) with an outbox entry
+    so that a worker writes RQ's Result and runs the failure callback exactly once.
+Phase 1 (mark): leased jobs whose deadline passed and whose lock is gone, and lock-less
+entries of the intermediate list (a worker died between BLMOVE and its lease). Jobs that
+never held a lease (stock RQ workers in the same fleet) are left alone.
+
+Work per call is bounded by `batch` in each phase; `more` tells the caller to call again.
+
+KEYS:
+  1 emq:{<q>}:leases   2 emq:{<q>}:stalled   3 emq:{<q>}:sweep   4 emq:{<q>}:stats
+  5 rq:queue:<q>       6 rq:queue:<q>:intermediate   7 rq:wip:<q>   8 rq:failed:<q>
+  9 emq:{<q>}:outbox
+ARGV:
+  1 window_ms: fleet-wide rate limit of sweep rounds, and the grace before recovery
+  2 batch      3 lease key prefix `emq:{<q>}:`
+  4 default failure_ttl (seconds)     5 worker-wide default max attempts
+  6 mode: "round" (rate limited), "continue" (same round), "dry-run" (changes nothing)
+  7 timestamp for `ended_at` (RQ's format)
+Returns:
+  {0} when another sweeper ran this round; else
+  {1, marked, requeued, failed, unmarked, dropped, more, outbox_due} where marked,
+  requeued, failed and dropped (index entries of deleted jobs) are lists of job ids.
+]]
+-- @include lib/lease.lua
+
+local leases_key, stalled_key, sweep_key, stats_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local queue_key, intermediate_key, started_key, failed_key, outbox_key = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local window_ms, batch, prefix = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+local default_failure_ttl, default_max, mode, ended_at = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6], ARGV[7]
+local dry = mode == 'dry-run'
+
+if mode == 'round' and not redis.call('SET', sweep_key, '1', 'NX', 'PX', window_ms) then
+  return {0}
+end
+
+local now = now_ms()
+local marked, requeued, failed, dropped = {}, {}, {}, {}
+local unmarked, more = 0, 0
+
+local function in_intermediate(job_id)
+  return redis.call('LPOS', intermediate_key, job_id) ~= false
+end
+
+-- a lock-less entry of the intermediate list that no RQ execution claims: a worker died
+-- between its BLMOVE and the lease (a stock worker's job there has an execution)
+local function orphaned_in_intermediate(job_id)
+  return in_intermediate(job_id) and redis.call('EXISTS', 'rq:executions:' .. job_id) == 0
+end
+
+-- Phase 2: recover what an earlier round marked and is still without a lock.
+local due_marks = redis.call('ZRANGEBYSCORE', stalled_key, '-inf', now - window_ms, 'LIMIT', 0, batch)
+if #due_marks == batch then more = 1 end
+for _, job_id in ipairs(due_marks) do
+  local lock_key = prefix .. job_id .. ':lock'
+  local job_key = 'rq:job:' .. job_id
+  local leased = redis.call('ZSCORE', leases_key, job_id) ~= false
+  if redis.call('EXISTS', lock_key) == 1 or not (leased or orphaned_in_intermediate(job_id)) then
+    if not dry then redis.call('ZREM', stalled_key, job_id) end
+    unmarked = unmarked + 1
+  elseif redis.call('EXISTS', job_key) == 0 then
+    if not dry then
+      redis.call('ZREM', stalled_key, job_id)
+      redis.call('ZREM', leases_key, job_id)
+      redis.call('LREM', intermediate_key, 0, job_id)
+    end
+    dropped[#dropped + 1] = job_id
+  else
+    local attempts = tonumber(redis.call('HGET', job_key, 'emq_attempts') or '0') or 0
+    local max_attempts = tonumber(redis.call('HGET', job_key, 'emq_max_attempts') or '') or default_max
+    if attempts >= max_attempts and attempts > 0 then
+      failed[#failed + 1] = job_id
+    else
+      requeued[#requeued + 1] = job_id
+    end
+    if not dry then
+      remove_executions(started_key, job_id)
+      redis.call('LREM', intermediate_key, 0, job_id)
+      drop_lease(job_key, lock_key, leases_key, stalled_key, job_id, false)
+      if attempts >= max_attempts and attempts > 0 then
+        local ttl = tonumber(redis.call('HGET', job_key, 'failure_ttl') or '') or default_failure_ttl
+        redis.call('HSET', job_key, 'status', 'failed', 'ended_at', ended_at,
+          'emq_failure', 'stalled on attempt ' .. attempts .. ' of ' .. max_attempts)
+        if ttl < 0 then
+          redis.call('ZADD', failed_key, '+inf', job_id)
+          redis.call('PERSIST', job_key)
+        else
+          redis.call('ZADD', failed_key, math.floor(now / 1000) + ttl, job_id)
+          redis.call('EXPIRE', job_key, ttl)
+        end
+        redis.call('ZADD', outbox_key, now, job_id)
+        redis.call('HINCRBY', stats_key, 'failed', 1)
+      else
+        redis.call('HSET', job_key, 'status', 'queued')
+        redis.call('LREM', queue_key, 0, job_id)
+        redis.call('LPUSH', queue_key, job_id)
+        redis.call('HINCRBY', stats_key, 'recovered', 1)
+      end
+    end
+  end
+end
+
+-- Phase 1: mark leased jobs past their deadline whose lock is gone.
+local function mark(job_id, leased)
+  -- a marked lease leaves the due range until phase 2 may act on it
+  if leased and not dry then redis.call('ZADD', leases_key, now + window_ms, job_id) end
+  if redis.call('ZSCORE', stalled_key, job_id) then return end
+  if not dry then redis.call('ZADD', stalled_key, now, job_id) end
+  marked[#marked + 1] = job_id
+end
+
+local due_leases = redis.call('ZRANGEBYSCORE', leases_key, '-inf', now, 'LIMIT', 0, batch)
+if #due_leases == batch then more = 1 end
+for _, job_id in ipairs(due_leases) do
+  local ttl = redis.call('PTTL', prefix .. job_id .. ':lock')
+  if ttl > 0 then
+    -- the lock lives on: a stale deadline; index it where the lock ends
+    if not dry then redis.call('ZADD', leases_key, now + ttl, job_id) end
+  elseif ttl == -1 then
+    if not dry then redis.call('ZADD', leases_key, now + window_ms, job_id) end
+  elseif redis.call('EXISTS', 'rq:job:' .. job_id) == 0 and not redis.call('ZSCORE', stalled_key, job_id) then
+    if not dry then redis.call('ZREM', leases_key, job_id) end
+    dropped[#dropped + 1] = job_id
+  else
+    mark(job_id, true)
+  end
+end
+
+-- The intermediate list is short-lived (BLMOVE, then the lease within milliseconds), so
+-- the first `batch` entries are all a call needs to look at.
+local waiting = redis.call('LRANGE', intermediate_key, 0, batch - 1)
+for _, job_id in ipairs(waiting) do
+  if redis.call('ZSCORE', leases_key, job_id) == false
+    and redis.call('EXISTS', 'rq:executions:' .. job_id) == 0 then
+    mark(job_id, false)
+  end
+end
+
+if not dry then
+  if #marked > 0 then redis.call('HINCRBY', stats_key, 'marked', #marked) end
+  if unmarked > 0 then redis.call('HINCRBY', stats_key, 'unmarked', unmarked) end
+end
+local outbox_due = redis.call('ZCOUNT', outbox_key, '-inf', now)
+return {1, marked, requeued, failed, unmarked, dropped, more, outbox_due}

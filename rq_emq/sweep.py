@@ -1,0 +1,249 @@
+"""The two-phase stalled sweep, from the caller's side, and the failure outbox drain.
+
+The decisions live in ``move_stalled_jobs_to_wait`` (one EVALSHA per call, bounded work,
+rate limited fleet-wide); this module runs its rounds, continues a round while the script
+says there is more, and drains the outbox of jobs it failed at max attempts: RQ's
+``Result`` is written exactly once (fenced, with the outbox removal), the job's failure
+callback runs before that commit, and dependents follow RQ's rules after it. The sweep
+itself never unpickles anything; only the drain, like RQ's own cleanup, loads the job.
+
+Every LeaseWorker runs a :class:`Sweeper` thread for its queues; ``rq-emq reaper`` runs
+the same loop on its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis import Redis
+from rq.job import Job
+from rq.queue import Queue
+from rq.results import Result
+from rq.utils import now, utcformat
+
+from . import compat, scripts
+from .fencing import Fence, LeaseLost, fenced
+from .keys import QueueKeys
+from .lease import new_token
+from .settings import LeaseSettings
+
+logger = logging.getLogger("rq_emq.sweep")
+
+DEFAULT_FAILURE_TTL = 365 * 24 * 3600  # RQ's own default
+MAX_CALLS_PER_ROUND = 50
+OUTBOX_CLAIM_MS = 60_000
+OUTBOX_BATCH = 20
+
+
+class JobStalled(Exception):
+    """The exception a failure callback receives for a job failed at max attempts."""
+
+
+@dataclass
+class SweepReport:
+    """What one sweep round of one queue did (or, dry, would do)."""
+
+    queue: str
+    ran: bool
+    marked: list[str] = field(default_factory=list)
+    requeued: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    unmarked: int = 0
+    calls: int = 0
+    outbox_due: int = 0
+
+
+def _ids(values: list[Any]) -> list[str]:
+    return [v.decode() if isinstance(v, bytes) else str(v) for v in values]
+
+
+class Sweeper:
+    """Runs sweep rounds for some queues, and drains their failure outboxes."""
+
+    def __init__(
+        self,
+        client: Redis,
+        queues: list[str],
+        settings: LeaseSettings,
+        name: str = "rq-emq-sweeper",
+        job_class: type[Job] = Job,
+        serializer: Any = None,
+    ) -> None:
+        self.client = client
+        self.queues = list(queues)
+        self.settings = settings
+        self.name = name
+        self.job_class = job_class
+        self.serializer = serializer
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # Sweeps run at most once per window fleet-wide, and sweepers try five times as often,
+    # so consecutive rounds are between 0.8 and 1.0 sweep intervals apart: a lapsed lease
+    # is marked within one interval and recovered within the next.
+    @property
+    def window_ms(self) -> int:
+        return max(self.settings.sweep_interval_ms * 4 // 5, 1)
+
+    @property
+    def poll_ms(self) -> int:
+        return max(self.settings.sweep_interval_ms // 5, 1)
+
+    def sweep(self, queue: str, mode: str = "round") -> SweepReport:
+        """One round on ``queue``: ``round`` (rate limited), ``force`` (ignore the rate
+        limit, for ``--once``) or ``dry-run`` (change nothing, report what would happen)."""
+        q = QueueKeys(queue)
+        keys = [
+            q.leases,
+            q.stalled,
+            q.sweep,
+            q.stats,
+            q.rq_queue,
+            q.intermediate,
+            q.started,
+            q.failed,
+            q.outbox,
+        ]
+        script = scripts.load("move_stalled_jobs_to_wait")
+        report = SweepReport(queue, ran=False)
+        call_mode = "continue" if mode == "force" else mode
+        while report.calls < MAX_CALLS_PER_ROUND:
+            args = [
+                self.window_ms,
+                self.settings.sweep_batch,
+                q.prefix,
+                DEFAULT_FAILURE_TTL,
+                self.settings.max_attempts,
+                call_mode,
+                utcformat(now()),
+            ]
+            reply = script(self.client, keys, args)
+            report.calls += 1
+            if int(reply[0]) == 0:
+                return report
+            report.ran = True
+            report.marked += _ids(reply[1])
+            report.requeued += _ids(reply[2])
+            report.failed += _ids(reply[3])
+            report.unmarked += int(reply[4])
+            report.dropped += _ids(reply[5])
+            report.outbox_due = int(reply[7])
+            if mode == "dry-run" or not int(reply[6]):
+                break
+            call_mode = "continue"
+        self._log(report, dry=mode == "dry-run")
+        return report
+
+    def _log(self, report: SweepReport, dry: bool) -> None:
+        verb = "would be" if dry else "was"
+        for job_id in report.marked:
+            logger.info(
+                "job %s on queue %s %s marked stalled (lock gone)",
+                job_id,
+                report.queue,
+                verb,
+                extra={"job_id": job_id, "queue": report.queue},
+            )
+        for job_id in report.requeued:
+            logger.warning(
+                "job %s on queue %s %s recovered to the front of its queue",
+                job_id,
+                report.queue,
+                verb,
+                extra={"job_id": job_id, "queue": report.queue},
+            )
+        for job_id in report.failed:
+            logger.warning(
+                "job %s on queue %s %s failed at max attempts",
+                job_id,
+                report.queue,
+                verb,
+                extra={"job_id": job_id, "queue": report.queue},
+            )
+        for job_id in report.dropped:
+            logger.warning(
+                "lease index entry %s on queue %s names a deleted job; %s dropped",
+                job_id,
+                report.queue,
+                verb,
+                extra={"job_id": job_id, "queue": report.queue},
+            )
+
+    # -- the outbox ----------------------------------------------------------------------
+    def drain_outbox(self, queue: str) -> int:
+        """Write RQ's Result (once) and run the failure callback for jobs failed at max
+        attempts; returns how many were completed here."""
+        q = QueueKeys(queue)
+        tokens = [new_token(self.name) for _ in range(OUTBOX_BATCH)]
+        claimed = _ids(scripts.load("claim_outbox")(self.client, [q.outbox], [OUTBOX_CLAIM_MS, *tokens]))
+        done = 0
+        for job_id, token in zip(claimed[0::2], claimed[1::2], strict=True):
+            try:
+                done += self._complete_failure(queue, job_id, token)
+            except Exception:
+                logger.exception(
+                    "job %s on queue %s: could not complete its stall failure; will retry",
+                    job_id,
+                    queue,
+                    extra={"job_id": job_id, "queue": queue},
+                )
+        return done
+
+    def _complete_failure(self, queue: str, job_id: str, token: str) -> int:
+        job = self.job_class.fetch(job_id, connection=self.client, serializer=self.serializer)
+        raw = self.client.hget(job.key, "emq_failure")
+        reason = raw.decode() if isinstance(raw, bytes) else "stalled"
+        exc_string = (
+            f"JobStalled: job {job_id} {reason} (its worker died or lost its lease); "
+            "moved to FailedJobRegistry by rq-emq"
+        )
+        compat.run_failure_callback(job, JobStalled(exc_string))
+        ttl = job.failure_ttl if job.failure_ttl is not None else DEFAULT_FAILURE_TTL
+        try:
+            with fenced(self.client, Fence(queue, job_id, token)):
+                pipe = self.client.pipeline()
+                Result.create_failure(job, ttl, exc_string=exc_string, pipeline=pipe)
+                pipe.zrem(QueueKeys(queue).outbox, job_id)
+                pipe.execute()
+        except LeaseLost:
+            return 0  # another drainer took this entry over
+        queue_obj = Queue(queue, connection=self.client, job_class=self.job_class, serializer=self.serializer)
+        queue_obj.enqueue_dependents(job)
+        return 1
+
+    # -- the loop --------------------------------------------------------------------------
+    def run_once(self) -> list[SweepReport]:
+        reports = []
+        for queue in self.queues:
+            report = self.sweep(queue)
+            reports.append(report)
+            if report.outbox_due:
+                self.drain_outbox(queue)
+        return reports
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        stop = stop or self._stop
+        while not stop.is_set():
+            try:
+                self.run_once()
+            except Exception:
+                logger.exception("sweep failed; retrying")
+            stop.wait(self.poll_ms / 1000.0)
+
+    def start(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self.run, name=self.name, daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        self._thread = None

@@ -1,0 +1,231 @@
+"""The two-phase stalled sweep against a real Redis: mark, then recover or fail."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import redis
+from rq import Queue
+from rq.job import Job
+
+from rq_emq import scripts
+from rq_emq.keys import QueueKeys, job_key
+from rq_emq.lease import Lease, LockManager
+from rq_emq.settings import LeaseSettings
+from rq_emq.sweep import Sweeper
+from rq_emq.take import Taker
+
+SETTINGS = LeaseSettings(lease_ms=1_000, renew_interval_ms=200, sweep_interval_ms=100, sweep_batch=50)
+Q = QueueKeys("q")
+
+
+def sweeper(r: redis.Redis, **overrides: int) -> Sweeper:
+    return Sweeper(r, ["q"], LeaseSettings(**{**SETTINGS.__dict__, **overrides}))
+
+
+def stall(r: redis.Redis, n: int = 1, **enqueue: object) -> list[str]:
+    """Lease n jobs, then let their worker 'die': lock gone, deadline passed."""
+    queue = Queue("q", connection=r)
+    ids = []
+    for _ in range(n):
+        job = queue.enqueue("jobs.noop", **enqueue)  # type: ignore[arg-type]
+        taken = Taker(r, "dead-worker", SETTINGS).pop(["q"])
+        assert taken is not None
+        ids.append(job.id)
+    with r.pipeline() as pipe:
+        for job_id in ids:
+            pipe.delete(Q.lock(job_id)).zadd(Q.leases, {job_id: 0})
+        pipe.execute()
+    return ids
+
+
+def next_round(s: Sweeper) -> None:
+    time.sleep(s.window_ms / 1000 + 0.01)
+
+
+def test_a_lapsed_lease_is_marked_first_and_recovered_only_by_a_later_round(r: redis.Redis) -> None:
+    (job_id,) = stall(r)
+    s = sweeper(r)
+    first = s.sweep("q")
+    assert first.ran and first.marked == [job_id] and first.requeued == []
+    assert r.llen(Q.rq_queue) == 0
+    assert not s.sweep("q").ran  # rate limited: one round per window, fleet-wide
+    next_round(s)
+    second = s.sweep("q")
+    assert second.requeued == [job_id]
+    assert r.lrange(Q.rq_queue, 0, -1) == [job_id.encode()]
+    assert r.hget(job_key(job_id), "status") == b"queued"
+    assert r.zscore(Q.leases, job_id) is None and r.zscore(Q.stalled, job_id) is None
+    assert r.hget(job_key(job_id), "emq_token") is None
+    assert r.hget(job_key(job_id), "emq_attempts") == b"1"
+
+
+def test_a_recovered_job_goes_to_the_front_of_its_queue_and_leaves_rqs_started_registry(
+    r: redis.Redis,
+) -> None:
+    (job_id,) = stall(r)
+    waiting = Queue("q", connection=r).enqueue("jobs.noop")
+    # RQ's view of the execution, as prepare_execution leaves it
+    r.zadd(Q.started, {f"{job_id}:exec1": time.time() + 100})
+    r.zadd(f"rq:executions:{job_id}", {"exec1": 1})
+    r.hset(f"rq:execution:{job_id}:exec1", mapping={"worker_name": "dead-worker"})
+    r.sadd("rq:worker:dead-worker:executions", f"{job_id}:exec1")
+    s = sweeper(r)
+    s.sweep("q")
+    next_round(s)
+    s.sweep("q")
+    assert r.lrange(Q.rq_queue, 0, -1) == [job_id.encode(), waiting.id.encode()]
+    assert r.zcard(Q.started) == 0
+    assert not r.exists(f"rq:executions:{job_id}", f"rq:execution:{job_id}:exec1")
+    assert r.scard("rq:worker:dead-worker:executions") == 0
+
+
+def test_a_holder_that_renews_between_the_rounds_keeps_its_job(r: redis.Redis) -> None:
+    queue = Queue("q", connection=r)
+    job = queue.enqueue("jobs.noop")
+    taken = Taker(r, "paused-worker", SETTINGS).pop(["q"])
+    assert taken is not None
+    r.delete(Q.lock(job.id))
+    r.zadd(Q.leases, {job.id: 0})
+    s = sweeper(r)
+    assert s.sweep("q").marked == [job.id]
+    manager = LockManager(r, SETTINGS.lease_ms, SETTINGS.renew_interval_ms, on_lost=lambda lease: None)
+    manager.add(Lease("q", job.id, taken.token))
+    assert manager.tick() == []  # the paused worker wakes up and renews
+    next_round(s)
+    second = s.sweep("q")
+    assert second.requeued == [] and second.failed == []
+    assert r.llen(Q.rq_queue) == 0 and r.get(Q.lock(job.id)) == taken.token.encode()
+
+
+def test_a_job_at_max_attempts_fails_with_its_reason_and_rq_sees_a_failure(
+    r: redis.Redis, tmp_path: Path
+) -> None:
+    from rq import Callback
+
+    log = tmp_path / "callback.log"
+    (job_id,) = stall(
+        r, on_failure=Callback("jobs.on_failure_record"), failure_ttl=300, meta={"log": str(log)}
+    )
+    r.hset(job_key(job_id), mapping={"emq_attempts": 3, "emq_max_attempts": 3})
+    s = sweeper(r)
+    s.sweep("q")
+    next_round(s)
+    report = s.sweep("q")
+    assert report.failed == [job_id] and report.requeued == []
+    assert r.hget(job_key(job_id), "status") == b"failed"
+    assert r.zscore(Q.failed, job_id) == pytest.approx(time.time() + 300, abs=5)
+    assert 290 < r.ttl(job_key(job_id)) <= 300
+    assert r.llen(Q.rq_queue) == 0
+    assert s.drain_outbox("q") == 1
+    assert s.drain_outbox("q") == 0  # the outbox entry is gone: exactly once
+    job = Job.fetch(job_id, connection=r)
+    results = job.results()
+    assert len(results) == 1
+    assert "stalled on attempt 3 of 3" in (results[0].exc_string or "")
+    assert log.read_text().count("failed") == 1
+    assert r.zcard(Q.outbox) == 0
+
+
+def test_a_drainer_that_dies_after_claiming_is_taken_over_once(r: redis.Redis) -> None:
+    (job_id,) = stall(r)
+    r.hset(job_key(job_id), mapping={"emq_attempts": 1, "emq_max_attempts": 1})
+    s = sweeper(r)
+    s.sweep("q")
+    next_round(s)
+    assert s.sweep("q").failed == [job_id]
+    claimed = scripts.load("claim_outbox")(r, [Q.outbox], [1, "t" * 32 + ":dead-drainer"])
+    assert claimed[0] == job_id.encode()  # this drainer dies here
+    time.sleep(0.01)
+    assert s.drain_outbox("q") == 1
+    assert len(Job.fetch(job_id, connection=r).results()) == 1
+
+
+def test_a_lockless_entry_in_the_intermediate_list_is_recovered(r: redis.Redis) -> None:
+    job = Queue("q", connection=r).enqueue("jobs.noop")
+    r.lmove(Q.rq_queue, Q.intermediate)  # a worker's BLMOVE, then it died
+    s = sweeper(r)
+    assert s.sweep("q").marked == [job.id]
+    next_round(s)
+    assert s.sweep("q").requeued == [job.id]
+    assert r.llen(Q.intermediate) == 0 and r.lrange(Q.rq_queue, 0, -1) == [job.id.encode()]
+
+
+def test_stock_rq_jobs_are_left_alone(r: redis.Redis) -> None:
+    job = Queue("q", connection=r).enqueue("jobs.noop")
+    # a stock worker: BLMOVE to the intermediate list, an execution, a started entry
+    r.lmove(Q.rq_queue, Q.intermediate)
+    r.zadd(f"rq:executions:{job.id}", {"e": 1})
+    r.zadd(Q.started, {f"{job.id}:e": 1})  # even overdue, that is RQ's business
+    s = sweeper(r)
+    for _ in range(3):
+        report = s.sweep("q", mode="force")
+        assert report.marked == report.requeued == report.failed == []
+    assert r.lrange(Q.intermediate, 0, -1) == [job.id.encode()]
+    assert r.zcard(Q.started) == 1
+
+
+def test_a_lease_entry_for_a_deleted_job_is_dropped_and_logged(
+    r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    (job_id,) = stall(r)
+    r.delete(job_key(job_id))
+    with caplog.at_level(logging.WARNING, logger="rq_emq.sweep"):
+        report = sweeper(r).sweep("q")
+    assert report.dropped == [job_id]
+    assert r.zcard(Q.leases) == 0 and job_id in caplog.text
+    assert not r.exists(job_key(job_id))
+
+
+def test_dry_run_reports_and_changes_nothing(r: redis.Redis) -> None:
+    marked_before = stall(r, 2)
+    s = sweeper(r)
+    s.sweep("q")
+    next_round(s)
+    fresh = stall(r, 1)
+    before = {k: r.dump(k) for k in r.keys("*")}
+    report = s.sweep("q", mode="dry-run")
+    assert sorted(report.requeued) == sorted(marked_before) and report.marked == fresh
+    assert {k: r.dump(k) for k in r.keys("*")} == before
+
+
+def test_a_round_works_through_any_number_of_stalled_jobs_in_bounded_calls(r: redis.Redis) -> None:
+    ids = stall(r, 600)
+    s = sweeper(r, sweep_batch=50)
+    first = s.sweep("q")
+    assert len(first.marked) == 600 and first.calls >= 12
+    next_round(s)
+    second = s.sweep("q")
+    assert sorted(second.requeued) == sorted(ids)
+    assert r.llen(Q.rq_queue) == 600
+
+
+def _hammer(url: str, rounds: int, barrier: multiprocessing.synchronize.Barrier) -> None:
+    client = redis.Redis.from_url(url)
+    s = Sweeper(client, ["q"], SETTINGS)
+    barrier.wait()
+    for _ in range(rounds):
+        s.sweep("q", mode="force")
+
+
+def test_eight_concurrent_sweepers_never_recover_a_job_twice(r: redis.Redis, redis_url: str) -> None:
+    ids = stall(r, 300)
+    sweeper(r).sweep("q", mode="force")  # everyone's marked; grace starts now
+    time.sleep(SETTINGS.sweep_interval_ms / 1000)
+    barrier = multiprocessing.Barrier(8)
+    workers = [multiprocessing.Process(target=_hammer, args=(redis_url, 20, barrier)) for _ in range(8)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+        assert w.exitcode == 0
+    queued = Counter(v.decode() for v in r.lrange(Q.rq_queue, 0, -1))
+    assert set(queued) == set(ids)
+    assert max(queued.values()) == 1  # no duplicate recovery
+    assert int(r.hget(Q.stats, "recovered")) == 300
+    assert all(r.hget(job_key(i), "emq_attempts") == b"1" for i in ids)

@@ -1,0 +1,191 @@
+"""Crash recovery as operators see it: real workers killed, paused and resumed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from helpers import FAST, stat, status, wait_status
+from jobs import runs
+from procs import RQ_BIN, Processes, pid_alive, wait_for
+from rq import Queue
+from rq.job import Job
+
+import rq_emq
+from rq_emq.keys import QueueKeys, job_key
+from rq_emq.settings import LeaseSettings
+from rq_emq.sweep import Sweeper
+
+pytestmark = pytest.mark.slow
+Q = QueueKeys("default")
+LEASE_S = int(FAST["RQ_EMQ_LEASE_MS"]) / 1000
+SWEEP_S = int(FAST["RQ_EMQ_SWEEP_INTERVAL_MS"]) / 1000
+
+
+def starts(log: str) -> list[int]:
+    return [int(line.split()[1]) for line in runs(log) if line.startswith("start")]
+
+
+def test_a_killed_workers_job_is_back_within_lease_plus_two_sweeps_and_finished_by_the_survivor(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
+) -> None:
+    log = str(tmp_path / "runs.log")
+    a = procs.worker(redis_url, name="worker-a", **FAST)
+    b = procs.worker(redis_url, name="worker-b", **FAST)
+    wait_for(lambda: r.scard("rq:workers") == 2, what="both workers to register")
+    job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 1.0, job_timeout=30)
+    wait_for(lambda: starts(log), what="the job to start")
+    victim = a if r.hget(job_key(job.id), "worker_name") == b"worker-a" else b
+    killed_at = time.monotonic()
+    os.kill(victim.pid, signal.SIGKILL)
+    # back in the queue and taken again by the survivor: the second attempt begins
+    wait_for(lambda: r.hget(job_key(job.id), "emq_attempts") == b"2", timeout=10, what="the second attempt")
+    back_after = time.monotonic() - killed_at
+    wait_status(r, job.id, "finished", timeout=15)
+    assert len(starts(log)) == 2 and runs(log)[-1].startswith("end")
+    assert stat(r, "default", "marked") >= 1 and stat(r, "default", "recovered") == 1
+    survivor = "worker-b" if victim is a else "worker-a"
+    assert r.hget(job_key(job.id), "worker_name") == survivor.encode()
+    # the bound: lease + 2 sweep intervals after the lapse (which is at most one lease after
+    # the kill), plus a little for process scheduling on a busy 2-core machine
+    assert back_after <= LEASE_S + 2 * SWEEP_S + LEASE_S + 0.5, back_after
+
+
+def _stop(*pids: int) -> None:
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+
+
+def _resume(*pids: int) -> None:
+    for pid in pids:
+        os.kill(pid, signal.SIGCONT)
+
+
+def _sweeper(r: redis.Redis) -> Sweeper:
+    return Sweeper(r, ["default"], LeaseSettings(lease_ms=400, renew_interval_ms=100, sweep_interval_ms=100))
+
+
+def test_a_worker_paused_and_resumed_within_the_grace_keeps_its_job(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
+) -> None:
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 2.0, job_timeout=30)
+    worker = procs.worker(redis_url, burst=True, **FAST)
+    (horse,) = wait_for(lambda: starts(log), what="the job to start")  # type: ignore[misc]
+    _stop(worker.pid, horse)
+    wait_for(lambda: not r.exists(Q.lock(job.id)), timeout=3, what="the lock to lapse")
+    s = _sweeper(r)
+    assert s.sweep("default", mode="force").marked == [job.id]
+    _resume(worker.pid, horse)
+    wait_for(lambda: r.exists(Q.lock(job.id)), timeout=3, what="the renewal")
+    time.sleep(s.window_ms / 1000 + 0.05)
+    report = s.sweep("default", mode="force")
+    assert report.requeued == [] and report.failed == []
+    assert worker.wait(timeout=15) == 0, procs.log(worker)
+    assert status(r, job.id) == "finished" and len(starts(log)) == 1
+    assert stat(r, "default", "recovered") == 0
+
+
+def test_a_worker_resumed_after_its_job_was_recovered_is_fenced(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
+) -> None:
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 3.0, job_timeout=30)
+    worker = procs.worker(redis_url, burst=True, **FAST)
+    (horse,) = wait_for(lambda: starts(log), what="the job to start")  # type: ignore[misc]
+    _stop(worker.pid, horse)
+    wait_for(lambda: not r.exists(Q.lock(job.id)), timeout=3, what="the lock to lapse")
+    s = _sweeper(r)
+    assert s.sweep("default", mode="force").marked == [job.id]
+    time.sleep(s.window_ms / 1000 + 0.05)
+    assert s.sweep("default", mode="force").requeued == [job.id]
+    _resume(worker.pid, horse)
+    # the old run is stopped and its outcome fenced; the job runs again and finishes once
+    assert worker.wait(timeout=20) == 0, procs.log(worker)
+    assert status(r, job.id) == "finished"
+    assert len(starts(log)) == 2 and sum(line.startswith("end") for line in runs(log)) == 1
+    assert not pid_alive(horse)
+    assert stat(r, "default", "lease_lost") == 1
+    assert len(Job.fetch(job.id, connection=r).results()) == 1
+
+
+def test_a_job_whose_worker_is_killed_every_time_runs_max_attempts_times_then_fails(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
+) -> None:
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue(
+        "jobs.sleep_and_record", log, 60.0, job_timeout=120, meta=rq_emq.max_attempts(2)
+    )
+    for attempt in (1, 2):
+        worker = procs.worker(redis_url, **FAST)
+        wait_for(lambda n=attempt: len(starts(log)) == n, timeout=15, what=f"start number {attempt}")
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait()
+    reaper = procs.start(
+        [sys.executable, "-m", "rq_emq.cli", "reaper", "--url", redis_url, "default"],
+        env=procs.env(**FAST),
+        name="reaper",
+    )
+    wait_status(r, job.id, "failed", timeout=15)
+    wait_for(lambda: Job.fetch(job.id, connection=r).results(), timeout=10, what="the failure Result")
+    (result,) = Job.fetch(job.id, connection=r).results()
+    assert "stalled on attempt 2 of 2" in (result.exc_string or "")
+    assert r.zscore(Q.failed, job.id) is not None and r.llen(Q.rq_queue) == 0
+    assert len(starts(log)) == 2
+    reaper.send_signal(signal.SIGTERM)
+    assert reaper.wait(timeout=10) == 0, procs.log(reaper)
+
+
+def test_a_stock_rq_worker_job_on_the_same_queue_is_never_touched(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
+) -> None:
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 60.0, job_timeout=120)
+    stock = procs.worker(redis_url, worker_class="rq.Worker", **FAST)
+    (horse,) = wait_for(lambda: starts(log), timeout=15, what="the stock job to start")  # type: ignore[misc]
+    os.kill(stock.pid, signal.SIGKILL)
+    os.kill(horse, signal.SIGKILL)
+    lease_worker = procs.worker(redis_url, **FAST)
+    time.sleep(2.0)  # many sweep rounds
+    assert lease_worker.poll() is None
+    assert status(r, job.id) == "started" and r.llen(Q.rq_queue) == 0  # RQ's to handle
+    assert stat(r, "default", "marked") == 0 and stat(r, "default", "recovered") == 0
+
+
+def test_the_reaper_dry_run_prints_stalled_jobs_and_where_they_would_land(
+    r: redis.Redis, redis_url: str, tmp_path: Path
+) -> None:
+    from test_sweep import stall
+
+    ids = stall(r, 2)
+    cmd = [sys.executable, "-m", "rq_emq.cli", "reaper", "--url", redis_url, "--queues", "q"]
+    first = subprocess.run([*cmd, "--dry-run"], capture_output=True, text=True, timeout=30)
+    assert first.returncode == 0, first.stderr
+    assert all(job_id in first.stdout for job_id in ids) and "marked stalled" in first.stdout
+    assert r.zcard(QueueKeys("q").stalled) == 0  # dry: nothing changed
+    subprocess.run([*cmd, "--once"], check=True, capture_output=True, timeout=30)
+    time.sleep(5)  # the default grace (0.8 x 5 s sweep interval) passes
+    second = subprocess.run([*cmd, "--once"], capture_output=True, text=True, timeout=30)
+    assert "put back at the front of q" in second.stdout
+    assert r.llen(QueueKeys("q").rq_queue) == 2
+
+
+def test_the_reaper_fails_clearly_on_an_unreachable_redis() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "rq_emq.cli", "reaper", "--url", "redis://127.0.0.1:1/0", "--once"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode != 0 and "cannot reach Redis" in done.stderr
+
+
+def test_rq_emq_version() -> None:
+    out = subprocess.run([str(Path(RQ_BIN).parent / "rq-emq"), "--version"], capture_output=True, text=True)
+    assert rq_emq.__version__ in out.stdout

@@ -7,7 +7,10 @@ import time
 
 
 def work(seconds: float, log: str) -> str:
+    from rq import get_current_job
+
+    job = get_current_job()
     with open(log, "a") as out:
-        out.write(f"start {os.getpid()}\n")
+        out.write(f"start {job.id if job else '-'} {os.getpid()}\n")
     time.sleep(seconds)
     return f"done by pid {os.getpid()}"

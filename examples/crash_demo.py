@@ -1,0 +1,165 @@
+"""A crashed worker's job, recovered: run ``python examples/crash_demo.py``.
+
+Starts a private redis-server (or uses REDIS_URL), enqueues four jobs with a stock
+``rq.Queue``, runs two ``rq worker -w rq_emq.LeaseWorker`` processes, SIGKILLs one of them
+mid-job, and prints what Redis holds as the lease lapses, the sweep marks the job, then
+puts it back, and the surviving worker finishes it. It ends with a readout of which jobs
+stalled and where each landed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+from rq import Queue
+
+from rq_emq.keys import QueueKeys, job_key
+
+HERE = Path(__file__).resolve().parent
+SETTINGS = {"RQ_EMQ_LEASE_MS": "2000", "RQ_EMQ_RENEW_INTERVAL_MS": "500", "RQ_EMQ_SWEEP_INTERVAL_MS": "1000"}
+Q = QueueKeys("demo")
+EVENTS = {
+    "lapsed": "lock gone: the lease lapsed, nobody renews it",
+    "marked": "marked stalled by a sweep (a grace pass: not recovered yet)",
+    "recovered": "recovered by the next sweep: back at the front of its queue",
+    "retaken": "worker-b took it",
+}
+
+
+def start_redis() -> tuple[str, subprocess.Popen[bytes] | None, str | None]:
+    if os.environ.get("REDIS_URL"):
+        return os.environ["REDIS_URL"], None, None
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    folder = tempfile.mkdtemp(prefix="rq-emq-demo-")
+    server = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", folder],
+        stdout=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    for _ in range(200):
+        try:
+            redis.Redis.from_url(url).ping()
+            break
+        except redis.exceptions.ConnectionError:
+            time.sleep(0.02)
+    return url, server, folder
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=3.0, help="how long each job works")
+    options = parser.parse_args()
+
+    url, server, folder = start_redis()
+    r = redis.Redis.from_url(url)
+    r.delete(*(r.keys("emq:{demo}:*") or ["-"]), "rq:queue:demo")
+    log_dir = Path(tempfile.mkdtemp(prefix="rq-emq-demo-logs-"))
+    env = {**os.environ, **SETTINGS, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    rq_bin = str(Path(sys.executable).parent / "rq")
+    workers = {}
+    t0 = time.monotonic()
+
+    def say(text: str) -> None:
+        print(f"[{time.monotonic() - t0:6.2f}s] {text}", flush=True)
+
+    try:
+        say(f"Redis at {url}; settings {SETTINGS}")
+        queue = Queue("demo", connection=r)
+        jobs = [queue.enqueue("demo_jobs.work", options.seconds, str(log_dir / "runs.log"), job_timeout=60)
+                for _ in range(options.jobs)]
+        say(f"enqueued {len(jobs)} jobs with a stock rq.Queue")
+        for name in ("worker-a", "worker-b"):
+            workers[name] = subprocess.Popen(
+                [rq_bin, "worker", "-w", "rq_emq.LeaseWorker", "--url", url, "--name", name, "demo"],
+                env=env, stdout=open(log_dir / f"{name}.log", "wb"), stderr=subprocess.STDOUT,
+            )
+        say("started worker-a and worker-b (rq worker -w rq_emq.LeaseWorker)")
+
+        def running_on(name: str) -> str | None:
+            for job in jobs:
+                fields = r.hmget(job_key(job.id), "status", "worker_name")
+                if fields[0] == b"started" and fields[1] == name.encode():
+                    return job.id
+            return None
+
+        while not running_on("worker-a"):
+            time.sleep(0.05)
+        victim = running_on("worker-a")
+        assert victim is not None
+        time.sleep(0.5)
+        workers["worker-a"].send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        say(f"SIGKILLed worker-a while it ran job {victim} (its work horse dies with it)")
+
+        def show() -> None:
+            lock_ttl = r.pttl(Q.lock(victim))
+            say(f"  job {victim[:8]}: status={(r.hget(job_key(victim), 'status') or b'-').decode()}, "
+                f"in flight={r.zscore(Q.leases, victim) is not None}, "
+                f"lock={'gone' if lock_ttl < 0 else f'{lock_ttl} ms left'}, "
+                f"marked={r.zscore(Q.stalled, victim) is not None}, "
+                f"in queue={victim.encode() in r.lrange(Q.rq_queue, 0, -1)}, "
+                f"attempts={(r.hget(job_key(victim), 'emq_attempts') or b'0').decode()}")
+
+        show()
+        moments: dict[str, float] = {}
+        while r.hget(job_key(victim), "status") != b"finished" and time.monotonic() - killed < 60:
+            attempts = int(r.hget(job_key(victim), "emq_attempts") or 0)
+            in_queue = r.lpos(Q.rq_queue, victim) is not None
+            for event, happened in (
+                ("lapsed", not r.exists(Q.lock(victim))),
+                ("marked", r.zscore(Q.stalled, victim) is not None),
+                ("recovered", in_queue or attempts >= 2),
+                ("retaken", attempts >= 2),
+            ):
+                if happened and event not in moments:
+                    moments[event] = time.monotonic()
+                    say(EVENTS[event])
+                    show()
+            time.sleep(0.01)
+        say(f"job {victim} finished by {r.hget(job_key(victim), 'worker_name').decode()}")
+        while any(r.hget(job_key(j.id), "status") != b"finished" for j in jobs) and time.monotonic() - killed < 60:
+            time.sleep(0.1)
+        print("\nWhich jobs stalled, and where each landed")
+        starts = [line.split()[1] for line in (log_dir / "runs.log").read_text().splitlines()]
+        print(f"{'job':<38} {'stalled':<8} {'runs':<5} {'landed':<9} {'by':<9} result")
+        for job in jobs:
+            job.refresh()
+            result = job.latest_result()
+            print(f"{job.id:<38} {'yes' if job.id == victim else 'no':<8} {starts.count(job.id):<5} "
+                  f"{job.get_status().value:<9} {job.worker_name or '-':<9} {result.return_value if result else '-'}")
+        stats = {k.decode(): int(v) for k, v in r.hgetall(Q.stats).items()}
+        print(f"\ncounters (emq:{{demo}}:stats): {stats}")
+        lease_s = int(SETTINGS["RQ_EMQ_LEASE_MS"]) / 1000
+        sweep_s = int(SETTINGS["RQ_EMQ_SWEEP_INTERVAL_MS"]) / 1000
+        if "lapsed" in moments and "recovered" in moments:
+            print(f"back in its queue {moments['recovered'] - killed:.2f}s after the kill, "
+                  f"{moments['recovered'] - moments['lapsed']:.2f}s after its lease lapsed "
+                  f"(bound: lease + 2 x sweep interval = {lease_s + 2 * sweep_s:.1f}s after the kill)")
+        return 0
+    finally:
+        for process in workers.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGKILL)
+                process.wait()
+        if server is not None:
+            server.kill()
+            server.wait()
+            shutil.rmtree(folder or "", ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

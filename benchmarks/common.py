@@ -33,8 +33,19 @@ def private_redis() -> Iterator[str]:
         port = sock.getsockname()[1]
     folder = tempfile.mkdtemp(prefix="rq-emq-bench-")
     server = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", folder],
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            folder,
+        ],
         stdout=subprocess.DEVNULL,
     )
     url = f"redis://127.0.0.1:{port}/0"
@@ -63,13 +74,28 @@ def wait_until(predicate: Callable[[], object], timeout: float, interval: float 
 
 
 @contextmanager
-def worker(url: str, worker_class: str, queues: Sequence[str], burst: bool = False,
-           env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
-    args = [RQ_BIN, "worker", "-w", worker_class, "--url", url, "-q", *(["--burst"] if burst else []), *queues]
-    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-                **(env or {})}
-    process = subprocess.Popen(args, env=full_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)
+def worker(
+    url: str, worker_class: str, queues: Sequence[str], burst: bool = False, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    args = [
+        RQ_BIN,
+        "worker",
+        "-w",
+        worker_class,
+        "--url",
+        url,
+        "-q",
+        *(["--burst"] if burst else []),
+        *queues,
+    ]
+    full_env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+        **(env or {}),
+    }
+    process = subprocess.Popen(
+        args, env=full_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     try:
         yield process
     finally:

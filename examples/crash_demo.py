@@ -44,8 +44,19 @@ def start_redis() -> tuple[str, subprocess.Popen[bytes] | None, str | None]:
         port = sock.getsockname()[1]
     folder = tempfile.mkdtemp(prefix="rq-emq-demo-")
     server = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", folder],
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            folder,
+        ],
         stdout=subprocess.DEVNULL,
     )
     url = f"redis://127.0.0.1:{port}/0"
@@ -68,7 +79,11 @@ def main() -> int:
     r = redis.Redis.from_url(url)
     r.delete(*(r.keys("emq:{demo}:*") or ["-"]), "rq:queue:demo")
     log_dir = Path(tempfile.mkdtemp(prefix="rq-emq-demo-logs-"))
-    env = {**os.environ, **SETTINGS, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        **SETTINGS,
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+    }
     rq_bin = str(Path(sys.executable).parent / "rq")
     workers = {}
     t0 = time.monotonic()
@@ -79,13 +94,17 @@ def main() -> int:
     try:
         say(f"Redis at {url}; settings {SETTINGS}")
         queue = Queue("demo", connection=r)
-        jobs = [queue.enqueue("demo_jobs.work", options.seconds, str(log_dir / "runs.log"), job_timeout=60)
-                for _ in range(options.jobs)]
+        jobs = [
+            queue.enqueue("demo_jobs.work", options.seconds, str(log_dir / "runs.log"), job_timeout=60)
+            for _ in range(options.jobs)
+        ]
         say(f"enqueued {len(jobs)} jobs with a stock rq.Queue")
         for name in ("worker-a", "worker-b"):
             workers[name] = subprocess.Popen(
                 [rq_bin, "worker", "-w", "rq_emq.LeaseWorker", "--url", url, "--name", name, "demo"],
-                env=env, stdout=open(log_dir / f"{name}.log", "wb"), stderr=subprocess.STDOUT,
+                env=env,
+                stdout=open(log_dir / f"{name}.log", "wb"),
+                stderr=subprocess.STDOUT,
             )
         say("started worker-a and worker-b (rq worker -w rq_emq.LeaseWorker)")
 
@@ -107,12 +126,14 @@ def main() -> int:
 
         def show() -> None:
             lock_ttl = r.pttl(Q.lock(victim))
-            say(f"  job {victim[:8]}: status={(r.hget(job_key(victim), 'status') or b'-').decode()}, "
+            say(
+                f"  job {victim[:8]}: status={(r.hget(job_key(victim), 'status') or b'-').decode()}, "
                 f"in flight={r.zscore(Q.leases, victim) is not None}, "
                 f"lock={'gone' if lock_ttl < 0 else f'{lock_ttl} ms left'}, "
                 f"marked={r.zscore(Q.stalled, victim) is not None}, "
                 f"in queue={victim.encode() in r.lrange(Q.rq_queue, 0, -1)}, "
-                f"attempts={(r.hget(job_key(victim), 'emq_attempts') or b'0').decode()}")
+                f"attempts={(r.hget(job_key(victim), 'emq_attempts') or b'0').decode()}"
+            )
 
         show()
         moments: dict[str, float] = {}
@@ -131,7 +152,10 @@ def main() -> int:
                     show()
             time.sleep(0.01)
         say(f"job {victim} finished by {r.hget(job_key(victim), 'worker_name').decode()}")
-        while any(r.hget(job_key(j.id), "status") != b"finished" for j in jobs) and time.monotonic() - killed < 60:
+        while (
+            any(r.hget(job_key(j.id), "status") != b"finished" for j in jobs)
+            and time.monotonic() - killed < 60
+        ):
             time.sleep(0.1)
         print("\nWhich jobs stalled, and where each landed")
         starts = [line.split()[1] for line in (log_dir / "runs.log").read_text().splitlines()]
@@ -139,16 +163,20 @@ def main() -> int:
         for job in jobs:
             job.refresh()
             result = job.latest_result()
-            print(f"{job.id:<38} {'yes' if job.id == victim else 'no':<8} {starts.count(job.id):<5} "
-                  f"{job.get_status().value:<9} {job.worker_name or '-':<9} {result.return_value if result else '-'}")
+            print(
+                f"{job.id:<38} {'yes' if job.id == victim else 'no':<8} {starts.count(job.id):<5} "
+                f"{job.get_status().value:<9} {job.worker_name or '-':<9} {result.return_value if result else '-'}"
+            )
         stats = {k.decode(): int(v) for k, v in r.hgetall(Q.stats).items()}
         print(f"\ncounters (emq:{{demo}}:stats): {stats}")
         lease_s = int(SETTINGS["RQ_EMQ_LEASE_MS"]) / 1000
         sweep_s = int(SETTINGS["RQ_EMQ_SWEEP_INTERVAL_MS"]) / 1000
         if "lapsed" in moments and "recovered" in moments:
-            print(f"back in its queue {moments['recovered'] - killed:.2f}s after the kill, "
-                  f"{moments['recovered'] - moments['lapsed']:.2f}s after its lease lapsed "
-                  f"(bound: lease + 2 x sweep interval = {lease_s + 2 * sweep_s:.1f}s after the kill)")
+            print(
+                f"back in its queue {moments['recovered'] - killed:.2f}s after the kill, "
+                f"{moments['recovered'] - moments['lapsed']:.2f}s after its lease lapsed "
+                f"(bound: lease + 2 x sweep interval = {lease_s + 2 * sweep_s:.1f}s after the kill)"
+            )
         return 0
     finally:
         for process in workers.values():

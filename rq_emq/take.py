@@ -6,8 +6,9 @@ where RQ spends two (pop, then fetch). When every queue is empty the worker bloc
 RQ does, with ``BLMOVE`` into the first queue's intermediate list, then ``claim_job``
 leases what arrived. A crash between the two leaves the job in the intermediate list,
 where the sweep finds it. RQ's multi-queue ``BLPOP`` (which drops a job popped by a worker
-that dies before recording it) is never used; with several queues the blocking wait on
-the first queue lasts ``idle_poll_ms`` before the others are looked at again.
+that dies before recording it) is never used; with several queues idle
+workers wake on Redis's key-change notifications (:mod:`rq_emq.watch`), or, where the
+server refuses those, block on the first queue for ``idle_poll_ms`` at a time.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from . import scripts
 from .keys import QueueKeys
 from .lease import new_token
 from .settings import LeaseSettings
+from .watch import QueueWatch
 
 logger = logging.getLogger("rq_emq.lease")
 
@@ -58,6 +60,7 @@ class Taker:
         self.connection = connection
         self.worker_name = worker_name
         self.settings = settings
+        self._watches: dict[frozenset[str], QueueWatch] = {}
 
     def pop(self, queue_names: Sequence[str]) -> Taken | None:
         """Lease the first waiting job across ``queue_names``; None when all are empty."""
@@ -100,18 +103,34 @@ class Taker:
         """Take a job, waiting up to ``timeout`` seconds (None: do not wait, as in burst)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         first = QueueKeys(queue_names[0])
-        several = len(queue_names) > 1
+        watch = self._watch(queue_names) if len(queue_names) > 1 and timeout is not None else None
         while True:
+            if watch is not None:
+                watch.drain()
             taken = self.pop(queue_names)
             if taken is not None or deadline is None:
                 return taken
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
-            wait = min(remaining, self.settings.idle_poll_ms / 1000.0) if several else remaining
+            if watch is not None and watch.available:
+                if watch.wait(remaining) or watch.armed:
+                    continue
+            # one queue, or several without tracking: block on the first queue (briefly, if several)
+            wait = remaining if len(queue_names) == 1 else min(remaining, self.settings.idle_poll_ms / 1000.0)
             block = max(wait, 0.001)  # Redis reads 0 as "forever"
             job_id = self.connection.blmove(first.rq_queue, first.intermediate, block, "LEFT", "RIGHT")  # type: ignore[arg-type]
             if job_id is not None:
                 taken = self.claim(queue_names[0], _text(job_id))
                 if taken is not None:
                     return taken
+
+    def _watch(self, queue_names: Sequence[str]) -> QueueWatch:
+        key = frozenset(queue_names)
+        if self._watches.get(key) is None:
+            self._watches[key] = QueueWatch(self.connection, [QueueKeys(q).rq_queue for q in queue_names])
+        return self._watches[key]
+
+    def close(self) -> None:
+        for watch in self._watches.values():
+            watch.close()

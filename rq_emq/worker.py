@@ -114,6 +114,8 @@ class LeaseMixin:
             for timer in (self.sweeper, self.lock_manager):
                 if timer is not None:
                     timer.stop()
+            if self._taker is not None:
+                self._taker.close()
         super().teardown()  # type: ignore[misc]
 
     # -- take ----------------------------------------------------------------------------

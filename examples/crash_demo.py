@@ -165,7 +165,8 @@ def main() -> int:
             result = job.latest_result()
             print(
                 f"{job.id:<38} {'yes' if job.id == victim else 'no':<8} {starts.count(job.id):<5} "
-                f"{job.get_status().value:<9} {job.worker_name or '-':<9} {result.return_value if result else '-'}"
+                f"{job.get_status().value:<9} {job.worker_name or '-':<9} "
+                f"{result.return_value if result else '-'}"
             )
         stats = {k.decode(): int(v) for k, v in r.hgetall(Q.stats).items()}
         print(f"\ncounters (emq:{{demo}}:stats): {stats}")

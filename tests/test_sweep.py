@@ -229,3 +229,14 @@ def test_eight_concurrent_sweepers_never_recover_a_job_twice(r: redis.Redis, red
     assert max(queued.values()) == 1  # no duplicate recovery
     assert int(r.hget(Q.stats, "recovered")) == 300
     assert all(r.hget(job_key(i), "emq_attempts") == b"1" for i in ids)
+
+
+def test_marks_are_not_recovered_before_a_full_grace_window_even_by_an_unlimited_caller(
+    r: redis.Redis,
+) -> None:
+    (job_id,) = stall(r)
+    s = sweeper(r, sweep_interval_ms=2_000)
+    assert s.sweep("q", mode="force").marked == [job_id]
+    again = s.sweep("q", mode="force")  # e.g. a continuation call, or `rq-emq reaper --once`
+    assert again.requeued == [] and again.failed == []
+    assert r.llen(Q.rq_queue) == 0

@@ -14,6 +14,7 @@ the same loop on its own.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,20 +83,19 @@ class Sweeper:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    # Sweeps run at most once per window fleet-wide, and sweepers try five times as often,
-    # so consecutive rounds are between 0.8 and 1.0 sweep intervals apart: a lapsed lease
-    # is marked within one interval and recovered within the next.
+    # A round runs at most once per window (0.8 interval) per queue, fleet-wide, and each
+    # sweeper tries every 0.9 interval (from a random phase), so rounds are between 0.8 and
+    # 0.9 intervals apart: a lapsed lease is marked within one interval and recovered
+    # within the next, while an idle worker costs one round trip per 0.9 interval.
     @property
     def window_ms(self) -> int:
         return max(self.settings.sweep_interval_ms * 4 // 5, 1)
 
     @property
     def poll_ms(self) -> int:
-        return max(self.settings.sweep_interval_ms // 5, 1)
+        return max(self.settings.sweep_interval_ms * 9 // 10, 1)
 
-    def sweep(self, queue: str, mode: str = "round") -> SweepReport:
-        """One round on ``queue``: ``round`` (rate limited), ``force`` (ignore the rate
-        limit, for ``--once``) or ``dry-run`` (change nothing, report what would happen)."""
+    def _call(self, queue: str, mode: str) -> tuple[list[str], list[Any]]:
         q = QueueKeys(queue)
         keys = [
             q.leases,
@@ -108,20 +108,27 @@ class Sweeper:
             q.failed,
             q.outbox,
         ]
+        args = [
+            self.window_ms,
+            self.settings.sweep_batch,
+            q.prefix,
+            DEFAULT_FAILURE_TTL,
+            self.settings.max_attempts,
+            mode,
+            utcformat(now()),
+        ]
+        return keys, args
+
+    def sweep(self, queue: str, mode: str = "round", first_reply: Any = None) -> SweepReport:
+        """One round on ``queue``: ``round`` (rate limited), ``force`` (ignore the rate
+        limit, for ``--once``) or ``dry-run`` (change nothing, report what would happen)."""
         script = scripts.load("move_stalled_jobs_to_wait")
         report = SweepReport(queue, ran=False)
         call_mode = "continue" if mode == "force" else mode
+        reply = first_reply
         while report.calls < MAX_CALLS_PER_ROUND:
-            args = [
-                self.window_ms,
-                self.settings.sweep_batch,
-                q.prefix,
-                DEFAULT_FAILURE_TTL,
-                self.settings.max_attempts,
-                call_mode,
-                utcformat(now()),
-            ]
-            reply = script(self.client, keys, args)
+            if reply is None:
+                reply = script(self.client, *self._call(queue, call_mode))
             report.calls += 1
             if int(reply[0]) == 0:
                 return report
@@ -134,9 +141,26 @@ class Sweeper:
             report.outbox_due = int(reply[7])
             if mode == "dry-run" or not int(reply[6]):
                 break
-            call_mode = "continue"
+            call_mode, reply = "continue", None
         self._log(report, dry=mode == "dry-run")
         return report
+
+    def sweep_all(self) -> list[SweepReport]:
+        """A rate-limited round on every queue: the first calls share one round trip."""
+        script = scripts.load("move_stalled_jobs_to_wait")
+        pipe = self.client.pipeline(transaction=False)
+        for queue in self.queues:
+            script.queue(pipe, *self._call(queue, "round"))
+        replies = pipe.execute(raise_on_error=False)
+        if any(scripts.is_noscript(reply) for reply in replies):
+            script.load(self.client)
+            return [self.sweep(queue) for queue in self.queues]
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return [
+            self.sweep(queue, first_reply=reply) for queue, reply in zip(self.queues, replies, strict=True)
+        ]
 
     def _log(self, report: SweepReport, dry: bool) -> None:
         verb = "would be" if dry else "was"
@@ -217,16 +241,16 @@ class Sweeper:
 
     # -- the loop --------------------------------------------------------------------------
     def run_once(self) -> list[SweepReport]:
-        reports = []
-        for queue in self.queues:
-            report = self.sweep(queue)
-            reports.append(report)
+        reports = self.sweep_all()
+        for report in reports:
             if report.outbox_due:
-                self.drain_outbox(queue)
+                self.drain_outbox(report.queue)
         return reports
 
     def run(self, stop: threading.Event | None = None) -> None:
         stop = stop or self._stop
+        if stop.wait(random.uniform(0, self.poll_ms / 1000.0)):  # spread the fleet's attempts
+            return
         while not stop.is_set():
             try:
                 self.run_once()

@@ -33,7 +33,7 @@ def _prefixes(keys: Sequence[str]) -> list[str]:
 class QueueWatch:
     """A subscription that fires when any of ``keys`` (or a key they prefix) is written."""
 
-    def __init__(self, client: Redis, keys: Sequence[str], safety_s: float = 2.0) -> None:
+    def __init__(self, client: Redis, keys: Sequence[str], safety_s: float = 5.0) -> None:
         pool = client.connection_pool
         self._connection_class: type[Connection] = pool.connection_class
         # RESP2, for plain pub/sub messages; without redis-py 8's RESP3-only extras

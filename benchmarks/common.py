@@ -3,66 +3,22 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-import redis
+from rq_emq.testing import private_redis
+
+__all__ = ["private_redis", "table", "percentile", "wait_until", "worker"]
 
 HERE = Path(__file__).resolve().parent
 RQ_BIN = str(Path(sys.executable).parent / "rq")
 STOCK = "rq.Worker"
 OURS = "rq_emq.LeaseWorker"
-
-
-@contextmanager
-def private_redis() -> Iterator[str]:
-    """REDIS_URL when set, else a redis-server of our own on a free port, no persistence."""
-    if os.environ.get("REDIS_URL"):
-        yield os.environ["REDIS_URL"]
-        return
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    folder = tempfile.mkdtemp(prefix="rq-emq-bench-")
-    server = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            folder,
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
-        wait_until(lambda: _pings(url), 10)
-        yield url
-    finally:
-        server.kill()
-        server.wait()
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def _pings(url: str) -> bool:
-    try:
-        return bool(redis.Redis.from_url(url).ping())
-    except redis.exceptions.ConnectionError:
-        return False
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, interval: float = 0.01) -> None:

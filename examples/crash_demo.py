@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +22,7 @@ import redis
 from rq import Queue
 
 from rq_emq.keys import QueueKeys, job_key
+from rq_emq.testing import private_redis
 
 HERE = Path(__file__).resolve().parent
 SETTINGS = {"RQ_EMQ_LEASE_MS": "2000", "RQ_EMQ_RENEW_INTERVAL_MS": "500", "RQ_EMQ_SWEEP_INTERVAL_MS": "1000"}
@@ -36,46 +35,17 @@ EVENTS = {
 }
 
 
-def start_redis() -> tuple[str, subprocess.Popen[bytes] | None, str | None]:
-    if os.environ.get("REDIS_URL"):
-        return os.environ["REDIS_URL"], None, None
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    folder = tempfile.mkdtemp(prefix="rq-emq-demo-")
-    server = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            folder,
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    for _ in range(200):
-        try:
-            redis.Redis.from_url(url).ping()
-            break
-        except redis.exceptions.ConnectionError:
-            time.sleep(0.02)
-    return url, server, folder
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=3.0, help="how long each job works")
     options = parser.parse_args()
 
-    url, server, folder = start_redis()
+    with private_redis() as url:
+        return run(url, options)
+
+
+def run(url: str, options: argparse.Namespace) -> int:
     r = redis.Redis.from_url(url)
     r.delete(*(r.keys("emq:{demo}:*") or ["-"]), "rq:queue:demo")
     log_dir = Path(tempfile.mkdtemp(prefix="rq-emq-demo-logs-"))
@@ -184,10 +154,6 @@ def main() -> int:
             if process.poll() is None:
                 process.send_signal(signal.SIGKILL)
                 process.wait()
-        if server is not None:
-            server.kill()
-            server.wait()
-            shutil.rmtree(folder or "", ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -119,7 +119,7 @@ def reaper(
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     click.echo(f"rq-emq reaper sweeping {', '.join(queues)} every {settings.sweep_interval_ms} ms")
-    sweeper.run(stop)
+    sweeper.loop(stop)
 
 
 if __name__ == "__main__":

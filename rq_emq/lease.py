@@ -21,6 +21,7 @@ from redis.client import Pipeline
 from rq.utils import now, utcformat
 
 from . import scripts
+from .background import BackgroundLoop
 from .fencing import Fence
 from .keys import QueueKeys
 
@@ -51,7 +52,7 @@ class Lease:
         return Fence(self.queue, self.job_id, self.token)
 
 
-class LockManager:
+class LockManager(BackgroundLoop):
     """Renews, in one round trip per tick, every lease its process holds."""
 
     def __init__(
@@ -68,11 +69,9 @@ class LockManager:
         self.renew_interval_ms = renew_interval_ms
         self.on_lost = on_lost
         self.on_tick = on_tick
-        self.name = name
+        super().__init__(name)
         self._leases: dict[str, Lease] = {}
         self._guard = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self.ticks = 0
 
     # -- the set of leases -------------------------------------------------------------
@@ -92,23 +91,9 @@ class LockManager:
             return [lease for lease in self._leases.values() if not (lease.lost or lease.settled)]
 
     # -- the timer -----------------------------------------------------------------------
-    def start(self) -> None:
-        if self._thread is not None and self._thread.is_alive():
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
-        self._thread = None
-
-    def _run(self) -> None:
+    def loop(self, stop: threading.Event) -> None:
         interval = self.renew_interval_ms / 1000.0
-        while not self._stop.wait(interval):
+        while not stop.wait(interval):
             try:
                 self.tick()
             except Exception:  # a tick must never kill the timer; the next one retries

@@ -26,6 +26,7 @@ from rq.results import Result
 from rq.utils import now, utcformat
 
 from . import compat, scripts
+from .background import BackgroundLoop
 from .fencing import Fence, LeaseLost, fenced
 from .keys import QueueKeys
 from .lease import new_token
@@ -62,7 +63,7 @@ def _ids(values: list[Any]) -> list[str]:
     return [v.decode() if isinstance(v, bytes) else str(v) for v in values]
 
 
-class Sweeper:
+class Sweeper(BackgroundLoop):
     """Runs sweep rounds for some queues, and drains their failure outboxes."""
 
     def __init__(
@@ -74,14 +75,12 @@ class Sweeper:
         job_class: type[Job] = Job,
         serializer: Any = None,
     ) -> None:
+        super().__init__(name)
         self.client = client
         self.queues = list(queues)
         self.settings = settings
-        self.name = name
         self.job_class = job_class
         self.serializer = serializer
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     # A round runs at most once per window (0.8 interval) per queue, fleet-wide, and each
     # sweeper tries every 0.9 interval (from a random phase), so rounds are between 0.8 and
@@ -164,38 +163,16 @@ class Sweeper:
 
     def _log(self, report: SweepReport, dry: bool) -> None:
         verb = "would be" if dry else "was"
-        for job_id in report.marked:
-            logger.info(
-                "job %s on queue %s %s marked stalled (lock gone)",
-                job_id,
-                report.queue,
-                verb,
-                extra={"job_id": job_id, "queue": report.queue},
-            )
-        for job_id in report.requeued:
-            logger.warning(
-                "job %s on queue %s %s recovered to the front of its queue",
-                job_id,
-                report.queue,
-                verb,
-                extra={"job_id": job_id, "queue": report.queue},
-            )
-        for job_id in report.failed:
-            logger.warning(
-                "job %s on queue %s %s failed at max attempts",
-                job_id,
-                report.queue,
-                verb,
-                extra={"job_id": job_id, "queue": report.queue},
-            )
-        for job_id in report.dropped:
-            logger.warning(
-                "lease index entry %s on queue %s names a deleted job; %s dropped",
-                job_id,
-                report.queue,
-                verb,
-                extra={"job_id": job_id, "queue": report.queue},
-            )
+        for level, job_ids, what in (
+            (logging.INFO, report.marked, "job %s on queue %s %s marked stalled (lock gone)"),
+            (logging.WARNING, report.requeued, "job %s on queue %s %s recovered to the front of its queue"),
+            (logging.WARNING, report.failed, "job %s on queue %s %s failed at max attempts"),
+            (logging.WARNING, report.dropped, "lease entry %s on queue %s names a deleted job; %s dropped"),
+        ):
+            for job_id in job_ids:
+                logger.log(
+                    level, what, job_id, report.queue, verb, extra={"job_id": job_id, "queue": report.queue}
+                )
 
     # -- the outbox ----------------------------------------------------------------------
     def drain_outbox(self, queue: str) -> int:
@@ -247,8 +224,7 @@ class Sweeper:
                 self.drain_outbox(report.queue)
         return reports
 
-    def run(self, stop: threading.Event | None = None) -> None:
-        stop = stop or self._stop
+    def loop(self, stop: threading.Event) -> None:
         if stop.wait(random.uniform(0, self.poll_ms / 1000.0)):  # spread the fleet's attempts
             return
         while not stop.is_set():
@@ -257,17 +233,3 @@ class Sweeper:
             except Exception:
                 logger.exception("sweep failed; retrying")
             stop.wait(self.poll_ms / 1000.0)
-
-    def start(self) -> None:
-        if self._thread is not None and self._thread.is_alive():
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self.run, name=self.name, daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
-        self._thread = None

@@ -57,32 +57,33 @@ def test_a_killed_workers_job_is_back_within_lease_plus_two_sweeps_and_finished_
     assert back_after <= LEASE_S + 2 * SWEEP_S + LEASE_S + 0.5, back_after
 
 
-def _stop(*pids: int) -> None:
+def _signal(sig: signal.Signals, *pids: int) -> None:
     for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
+        os.kill(pid, sig)
 
 
-def _resume(*pids: int) -> None:
-    for pid in pids:
-        os.kill(pid, signal.SIGCONT)
-
-
-def _sweeper(r: redis.Redis) -> Sweeper:
-    return Sweeper(r, ["default"], LeaseSettings(lease_ms=400, renew_interval_ms=100, sweep_interval_ms=100))
+def _paused_and_marked(
+    r: redis.Redis, redis_url: str, procs: Processes, log: str, seconds: float
+) -> tuple[Job, subprocess.Popen[bytes], int, Sweeper]:
+    """A worker and its horse SIGSTOPped mid-job until a sweep has marked the job."""
+    job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, seconds, job_timeout=30)
+    worker = procs.worker(redis_url, burst=True, **FAST)
+    (horse,) = wait_for(lambda: starts(log), what="the job to start")  # type: ignore[misc]
+    _signal(signal.SIGSTOP, worker.pid, horse)
+    wait_for(lambda: not r.exists(Q.lock(job.id)), timeout=3, what="the lock to lapse")
+    sweeper = Sweeper(
+        r, ["default"], LeaseSettings(lease_ms=400, renew_interval_ms=100, sweep_interval_ms=100)
+    )
+    assert sweeper.sweep("default", mode="force").marked == [job.id]
+    return job, worker, horse, sweeper
 
 
 def test_a_worker_paused_and_resumed_within_the_grace_keeps_its_job(
     r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
 ) -> None:
     log = str(tmp_path / "runs.log")
-    job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 2.0, job_timeout=30)
-    worker = procs.worker(redis_url, burst=True, **FAST)
-    (horse,) = wait_for(lambda: starts(log), what="the job to start")  # type: ignore[misc]
-    _stop(worker.pid, horse)
-    wait_for(lambda: not r.exists(Q.lock(job.id)), timeout=3, what="the lock to lapse")
-    s = _sweeper(r)
-    assert s.sweep("default", mode="force").marked == [job.id]
-    _resume(worker.pid, horse)
+    job, worker, horse, s = _paused_and_marked(r, redis_url, procs, log, 2.0)
+    _signal(signal.SIGCONT, worker.pid, horse)
     wait_for(lambda: r.exists(Q.lock(job.id)), timeout=3, what="the renewal")
     time.sleep(s.window_ms / 1000 + 0.05)
     report = s.sweep("default", mode="force")
@@ -96,16 +97,10 @@ def test_a_worker_resumed_after_its_job_was_recovered_is_fenced(
     r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
 ) -> None:
     log = str(tmp_path / "runs.log")
-    job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 3.0, job_timeout=30)
-    worker = procs.worker(redis_url, burst=True, **FAST)
-    (horse,) = wait_for(lambda: starts(log), what="the job to start")  # type: ignore[misc]
-    _stop(worker.pid, horse)
-    wait_for(lambda: not r.exists(Q.lock(job.id)), timeout=3, what="the lock to lapse")
-    s = _sweeper(r)
-    assert s.sweep("default", mode="force").marked == [job.id]
+    job, worker, horse, s = _paused_and_marked(r, redis_url, procs, log, 3.0)
     time.sleep(s.window_ms / 1000 + 0.05)
     assert s.sweep("default", mode="force").requeued == [job.id]
-    _resume(worker.pid, horse)
+    _signal(signal.SIGCONT, worker.pid, horse)
     # the old run is stopped and its outcome fenced; the job runs again and finishes once
     assert worker.wait(timeout=20) == 0, procs.log(worker)
     assert status(r, job.id) == "finished"

@@ -2,10 +2,12 @@
 
 Detect, decide and move happen inside this one script, so sweepers running at once can
 never both recover the same job. A job is recovered only after a grace pass: a sweep
-marks it (lock gone), and only a later sweep, at least `window_ms` later, recovers it if
-its lock is still gone. A holder that renews in between keeps the job (renewal unmarks).
+marks it (lock gone), and only a later sweep, at least `grace_ms` later, recovers it if
+its lock is still gone. A holder that renews in between keeps the job (renewal unmarks);
+the grace is at least one renew interval, so a live holder always gets that chance, even
+after a Redis stall that let every lease lapse at once.
 
-Phase 2 (recover): each job marked at least `window_ms` ago
+Phase 2 (recover): each job marked at least `grace_ms` ago
   - lock back, or no longer in flight: unmarked;
   - else recovered: out of the started registry, the intermediate list and the lease
     index; then back to the front of its queue (status queued) or, when its attempts have
@@ -22,11 +24,12 @@ KEYS:
   5 rq:queue:<q>       6 rq:queue:<q>:intermediate   7 rq:wip:<q>   8 rq:failed:<q>
   9 emq:{<q>}:outbox
 ARGV:
-  1 window_ms: fleet-wide rate limit of sweep rounds, and the grace before recovery
+  1 window_ms: fleet-wide rate limit of sweep rounds
   2 batch      3 lease key prefix `emq:{<q>}:`
   4 default failure_ttl (seconds)     5 worker-wide default max attempts
   6 mode: "round" (rate limited), "continue" (same round), "dry-run" (changes nothing)
   7 timestamp for `ended_at` (RQ's format)
+  8 grace_ms: how long a mark must stand before phase 2 may recover the job
 Returns:
   {0} when another sweeper ran this round; else
   {1, marked, requeued, failed, unmarked, dropped, more, outbox_due} where marked,
@@ -38,6 +41,7 @@ local leases_key, stalled_key, sweep_key, stats_key = KEYS[1], KEYS[2], KEYS[3],
 local queue_key, intermediate_key, started_key, failed_key, outbox_key = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local window_ms, batch, prefix = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local default_failure_ttl, default_max, mode, ended_at = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6], ARGV[7]
+local grace_ms = tonumber(ARGV[8])
 local dry = mode == 'dry-run'
 
 if mode == 'round' and not redis.call('SET', sweep_key, '1', 'NX', 'PX', window_ms) then
@@ -59,7 +63,7 @@ local function orphaned_in_intermediate(job_id)
 end
 
 -- Phase 2: recover what an earlier round marked and is still without a lock.
-local due_marks = redis.call('ZRANGEBYSCORE', stalled_key, '-inf', now - window_ms, 'LIMIT', 0, batch)
+local due_marks = redis.call('ZRANGEBYSCORE', stalled_key, '-inf', now - grace_ms, 'LIMIT', 0, batch)
 if #due_marks == batch then more = 1 end
 for _, job_id in ipairs(due_marks) do
   local lock_key = prefix .. job_id .. ':lock'
@@ -113,7 +117,7 @@ end
 -- Phase 1: mark leased jobs past their deadline whose lock is gone.
 local function mark(job_id, leased)
   -- a marked lease leaves the due range until phase 2 may act on it
-  if leased and not dry then redis.call('ZADD', leases_key, now + window_ms, job_id) end
+  if leased and not dry then redis.call('ZADD', leases_key, now + grace_ms, job_id) end
   if redis.call('ZSCORE', stalled_key, job_id) then return end
   if not dry then redis.call('ZADD', stalled_key, now, job_id) end
   marked[#marked + 1] = job_id

@@ -26,8 +26,9 @@ class LeaseSettings:
 
     #: How long a lease lives without renewal (milliseconds).
     lease_ms: int = 30_000
-    #: How often the lock manager renews every lease the process holds (milliseconds).
-    renew_interval_ms: int = 10_000
+    #: How often the lock manager renews every lease the process holds (milliseconds). At
+    #: most 0.8 x sweep_interval_ms keeps the recovery bound at lease + 2 sweep intervals.
+    renew_interval_ms: int = 3_000
     #: At most one sweep per queue per this interval, fleet-wide (milliseconds).
     sweep_interval_ms: int = 5_000
     #: Leased jobs a single sweep call looks at before it yields (bounds script run time).

@@ -94,6 +94,13 @@ class Sweeper(BackgroundLoop):
     def poll_ms(self) -> int:
         return max(self.settings.sweep_interval_ms * 9 // 10, 1)
 
+    @property
+    def grace_ms(self) -> int:
+        """How long a mark stands before recovery: a round's spacing, and at least one
+        renew interval (plus a quarter) so that a live holder gets to renew after a
+        stall of Redis itself let every lease lapse at once."""
+        return max(self.window_ms, self.settings.renew_interval_ms * 5 // 4)
+
     def _call(self, queue: str, mode: str) -> tuple[list[str], list[Any]]:
         q = QueueKeys(queue)
         keys = [
@@ -115,6 +122,7 @@ class Sweeper(BackgroundLoop):
             self.settings.max_attempts,
             mode,
             utcformat(now()),
+            self.grace_ms,
         ]
         return keys, args
 

@@ -21,6 +21,7 @@ import rq_emq
 from rq_emq.keys import QueueKeys, job_key
 from rq_emq.settings import LeaseSettings
 from rq_emq.sweep import Sweeper
+from rq_emq.testing import RedisServer
 
 pytestmark = pytest.mark.slow
 Q = QueueKeys("default")
@@ -85,7 +86,7 @@ def test_a_worker_paused_and_resumed_within_the_grace_keeps_its_job(
     job, worker, horse, s = _paused_and_marked(r, redis_url, procs, log, 2.0)
     _signal(signal.SIGCONT, worker.pid, horse)
     wait_for(lambda: r.exists(Q.lock(job.id)), timeout=3, what="the renewal")
-    time.sleep(s.window_ms / 1000 + 0.05)
+    time.sleep(s.grace_ms / 1000 + 0.05)
     report = s.sweep("default", mode="force")
     assert report.requeued == [] and report.failed == []
     assert worker.wait(timeout=15) == 0, procs.log(worker)
@@ -98,7 +99,7 @@ def test_a_worker_resumed_after_its_job_was_recovered_is_fenced(
 ) -> None:
     log = str(tmp_path / "runs.log")
     job, worker, horse, s = _paused_and_marked(r, redis_url, procs, log, 3.0)
-    time.sleep(s.window_ms / 1000 + 0.05)
+    time.sleep(s.grace_ms / 1000 + 0.05)
     assert s.sweep("default", mode="force").requeued == [job.id]
     _signal(signal.SIGCONT, worker.pid, horse)
     # the old run is stopped and its outcome fenced; the job runs again and finishes once
@@ -184,3 +185,19 @@ def test_the_reaper_fails_clearly_on_an_unreachable_redis() -> None:
 def test_rq_emq_version() -> None:
     out = subprocess.run([str(Path(RQ_BIN).parent / "rq-emq"), "--version"], capture_output=True, text=True)
     assert rq_emq.__version__ in out.stdout
+
+
+def test_a_redis_stall_longer_than_the_lease_does_not_reclaim_a_live_workers_job(
+    own_server: RedisServer, procs: Processes, tmp_path: Path
+) -> None:
+    r = redis.Redis.from_url(own_server.url)
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 3.0, job_timeout=30)
+    worker = procs.worker(own_server.url, burst=True, **FAST)
+    wait_for(lambda: starts(log), what="the job to start")
+    own_server.pause()  # every lease lapses by Redis's clock while it is stopped
+    time.sleep(3 * LEASE_S)
+    own_server.resume()
+    assert worker.wait(timeout=20) == 0, procs.log(worker)
+    assert status(r, job.id) == "finished" and len(starts(log)) == 1
+    assert stat(r, "default", "recovered") == 0 and stat(r, "default", "lease_lost") == 0

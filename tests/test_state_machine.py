@@ -38,7 +38,7 @@ from rq_emq.take import Taker
 
 MAX_ATTEMPTS = 3
 SETTINGS = LeaseSettings(
-    lease_ms=60_000, renew_interval_ms=1_000, sweep_interval_ms=10, max_attempts=MAX_ATTEMPTS
+    lease_ms=60_000, renew_interval_ms=10, sweep_interval_ms=10, max_attempts=MAX_ATTEMPTS
 )
 Q = QueueKeys("q")
 HOLDERS = ["h1", "h2"]
@@ -163,7 +163,7 @@ class LeaseProtocol(RuleBasedStateMachine):
     @rule(rounds=st.integers(1, 2))
     def sweep(self, rounds: int) -> None:
         for _ in range(rounds):
-            time.sleep(self.sweeper.window_ms / 1000 + 0.002)
+            time.sleep(self.sweeper.grace_ms / 1000 + 0.002)
             report = self.sweeper.sweep("q", mode="force")
             for holder in self.holders.values():
                 assert not (set(report.requeued + report.failed + report.marked) & holder.steady)

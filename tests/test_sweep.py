@@ -45,7 +45,7 @@ def stall(r: redis.Redis, n: int = 1, **enqueue: object) -> list[str]:
 
 
 def next_round(s: Sweeper) -> None:
-    time.sleep(s.window_ms / 1000 + 0.01)
+    time.sleep(s.grace_ms / 1000 + 0.01)
 
 
 def test_a_lapsed_lease_is_marked_first_and_recovered_only_by_a_later_round(r: redis.Redis) -> None:
@@ -216,7 +216,7 @@ def _hammer(url: str, rounds: int, barrier: multiprocessing.synchronize.Barrier)
 def test_eight_concurrent_sweepers_never_recover_a_job_twice(r: redis.Redis, redis_url: str) -> None:
     ids = stall(r, 300)
     sweeper(r).sweep("q", mode="force")  # everyone's marked; grace starts now
-    time.sleep(SETTINGS.sweep_interval_ms / 1000)
+    time.sleep(sweeper(r).grace_ms / 1000 + 0.01)
     barrier = multiprocessing.Barrier(8)
     workers = [multiprocessing.Process(target=_hammer, args=(redis_url, 20, barrier)) for _ in range(8)]
     for w in workers:

@@ -103,12 +103,10 @@ for _, job_id in ipairs(due_marks) do
           redis.call('EXPIRE', job_key, ttl)
         end
         redis.call('ZADD', outbox_key, now, job_id)
-        redis.call('HINCRBY', stats_key, 'failed', 1)
       else
+        -- an in-flight job is not in its queue: no LREM, whose cost grows with the queue
         redis.call('HSET', job_key, 'status', 'queued')
-        redis.call('LREM', queue_key, 0, job_id)
         redis.call('LPUSH', queue_key, job_id)
-        redis.call('HINCRBY', stats_key, 'recovered', 1)
       end
     end
   end
@@ -152,6 +150,8 @@ end
 
 if not dry then
   if #marked > 0 then redis.call('HINCRBY', stats_key, 'marked', #marked) end
+  if #requeued > 0 then redis.call('HINCRBY', stats_key, 'recovered', #requeued) end
+  if #failed > 0 then redis.call('HINCRBY', stats_key, 'failed', #failed) end
   if unmarked > 0 then redis.call('HINCRBY', stats_key, 'unmarked', unmarked) end
 end
 local outbox_due = redis.call('ZCOUNT', outbox_key, '-inf', now)

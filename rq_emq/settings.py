@@ -32,7 +32,7 @@ class LeaseSettings:
     #: At most one sweep per queue per this interval, fleet-wide (milliseconds).
     sweep_interval_ms: int = 5_000
     #: Leased jobs a single sweep call looks at before it yields (bounds script run time).
-    sweep_batch: int = 200
+    sweep_batch: int = 100
     #: Worker-wide default for how many times a job may be taken before a stall fails it.
     max_attempts: int = 3
     #: When renewal finds the lease lost while the job runs: True stops the job, False lets

@@ -35,7 +35,7 @@ from .settings import LeaseSettings
 logger = logging.getLogger("rq_emq.sweep")
 
 DEFAULT_FAILURE_TTL = 365 * 24 * 3600  # RQ's own default
-MAX_CALLS_PER_ROUND = 50
+MAX_CALLS_PER_ROUND = 100
 OUTBOX_CLAIM_MS = 60_000
 OUTBOX_BATCH = 20
 

@@ -240,3 +240,20 @@ def test_marks_are_not_recovered_before_a_full_grace_window_even_by_an_unlimited
     again = s.sweep("q", mode="force")  # e.g. a continuation call, or `rq-emq reaper --once`
     assert again.requeued == [] and again.failed == []
     assert r.llen(Q.rq_queue) == 0
+
+
+def test_dependents_of_a_job_failed_at_max_attempts_follow_rqs_rules(r: redis.Redis) -> None:
+    from rq.job import Dependency
+
+    (job_id,) = stall(r)
+    r.hset(job_key(job_id), mapping={"emq_attempts": 3, "emq_max_attempts": 3})
+    queue = Queue("q", connection=r)
+    tolerant = queue.enqueue("jobs.noop", depends_on=Dependency(jobs=[job_id], allow_failure=True))
+    strict = queue.enqueue("jobs.noop", depends_on=job_id)
+    s = sweeper(r)
+    s.sweep("q")
+    next_round(s)
+    assert s.sweep("q").failed == [job_id]
+    assert s.drain_outbox("q") == 1
+    assert r.hget(job_key(tolerant.id), "status") == b"queued"
+    assert r.hget(job_key(strict.id), "status") == b"deferred"

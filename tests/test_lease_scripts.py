@@ -302,3 +302,26 @@ def test_a_watch_wakes_on_a_push_to_any_watched_queue_and_stays_quiet_otherwise(
     assert watch.wait(0.3) is False and not watch.armed
     assert watch.arm()
     watch.close()
+
+
+def test_a_finish_that_runs_a_script_of_its_own_is_checked_then_committed(r: redis.Redis) -> None:
+    # Lua cannot nest scripts: such a batch is owner-checked, committed, then released
+    job, lease = _leased(r)
+    incr = r.register_script("return redis.call('INCR', KEYS[1])")
+    with fenced(r, lease.fence):
+        pipe = r.pipeline()
+        pipe.hset(job_key(job.id), "status", "finished")
+        incr(keys=["counter"], client=pipe)
+        assert pipe.execute() == [0, 1]
+    assert r.hget(job_key(job.id), "emq_token") == f"done:{lease.token}".encode()
+    assert not r.exists(QueueKeys("q").lock(job.id))
+
+    other, other_lease = _leased(r)
+    r.hset(job_key(other.id), "emq_token", "someone-else")
+    with fenced(r, other_lease.fence):
+        pipe = r.pipeline()
+        pipe.hset(job_key(other.id), "status", "finished")
+        incr(keys=["counter"], client=pipe)
+        with pytest.raises(LeaseLost):
+            pipe.execute()
+    assert r.get("counter") == b"1" and r.hget(job_key(other.id), "status") == b"queued"

@@ -12,11 +12,8 @@ import logging
 from datetime import datetime, timedelta
 from typing import Any
 
-import rq
 from rq.utils import now
 from rq.worker import WorkerStatus
-
-RQ_VERSION: tuple[int, ...] = tuple(int(part) for part in rq.__version__.split(".")[:2] if part.isdigit())
 
 
 def resp2_callbacks() -> dict[str, Any]:
@@ -65,15 +62,8 @@ def is_repeated_stop_signal(worker: Any) -> bool:
     return requested is not None and (now() - requested) < timedelta(seconds=1)
 
 
-def current_execution(worker: Any) -> Any:
-    """The execution the worker runs now (RQ 3.x keeps a dict; 2.x one attribute)."""
-    return getattr(worker, "execution", None)
-
-
 __all__ = [
-    "RQ_VERSION",
     "WorkerStatus",
-    "current_execution",
     "is_repeated_stop_signal",
     "resp2_callbacks",
     "run_failure_callback",

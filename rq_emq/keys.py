@@ -10,10 +10,6 @@ from dataclasses import dataclass
 
 JOB_PREFIX = "rq:job:"
 QUEUE_PREFIX = "rq:queue:"
-FAILED_PREFIX = "rq:failed:"
-STARTED_PREFIX = "rq:wip:"
-EXECUTION_PREFIX = "rq:execution:"
-EXECUTIONS_PREFIX = "rq:executions:"
 
 
 def job_key(job_id: str) -> str:
@@ -64,8 +60,8 @@ class QueueKeys:
 
     @property
     def started(self) -> str:
-        return STARTED_PREFIX + self.queue
+        return "rq:wip:" + self.queue
 
     @property
     def failed(self) -> str:
-        return FAILED_PREFIX + self.queue
+        return "rq:failed:" + self.queue

@@ -4,7 +4,7 @@ Each tick is one round trip: a ``renew_leases`` EVALSHA per queue with leases, p
 worker's and its executions' RQ heartbeats, all in one pipeline. Renewal is token
 checked in Lua, so nobody extends a lease they do not hold; leases reported lost are
 handed to the worker (which by default stops the job). Tick work a worker adds (RQ
-heartbeats, the sweep) plugs in through ``on_tick``.
+heartbeats) plugs in through ``on_tick``.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class LockManager(BackgroundLoop):
         lease_ms: int,
         renew_interval_ms: int,
         on_lost: Callable[[Lease], None],
-        on_tick: Callable[[Pipeline, list[Lease]], Callable[[list[Any]], None] | None] | None = None,
+        on_tick: Callable[[Pipeline, list[Lease]], None] | None = None,
         name: str = "rq-emq-lock-manager",
     ) -> None:
         self.client = client
@@ -114,7 +114,8 @@ class LockManager(BackgroundLoop):
             for lease in group:
                 args += [lease.job_id, lease.token]
             script.queue(pipe, [q.leases, q.stalled, q.stats], args)
-        after = self.on_tick(pipe, leases) if self.on_tick else None
+        if self.on_tick is not None:
+            self.on_tick(pipe, leases)
         if not len(pipe):
             return []
         replies = pipe.execute(raise_on_error=False)
@@ -131,8 +132,6 @@ class LockManager(BackgroundLoop):
             else:
                 lost += _ids(reply[0])
                 settled += _ids(reply[1])
-        if after is not None:
-            after(replies[len(by_queue) :])
         if retry:
             return self.tick()
         for job_id in settled:

@@ -157,15 +157,16 @@ class LeaseMixin:
         me: Any = self
         assert self._taker is not None and self.lock_manager is not None
         queues: list[Queue] = list(me._ordered_queues)
-        taken = self._taker.take([q.name for q in queues], timeout)
-        if taken is None:
-            return None
-        queue = queues[taken.queue_index]
-        lease = Lease(queue.name, taken.job_id, taken.token)
-        self.lock_manager.add(lease)
-        job = self._job_from(taken, queue, lease)
-        if job is None:
-            return None
+        while True:  # an unreadable job is moved to failed; the worker takes the next one
+            taken = self._taker.take([q.name for q in queues], timeout)
+            if taken is None:
+                return None
+            queue = queues[taken.queue_index]
+            lease = Lease(queue.name, taken.job_id, taken.token)
+            self.lock_manager.add(lease)
+            job = self._job_from(taken, queue, lease)
+            if job is not None:
+                break
         lease.job = job
         me.reorder_queues(reference_queue=queue)
         me.log.info(
@@ -241,14 +242,13 @@ class LeaseMixin:
 
     def _tick_heartbeats(self, pipe: Pipeline, leases: list[Lease]) -> None:
         if not leases:
-            return None
+            return
         me: Any = self
         me.heartbeat(me.job_monitoring_interval + 60, pipeline=pipe)
         ttl = self.get_heartbeat_ttl(leases[0].job)
         for lease in leases:
             if lease.execution is not None and lease.job is not None:
                 lease.execution.heartbeat(lease.job.started_job_registry, ttl, pipeline=pipe)
-        return None
 
     def _on_lease_lost(self, lease: Lease) -> None:
         if self.lease_settings.stop_on_lease_lost:

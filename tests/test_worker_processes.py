@@ -277,3 +277,18 @@ def test_worker_pool_runs_lease_workers(r: redis.Redis, redis_url: str, procs: P
     assert stat(r, "default", "taken") == 6
     pool.send_signal(signal.SIGINT)
     pool.wait(timeout=15)
+
+
+def test_an_unreadable_job_hash_goes_to_failed_with_a_reason_and_the_worker_goes_on(
+    r: redis.Redis, redis_url: str, procs: Processes
+) -> None:
+    r.hset(job_key("mangled"), mapping={"status": "queued", "origin": "default"})  # no payload at all
+    r.rpush("rq:queue:default", "mangled")
+    after = Queue(connection=r).enqueue("jobs.add", 1, 2)
+    worker = procs.worker(redis_url, burst=True, **FAST)
+    assert worker.wait(timeout=20) == 0, procs.log(worker)
+    assert r.zscore(QueueKeys("default").failed, "mangled") is not None
+    assert status(r, "mangled") == "failed" and b"unreadable" in r.hget(job_key("mangled"), "exc_info")
+    assert "mangled" in procs.log(worker)
+    assert r.zcard(QueueKeys("default").leases) == 0 and not r.exists(QueueKeys("default").lock("mangled"))
+    assert after.latest_result().return_value == 3  # type: ignore[union-attr]

@@ -20,7 +20,7 @@ from redis import Redis
 from redis.client import Pipeline
 from rq.utils import now, utcformat
 
-from . import scripts
+from . import events, scripts
 from .background import BackgroundLoop
 from .fencing import Fence
 from .keys import QueueKeys
@@ -149,6 +149,7 @@ class LockManager(BackgroundLoop):
                 held.queue,
                 extra={"job_id": job_id, "queue": held.queue},
             )
+            events.emit("lease_lost", held.queue, [job_id], self.name)
             self.on_lost(held)
         return lost
 

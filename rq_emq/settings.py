@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from . import events
+
 ENV_PREFIX = "RQ_EMQ_"
 
 
@@ -41,6 +43,9 @@ class LeaseSettings:
     #: With several queues, how long one blocking wait on the first queue lasts before the
     #: worker looks at the others again (milliseconds).
     idle_poll_ms: int = 200
+    #: Lease event hooks to load at startup, ``package.module:function`` separated by commas
+    #: (see :mod:`rq_emq.events`).
+    event_hooks: str = ""
 
     def __post_init__(self) -> None:
         _require_int(self, "lease_ms", minimum=100)
@@ -57,6 +62,7 @@ class LeaseSettings:
                 f"shorter than lease_ms ({ENV_PREFIX}LEASE_MS) = {self.lease_ms}: a lease would lapse "
                 "between renewals"
             )
+        _require_hooks(self.event_hooks)
 
     @property
     def registry_grace_ms(self) -> int:
@@ -110,9 +116,21 @@ def _require_int(obj: LeaseSettings, name: str, minimum: int, maximum: int | Non
         raise SettingsError(_msg(name, f"must be {bound}", value))
 
 
+def _require_hooks(value: object) -> None:
+    if not isinstance(value, str):
+        raise SettingsError(_msg("event_hooks", "must be a string of package.module:function names", value))
+    for path in events.hook_paths(value):
+        try:
+            events.resolve(path)
+        except ValueError as error:
+            raise SettingsError(f"event_hooks ({ENV_PREFIX}EVENT_HOOKS): {error}") from None
+
+
 def _parse_env(name: str, raw: str) -> Any:
     field_type = {f.name: f.type for f in fields(LeaseSettings)}[name]
     text = raw.strip()
+    if field_type in (str, "str"):
+        return text
     if field_type in (bool, "bool"):
         lowered = text.lower()
         if lowered in ("1", "true", "yes", "on"):

@@ -25,7 +25,7 @@ from rq.queue import Queue
 from rq.results import Result
 from rq.utils import now, utcformat
 
-from . import compat, scripts
+from . import compat, events, scripts
 from .background import BackgroundLoop
 from .fencing import Fence, LeaseLost, fenced
 from .keys import QueueKeys
@@ -81,6 +81,7 @@ class Sweeper(BackgroundLoop):
         self.settings = settings
         self.job_class = job_class
         self.serializer = serializer
+        events.subscribe_paths(settings.event_hooks)
 
     # A round runs at most once per window (0.8 interval) per queue, fleet-wide, and each
     # sweeper tries every 0.9 interval (from a random phase), so rounds are between 0.8 and
@@ -150,6 +151,10 @@ class Sweeper(BackgroundLoop):
                 break
             call_mode, reply = "continue", None
         self._log(report, dry=mode == "dry-run")
+        if mode != "dry-run":
+            events.emit("marked", queue, report.marked, self.name)
+            events.emit("recovered", queue, report.requeued, self.name)
+            events.emit("failed", queue, report.failed, self.name)
         return report
 
     def sweep_all(self) -> list[SweepReport]:

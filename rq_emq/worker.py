@@ -67,6 +67,7 @@ class LeaseMixin:
     max_attempts: int | None = None
     stop_on_lease_lost: bool | None = None
     idle_poll_ms: int | None = None
+    event_hooks: str | None = None
 
     connection: Redis
     name: str

@@ -48,3 +48,10 @@ def on_failure_record(
     """A failure callback that leaves a trace in the file named by the job's meta."""
     with open(job.meta["log"], "a") as out:  # type: ignore[attr-defined]
         out.write(f"failed {exc_type.__name__}\n")  # type: ignore[attr-defined]
+
+
+def record_event(event: object) -> None:
+    """A lease event hook (``RQ_EMQ_EVENT_HOOKS=jobs:record_event``): one line per event in
+    the file named by EMQ_TEST_EVENT_LOG."""
+    with open(os.environ["EMQ_TEST_EVENT_LOG"], "a") as out:
+        out.write(f"{event.kind} {event.job_id} {event.queue} {os.getpid()}\n")  # type: ignore[attr-defined]

@@ -1,0 +1,150 @@
+"""Lease events: each mark, recovery, max-attempts failure and lost lease reaches the
+application's hooks exactly once, with the job id and queue on it and in the log."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import redis
+from helpers import FAST, wait_status
+from jobs import runs
+from procs import Processes, wait_for
+from rq import Queue
+from test_sweep import next_round, stall, sweeper
+
+from rq_emq import events
+from rq_emq.keys import job_key
+from rq_emq.lease import Lease, LockManager
+from rq_emq.settings import LeaseSettings, SettingsError
+
+
+@pytest.fixture
+def seen() -> list[events.LeaseEvent]:
+    received: list[events.LeaseEvent] = []
+    hook = events.subscribe(received.append)
+    yield received
+    events.unsubscribe(hook)
+
+
+def kinds(received: list[events.LeaseEvent]) -> list[tuple[str, str, str]]:
+    return [(e.kind, e.job_id, e.queue) for e in received]
+
+
+def test_a_sweep_reports_the_mark_then_the_recovery_once_each(
+    r: redis.Redis, seen: list[events.LeaseEvent]
+) -> None:
+    (job_id,) = stall(r)
+    s = sweeper(r)
+    s.sweep("q")
+    assert kinds(seen) == [("marked", job_id, "q")]
+    next_round(s)
+    s.sweep("q")
+    s.sweep("q")  # rate limited, nothing new
+    assert kinds(seen) == [("marked", job_id, "q"), ("recovered", job_id, "q")]
+    assert {e.source for e in seen} == {s.name}
+
+
+def test_a_job_out_of_attempts_is_reported_failed(r: redis.Redis, seen: list[events.LeaseEvent]) -> None:
+    (job_id,) = stall(r)
+    r.hset(job_key(job_id), mapping={"emq_attempts": 1, "emq_max_attempts": 1})
+    s = sweeper(r)
+    s.sweep("q")
+    next_round(s)
+    s.sweep("q")
+    assert kinds(seen) == [("marked", job_id, "q"), ("failed", job_id, "q")]
+
+
+def test_a_dry_run_reports_nothing(r: redis.Redis, seen: list[events.LeaseEvent]) -> None:
+    stall(r)
+    sweeper(r).sweep("q", mode="dry-run")
+    assert seen == []
+
+
+def test_a_failing_hook_is_logged_and_neither_stops_the_sweep_nor_other_hooks(
+    r: redis.Redis, seen: list[events.LeaseEvent], caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(event: events.LeaseEvent) -> None:
+        raise RuntimeError("hook bug")
+
+    events.subscribe(broken)
+    try:
+        (job_id,) = stall(r)
+        with caplog.at_level(logging.ERROR, logger="rq_emq.events"):
+            report = sweeper(r).sweep("q")
+    finally:
+        events.unsubscribe(broken)
+    assert report.marked == [job_id] and kinds(seen) == [("marked", job_id, "q")]
+    (record,) = [rec for rec in caplog.records if rec.name == "rq_emq.events"]
+    assert record.job_id == job_id and record.queue == "q"  # type: ignore[attr-defined]
+
+
+def test_sweep_log_records_carry_the_job_id_and_queue(
+    r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    (job_id,) = stall(r)
+    s = sweeper(r)
+    with caplog.at_level(logging.INFO, logger="rq_emq.sweep"):
+        s.sweep("q")
+        next_round(s)
+        s.sweep("q")
+    records = [rec for rec in caplog.records if rec.name == "rq_emq.sweep"]
+    assert len(records) == 2
+    assert all(rec.job_id == job_id and rec.queue == "q" for rec in records)  # type: ignore[attr-defined]
+
+
+def test_a_refused_renewal_is_reported_as_a_lost_lease(r: redis.Redis, seen: list[events.LeaseEvent]) -> None:
+    (job_id,) = stall(r)
+    token = r.hget(job_key(job_id), "emq_token").decode()  # type: ignore[union-attr]
+    r.hset(job_key(job_id), "emq_token", "someone-else")  # recovered and taken by another worker
+    lost: list[Lease] = []
+    manager = LockManager(r, 1000, 100, on_lost=lost.append, name="lm")
+    manager.add(Lease("q", job_id, token))
+    assert manager.tick() == [job_id]
+    manager.tick()  # reported once, not on every tick
+    assert kinds(seen) == [("lease_lost", job_id, "q")] and seen[0].source == "lm"
+    assert [lease.job_id for lease in lost] == [job_id]
+
+
+def test_event_hooks_setting_names_hooks_that_must_load() -> None:
+    assert LeaseSettings(event_hooks="jobs:record_event, jobs:record_event").event_hooks
+    for bad in ("jobs.record_event", "no_such_module:hook", "jobs:no_such_hook", "jobs:__name__"):
+        with pytest.raises(SettingsError, match="event_hooks"):
+            LeaseSettings(event_hooks=bad)
+    with pytest.raises(SettingsError, match="RQ_EMQ_EVENT_HOOKS"):
+        LeaseSettings.resolve(environ={"RQ_EMQ_EVENT_HOOKS": "nope:nothing"})
+
+
+@pytest.mark.slow
+def test_workers_load_hooks_from_the_environment_and_report_a_crash_and_a_lost_lease(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
+) -> None:
+    """Worker A is paused past the grace; B's sweep recovers A's job and runs it; A wakes
+    to find its lease lost. Each event is seen once, in the process that caused it."""
+    log, event_log = str(tmp_path / "runs.log"), tmp_path / "events.log"
+    env = {**FAST, "RQ_EMQ_EVENT_HOOKS": "jobs:record_event", "EMQ_TEST_EVENT_LOG": str(event_log)}
+    job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 2.0, job_timeout=30)
+    a = procs.worker(redis_url, name="worker-a", burst=True, **env)
+    horse = int(wait_for(lambda: runs(log) and runs(log)[0].split()[1], what="the job to start"))  # type: ignore[arg-type]
+    os.kill(a.pid, signal.SIGSTOP)
+    os.kill(horse, signal.SIGSTOP)
+    b = procs.worker(redis_url, name="worker-b", **env)
+    wait_for(lambda: r.hget(job_key(job.id), "worker_name") == b"worker-b", timeout=15, what="B to take it")
+    os.kill(horse, signal.SIGCONT)
+    os.kill(a.pid, signal.SIGCONT)
+    wait_status(r, job.id, "finished", timeout=20)
+    assert a.wait(timeout=20) == 0
+    b.send_signal(signal.SIGTERM)
+    assert b.wait(timeout=20) == 0
+    lines = [line.split() for line in event_log.read_text().splitlines()]
+    assert sorted((kind, job_id, queue) for kind, job_id, queue, _ in lines) == [
+        ("lease_lost", job.id, "default"),
+        ("marked", job.id, "default"),
+        ("recovered", job.id, "default"),
+    ]
+    by_kind = {kind: int(pid) for kind, _, _, pid in lines}
+    assert by_kind["lease_lost"] == a.pid
+    assert by_kind["recovered"] == b.pid

@@ -5,6 +5,7 @@ Producers keep ``queue.enqueue(...)``; operators run ``rq worker -w rq_emq.Lease
 
 from __future__ import annotations
 
+from .events import LeaseEvent, subscribe, unsubscribe
 from .fencing import LeaseLost
 from .settings import LeaseSettings, SettingsError
 from .worker import META_MAX_ATTEMPTS, LeaseJobInterrupted, LeaseWorker, SimpleLeaseWorker
@@ -22,6 +23,7 @@ def max_attempts(n: int, meta: dict | None = None) -> dict:
 
 __all__ = [
     "META_MAX_ATTEMPTS",
+    "LeaseEvent",
     "LeaseJobInterrupted",
     "LeaseLost",
     "LeaseSettings",
@@ -30,4 +32,6 @@ __all__ = [
     "SimpleLeaseWorker",
     "__version__",
     "max_attempts",
+    "subscribe",
+    "unsubscribe",
 ]

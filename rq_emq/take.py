@@ -80,7 +80,12 @@ class Taker:
             index = int(reply[0])
             skipped = [_text(v) for v in reply[1 if index == 0 else 3]]
             for job_id in skipped:
-                logger.warning("job %s was in a queue but its hash is gone; skipped", job_id)
+                logger.warning(
+                    "job %s was in one of queues %s but its hash is gone; skipped",
+                    job_id,
+                    ",".join(queue_names),
+                    extra={"job_id": job_id, "queue": None},
+                )
             if index == 0:
                 continue
             return Taken(index - 1, _text(reply[1]), token, int(reply[2]), _as_hash(reply[4:]))
@@ -94,7 +99,12 @@ class Taker:
         reply = scripts.load("claim_job")(self.connection, keys, args)
         status = int(reply[0])
         if status == 0:
-            logger.warning("job %s was in queue %s but its hash is gone; skipped", job_id, queue_name)
+            logger.warning(
+                "job %s was in queue %s but its hash is gone; skipped",
+                job_id,
+                queue_name,
+                extra={"job_id": job_id, "queue": queue_name},
+            )
         if status != 1:
             return None
         return Taken(0, job_id, token, int(reply[1]), _as_hash(reply[2:]))

@@ -1,26 +1,24 @@
 """Why the stalled sweep must be one script: ``python examples/double_recovery.py``.
 
-A stalled-job checker that runs in the application reads the in-flight list, asks Redis
-whether each job's lock still exists, and then, in later round trips, moves the lock-less
-ones back to the queue and bumps their attempt counter (HGET, then HSET). Between its
-check and its writes nothing stops a second checker from reading the same list and
-seeing the same missing locks: both then recover every stalled job, so each job lands in
-the queue twice (it will run twice) and its attempts are counted twice. Here a barrier
-holds both naive checkers until both have checked, so the window opens on every trial;
-they then write one after the other, the kindest order (no lost updates), and it is
-still wrong.
+An app-side stalled-job checker reads the in-flight list, asks whether each job's lock
+exists, and only then, in later round trips, moves the lock-less jobs back to the queue
+and bumps their attempts (HGET, then HSET). A second checker that reads between those
+steps sees the same missing locks, so both recover every job: each lands in the queue
+twice (it will run twice) and its attempts are counted twice. A barrier holds the two
+naive checkers until both have checked, so the window opens on every trial; they then
+write one after the other, the kindest order (no lost updates), and it is still wrong.
 
-The atomic run gives the same number of jobs real leases through rq-emq's own take
-scripts (``pop_job``, and ``BLMOVE`` + ``claim_job``), lets the leases lapse as if the
-worker died, and has two ``rq_emq.sweep.Sweeper`` instances (own connections, threads)
-run every round at the same moment, past the fleet-wide rate limit. Detect and move are
-one Lua script, so Redis runs one sweeper's call after the other's and a job is marked
-by one round and recovered by a later one, exactly once. Its attempt counter is counted
-when a job is taken, so a recovered job still reads 1 until it is taken again.
+The atomic run leases the same number of jobs through rq-emq's own take scripts
+(``pop_job``, and a move to the intermediate list + ``claim_job``), lets the leases lapse
+as if the worker died, and runs two ``rq_emq.sweep.Sweeper`` instances (own connections)
+through every round together, past the fleet-wide rate limit. Check and move are one
+script, so Redis runs one sweeper's call before the other's: a round marks, a later round
+recovers each job once. Attempts are counted when a job is taken, so a recovered job
+still reads 1 until it is taken again.
 
-Starts a private redis-server unless ``--url`` or REDIS_URL names one (keys it creates
-are removed at the end). Exit status: 1 if the atomic sweep ever recovered a job twice,
-missed one or left a wrong count; 2 if the naive checkers failed to show the window.
+Starts a private redis-server unless ``--url`` or REDIS_URL names one (a trial's keys are
+removed after it). Exit status: 1 if the atomic sweep ever recovered a job twice, missed
+one or left a wrong count; 3 if the naive checkers did not show the window; 2 bad usage.
 """
 
 from __future__ import annotations
@@ -50,20 +48,24 @@ SETTINGS = LeaseSettings(lease_ms=200, renew_interval_ms=50, sweep_interval_ms=1
 MAX_ROUNDS = 20
 NAIVE_TITLE = "Naive app-side checkers, two overlapping (LRANGE + EXISTS, then LREM/LPUSH + HGET/HSET)"
 ATOMIC_TITLE = "rq-emq sweep, two overlapping Sweepers (move_stalled_jobs_to_wait, one script)"
-HEADERS = (
+HEADERS = [
     "trial",
     "stalled jobs",
     "recoveries (1st + 2nd)",
     "duplicate recoveries",
     "wrong attempt counts",
     "queue after",
-)
+]
 
 
 def enqueue(r: redis.Redis, queue: str, jobs: int) -> list[str]:
     """Jobs made by a stock producer; nothing ever runs them here."""
     producer = Queue(queue, connection=r)
     return [producer.enqueue("os.getpid").id for _ in range(jobs)]
+
+
+def text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def naive_lock(queue: str, job_id: str) -> str:
@@ -105,7 +107,7 @@ def measure(
     r: redis.Redis, q: QueueKeys, job_ids: list[str], each: list[Counter[str]], field: str, expected: int
 ) -> dict[str, int]:
     recovered = sum(each, Counter())
-    in_queue = Counter(v.decode() for v in r.lrange(q.rq_queue, 0, -1))
+    in_queue = Counter(text(v) for v in r.lrange(q.rq_queue, 0, -1))
     attempts = [r.hget(job_key(j), field) for j in job_ids]
     return {
         "stalled": len(job_ids),
@@ -131,7 +133,7 @@ def naive_run(r: redis.Redis, url: str, queue: str, job_ids: list[str]) -> dict[
 
     def checker(index: int, barrier: threading.Barrier) -> Counter[str]:
         client = redis.Redis.from_url(url)
-        in_flight = [v.decode() for v in client.lrange(q.intermediate, 0, -1)]
+        in_flight = [text(v) for v in client.lrange(q.intermediate, 0, -1)]
         stalled = [j for j in in_flight if not client.exists(naive_lock(queue, j))]
         barrier.wait()  # both have checked; neither has written
         recovered: Counter[str] = Counter()
@@ -157,7 +159,7 @@ def atomic_run(r: redis.Redis, url: str, queue: str, job_ids: list[str]) -> dict
             taken = taker.pop([queue])
         else:
             moved = r.lmove(q.rq_queue, q.intermediate, "LEFT", "RIGHT")
-            taken = taker.claim(queue, moved.decode()) if moved else None
+            taken = taker.claim(queue, text(moved)) if moved else None
         if taken is None:
             raise RuntimeError(f"could not lease job {i} on {queue}")
     wait_lapsed(r, [q.lock(j) for j in job_ids])  # the worker died: its leases lapse
@@ -197,9 +199,8 @@ def table(title: str, rows: list[dict[str, int]]) -> str:
         for name, row in [*((str(i + 1), row) for i, row in enumerate(rows)), ("all", total)]
     ]
     widths = [len(h) for h in HEADERS]
-    lines = [title, "| " + " | ".join(HEADERS) + " |", "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
-    lines += ["| " + " | ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) + " |" for row in cells]
-    return "\n".join(lines)
+    lines = [HEADERS, ["-" * w for w in widths], *cells]
+    return "\n".join([title] + ["| " + " | ".join(map(str.rjust, line, widths)) + " |" for line in lines])
 
 
 def main() -> int:
@@ -213,6 +214,10 @@ def main() -> int:
         parser.error("--trials and --jobs must be at least 1")
     logging.getLogger("rq_emq").setLevel(logging.ERROR)  # one warning per recovered job otherwise
     if options.url:
+        try:
+            redis.Redis.from_url(options.url).ping()
+        except (redis.exceptions.ConnectionError, ValueError) as exc:
+            parser.error(f"--url / REDIS_URL {options.url!r}: cannot reach Redis ({exc})")
         return run(options.url, options)
     server = RedisServer().start()
     try:
@@ -247,7 +252,7 @@ def run(url: str, options: argparse.Namespace) -> int:
             f"\natomic sweep: {'exact on every trial' if atomic_ok else 'WRONG on some trial'}; "
             f"naive checkers: {'window shown on every trial' if naive_showed else 'window NOT shown'}"
         )
-    return 1 if not atomic_ok else 0 if naive_showed else 2
+    return 1 if not atomic_ok else 0 if naive_showed else 3
 
 
 if __name__ == "__main__":

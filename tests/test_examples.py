@@ -1,12 +1,14 @@
-"""README's demo command works as documented."""
+"""README's demo commands work as documented."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 
 import pytest
+import redis
 from procs import TESTS_DIR
 
 pytestmark = pytest.mark.slow
@@ -33,3 +35,36 @@ def test_the_crash_demo_recovers_the_killed_workers_job(redis_url: str) -> None:
         assert step in out, out
     stalled_rows = [line for line in out.splitlines() if " yes " in line]
     assert len(stalled_rows) == 1 and " 2 " in stalled_rows[0] and "finished" in stalled_rows[0], out
+
+
+def test_double_recovery_naive_checkers_recover_every_job_twice_the_sweep_once(redis_url: str) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(TESTS_DIR.parent / "examples" / "double_recovery.py"),
+            "--trials",
+            "2",
+            "--jobs",
+            "20",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "REDIS_URL": redis_url},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout)
+    assert len(result["naive"]) == len(result["atomic"]) == 2
+    # two checkers that both checked before either wrote: every job twice in the queue, counted twice
+    for row in result["naive"]:
+        assert row["stalled"] == row["duplicates"] == row["wrong_attempts"] == 20, row
+        assert row["recoveries"] == row["queue_after"] == 40, row
+    # two sweepers in lockstep: each job back once, its attempt count untouched by the recovery
+    for row in result["atomic"]:
+        assert row["stalled"] == row["recoveries"] == row["queue_after"] == 20, row
+        assert row["duplicates"] == row["wrong_attempts"] == 0, row
+        assert row["by_first"] + row["by_second"] == 20, row
+    assert result["atomic_ok"] and result["naive_showed"]
+    leftovers = redis.Redis.from_url(redis_url).keys("*double-recovery-*")
+    assert leftovers == [], leftovers

@@ -4,10 +4,10 @@ queue and per leased job. Read only, and kept apart from how it is shown (``cli_
 
 Every read is bounded whatever the queue size: counts come from ZCARD/ZCOUNT/LLEN, the
 oldest entries from ZRANGE with a limit, per-job detail only for the first ``limit``
-leases; each view costs two round trips (Redis ``TIME``, then one pipeline). Times are
-Redis's, as in the scripts. Data that is missing or malformed (a lease whose job hash is
-gone, a counter that is not a number, a key of the wrong type) is reported in
-``problems``, never raised.
+leases; each view costs three round trips at most (Redis ``TIME``, one MULTI of reads,
+then the few reads those name). Times are Redis's, as in the scripts. Data that is
+missing or malformed (a lease whose job hash is gone, a counter that is not a number, a
+key of the wrong type) is reported in ``problems``, never raised.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ COUNTERS = (
 #: Upper bounds (seconds of lease left) of the remaining-time buckets after "overdue".
 REMAINING_BOUNDS_S = (5, 15, 60)
 TOKEN_PREFIX_CHARS = 8
+#: Leases (earliest deadline first) looked at to find the oldest one the sweep has not marked.
+OLDEST_LEASE_LOOKAHEAD = 50
 
 
 def remaining_buckets() -> tuple[str, ...]:
@@ -55,7 +57,8 @@ def remaining_buckets() -> tuple[str, ...]:
 
 @dataclass
 class OldestLease:
-    """The lease renewed least recently: the first one a dead worker would leave behind."""
+    """The lease renewed least recently among those the sweep has not marked (marked
+    ones are re-indexed a grace ahead, and :class:`OldestMark` tells their age)."""
 
     job_id: str
     #: Until its deadline by Redis's clock; negative when overdue.
@@ -188,13 +191,34 @@ def read_status(client: Redis, queues: Sequence[str], settings: LeaseSettings) -
     now = redis_now_ms(client)
     batch = _Batch(client)
     statuses = [QueueStatus(queue) for queue in queues]
+    candidates: dict[str, list[tuple[str, int]]] = {}
     for status in statuses:
-        _queue_status_reads(batch, status, now, settings)
+        _queue_status_reads(batch, status, now, candidates)
     batch.run()
+    marks = _Batch(client)
+    for status in statuses:
+        first = candidates.get(status.queue)
+        if not first:
+            continue
+
+        def oldest_unmarked(reply: Any, status: QueueStatus = status, first: list = first) -> None:
+            for (job_id, deadline), marked_at in zip(first, reply, strict=True):
+                if marked_at is None:
+                    due_in = deadline - now
+                    status.oldest_lease = OldestLease(job_id, due_in, settings.lease_ms - due_in)
+                    return
+
+        stalled = QueueKeys(status.queue).stalled
+        marks.add(
+            status.problems, stalled, marks.pipe.zmscore(stalled, [m for m, _ in first]), oldest_unmarked
+        )
+    marks.run()
     return statuses
 
 
-def _queue_status_reads(batch: _Batch, status: QueueStatus, now: int, settings: LeaseSettings) -> None:
+def _queue_status_reads(
+    batch: _Batch, status: QueueStatus, now: int, candidates: dict[str, list[tuple[str, int]]]
+) -> None:
     q, pipe, problems = QueueKeys(status.queue), batch.pipe, status.problems
 
     def setter(name: str) -> Callable[[Any], None]:
@@ -217,18 +241,20 @@ def _queue_status_reads(batch: _Batch, status: QueueStatus, now: int, settings: 
 
         batch.add(problems, q.leases, pipe.zcount(q.leases, low, high), count)
 
-    def oldest_lease(reply: Any) -> None:
-        if reply:
-            member, deadline = reply[0]
-            due_in = int(deadline) - now
-            status.oldest_lease = OldestLease(text(member), due_in, settings.lease_ms - due_in)
+    def first_leases(reply: Any) -> None:
+        candidates[status.queue] = [(text(member), int(deadline)) for member, deadline in reply]
 
     def oldest_mark(reply: Any) -> None:
         if reply:
             member, marked_at = reply[0]
             status.oldest_mark = OldestMark(text(member), now - int(marked_at))
 
-    batch.add(problems, q.leases, pipe.zrange(q.leases, 0, 0, withscores=True), oldest_lease)
+    batch.add(
+        problems,
+        q.leases,
+        pipe.zrange(q.leases, 0, OLDEST_LEASE_LOOKAHEAD - 1, withscores=True),
+        first_leases,
+    )
     batch.add(problems, q.stalled, pipe.zrange(q.stalled, 0, 0, withscores=True), oldest_mark)
 
     def counters(reply: Any) -> None:

@@ -43,7 +43,7 @@ GAUGE_HELP: dict[str, str] = {
     "rq_emq_jobs_in_flight": "Jobs holding a lease entry (taken and not finished or recovered).",
     "rq_emq_leases_by_remaining": "Leases by time left until their deadline (label remaining).",
     "rq_emq_jobs_stalled": "Jobs marked stalled and awaiting the sweep's recovery round.",
-    "rq_emq_oldest_lease_age_seconds": "Since the least recently renewed lease was granted or renewed (s).",
+    "rq_emq_oldest_lease_age_seconds": "Since the least recently renewed unmarked lease was renewed (s).",
     "rq_emq_oldest_stall_mark_age_seconds": "Seconds the oldest stall mark has stood.",
     "rq_emq_outbox_jobs": "Jobs failed at max attempts whose RQ Result is not yet written.",
 }

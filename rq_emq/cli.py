@@ -136,7 +136,7 @@ def common(command: Callable[..., None]) -> Callable[..., None]:
             click.option(
                 "--queues", "-q", "queue_options", multiple=True, help="Queues (default: all in rq:queues)."
             ),
-            click.argument("queue_args", nargs=-1),
+            click.argument("queue_args", nargs=-1, metavar="[QUEUE]..."),
             click.option("--json", "as_json", is_flag=True, help="Print JSON for machines."),
         ]
     ):
@@ -173,7 +173,7 @@ def main() -> None:
     logging.getLogger("rq_emq.inspection").setLevel(logging.ERROR)
 
 
-@main.command()
+@main.command(short_help="Per queue: in flight, leases by time left, stalled, counters.")
 @common
 @watch_option
 def status(
@@ -196,7 +196,7 @@ def status(
     show(target, render, as_json, watch)
 
 
-@main.command()
+@main.command(short_help="Per leased job: worker, token prefix, lock TTL, attempts.")
 @common
 @watch_option
 @click.option(
@@ -226,7 +226,7 @@ def leases(
     show(target, render, as_json, watch)
 
 
-@main.command(name="metrics")
+@main.command(name="metrics", short_help="Counters and gauges as Prometheus text.")
 @common
 @watch_option
 def metrics_command(
@@ -275,7 +275,7 @@ def sweep_once(target: Target, queues: list[str], dry_run: bool) -> list[SweepRe
     return reports
 
 
-@main.command()
+@main.command(short_help="Run one sweep round now (--dry-run: show what it would do).")
 @common
 @click.option(
     "--dry-run", is_flag=True, help="Print which jobs are stalled and where each would land; change nothing."
@@ -304,7 +304,7 @@ def sweep(
         click.echo("\n".join(cli_output.sweep_text(report, dry_run) for report in reports))
 
 
-@main.command()
+@main.command(short_help="Run the stalled sweep as a standalone process.")
 @click.option("--url", "-u", envvar="RQ_REDIS_URL", help="Redis URL (default: REDIS_URL, else localhost).")
 @click.option("--config", "-c", help="Module holding RQ settings (REDIS_URL, ..., RQ_EMQ_*).")
 @click.option("--queues", "-q", "queue_options", multiple=True, help="Queues to sweep (default: all).")

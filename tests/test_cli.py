@@ -1,0 +1,344 @@
+"""The operator's CLI (``rq-emq status | leases | sweep | metrics``) against a real Redis,
+with state made by the real scripts or a real worker process holding a lease."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from click.testing import CliRunner, Result
+from procs import RQ_BIN, Processes, wait_for
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from rq import Queue
+from test_sweep import stall
+
+from rq_emq.cli import main, redact
+from rq_emq.keys import QueueKeys, job_key
+from rq_emq.prometheus import LeaseCollector
+from rq_emq.settings import LeaseSettings
+from rq_emq.sweep import Sweeper
+from rq_emq.take import Taker
+
+Q = QueueKeys("q")
+RQ_EMQ = str(Path(RQ_BIN).parent / "rq-emq")
+#: a renew interval short enough that a sweep's grace (1.25 renew intervals) passes quickly
+QUICK_GRACE = {"RQ_EMQ_RENEW_INTERVAL_MS": "100", "RQ_EMQ_SWEEP_INTERVAL_MS": "100"}
+
+
+def cli(url: str, *args: str, env: dict[str, str] | None = None) -> Result:
+    return CliRunner().invoke(main, [*args, "--url", url], env=env, catch_exceptions=False)
+
+
+def cli_json(url: str, *args: str, env: dict[str, str] | None = None) -> dict:
+    result = cli(url, *args, "--json", env=env)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)  # type: ignore[no-any-return]
+
+
+def lease(r: redis.Redis, n: int, queue: str = "q", worker: str = "w1", **enqueue: object) -> list[str]:
+    """Enqueue n jobs and take them under a lease, as a worker's pop does."""
+    ids = [Queue(queue, connection=r).enqueue("jobs.noop", **enqueue).id for _ in range(n)]  # type: ignore[arg-type]
+    taker = Taker(r, worker, LeaseSettings())
+    for _ in ids:
+        assert taker.pop([queue]) is not None
+    return ids
+
+
+def by_queue(document: dict) -> dict[str, dict]:
+    return {entry["queue"]: entry for entry in document["queues"]}
+
+
+# -- status --------------------------------------------------------------------------------
+def test_status_counts_waiting_in_flight_time_left_and_stalled_jobs(r: redis.Redis, redis_url: str) -> None:
+    (dead,) = stall(r, 1)  # lock gone, deadline passed
+    live = lease(r, 2)
+    Queue("q", connection=r).enqueue("jobs.noop")  # one waiting
+    Sweeper(r, ["q"], LeaseSettings()).sweep("q", mode="force")  # marks the dead one
+    q = by_queue(cli_json(redis_url, "status"))["q"]
+    assert (q["waiting"], q["in_flight"], q["stalled"], q["outbox"]) == (1, 3, 1, 0)
+    # the live leases have about 30 s left; a marked lease is re-indexed a grace ahead
+    assert q["by_remaining"]["15-60s"] == 2 and sum(q["by_remaining"].values()) == 3
+    assert q["oldest_mark"]["job_id"] == dead and q["oldest_mark"]["age_ms"] >= 0
+    # the oldest lease is the least recently renewed one the sweep has not marked
+    assert q["oldest_lease"]["job_id"] in live and 0 <= q["oldest_lease"]["age_ms"] < 30_000
+    assert q["counters"]["taken"] == 3 and q["counters"]["marked"] == 1 and q["counters"]["recovered"] == 0
+    assert q["problems"] == [] and set(live).isdisjoint({dead})
+
+
+def test_status_table_has_one_aligned_row_per_queue(r: redis.Redis, redis_url: str) -> None:
+    lease(r, 2, queue="alpha")
+    Queue("beta", connection=r).enqueue("jobs.noop")
+    result = cli(redis_url, "status")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    header, alpha, beta = lines[0], lines[1], lines[2]
+    assert header.split()[:4] == ["queue", "waiting", "in", "flight"]
+    assert alpha.split()[:3] == ["alpha", "0", "2"] and beta.split()[:3] == ["beta", "1", "0"]
+    # right-aligned numbers end in the same column as their header
+    assert alpha.index("2") + 1 == header.index("in flight") + len("in flight")
+    assert "counters" in result.output and "taken" in result.output
+
+
+def test_status_reports_an_overdue_lease_before_the_sweep_marks_it(r: redis.Redis, redis_url: str) -> None:
+    (job_id,) = lease(r, 1)
+    r.delete(Q.lock(job_id))
+    r.zadd(Q.leases, {job_id: 1})  # its deadline long past
+    q = by_queue(cli_json(redis_url, "status", "q"))["q"]
+    assert q["by_remaining"]["overdue"] == 1 and q["stalled"] == 0
+    assert q["oldest_lease"]["due_in_ms"] < 0 and q["oldest_lease"]["age_ms"] > 30_000
+
+
+# -- leases --------------------------------------------------------------------------------
+def test_leases_of_a_real_worker_show_its_name_a_token_prefix_the_lock_and_attempts(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
+) -> None:
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 60.0, job_timeout=120)
+    procs.worker(redis_url, name="cli-test-worker")
+    wait_for(lambda: Path(log).exists(), timeout=20, what="the job to start")
+    document = cli_json(redis_url, "leases", "default")
+    (row,) = by_queue(document)["default"]["leases"]
+    token = r.hget(job_key(job.id), "emq_token").decode()  # type: ignore[union-attr]
+    assert row["job_id"] == job.id and row["worker"] == "cli-test-worker"
+    assert row["token_prefix"] == token[:8] and token not in json.dumps(document)
+    assert row["lock"] == "held" and 0 < row["lock_ttl_ms"] <= 30_000
+    assert (row["attempts"], row["max_attempts"], row["max_attempts_source"]) == (1, 3, "job")
+    assert row["status"] == "started" and row["marked_ms_ago"] is None and row["problems"] == []
+    table = cli(redis_url, "leases").output
+    assert job.id in table and "cli-test-worker" in table and "1/3" in table and token not in table
+    status = by_queue(cli_json(redis_url, "status", "default"))["default"]
+    assert status["in_flight"] == 1 and status["counters"]["taken"] == 1
+
+
+def test_leases_show_a_jobs_own_max_attempts_and_the_configured_default(
+    r: redis.Redis, redis_url: str
+) -> None:
+    (own,) = lease(r, 1, meta={"emq_max_attempts": 5})
+    r.hset(job_key(own), "emq_max_attempts", 5)  # what LeaseWorker records from the meta
+    (plain,) = lease(r, 1)
+    r.hdel(job_key(plain), "emq_max_attempts")  # e.g. taken by an older version
+    rows = {
+        row["job_id"]: row
+        for row in cli_json(redis_url, "leases", env={"RQ_EMQ_MAX_ATTEMPTS": "7"})["queues"][0]["leases"]
+    }
+    assert (rows[own]["max_attempts"], rows[own]["max_attempts_source"]) == (5, "job")
+    assert (rows[plain]["max_attempts"], rows[plain]["max_attempts_source"]) == (7, "default")
+    assert "1/7*" in cli(redis_url, "leases", env={"RQ_EMQ_MAX_ATTEMPTS": "7"}).output
+
+
+def test_leases_show_missing_and_malformed_data_as_such(r: redis.Redis, redis_url: str) -> None:
+    gone, odd = lease(r, 2)
+    r.delete(job_key(gone))
+    r.hset(job_key(odd), mapping={"emq_attempts": "many", "emq_max_attempts": "lots"})
+    r.hset(Q.stats, "taken", "NaN")
+    rows = {row["job_id"]: row for row in cli_json(redis_url, "leases")["queues"][0]["leases"]}
+    assert rows[gone]["job_exists"] is False and rows[gone]["worker"] is None
+    assert rows[gone]["problems"] == ["job hash is gone (the sweep drops this entry)"]
+    assert rows[odd]["attempts"] is None and any("emq_attempts" in p for p in rows[odd]["problems"])
+    # as the sweep decides: a malformed max attempts means the configured default
+    assert (rows[odd]["max_attempts"], rows[odd]["max_attempts_source"]) == (3, "default")
+    q = by_queue(cli_json(redis_url, "status"))["q"]
+    assert q["counters"]["taken"] is None and "counter taken" in q["problems"][0]
+    table = cli(redis_url, "leases")
+    assert table.exit_code == 0 and "(job gone)" in table.output and "?/3*" in table.output
+
+
+def test_a_key_of_the_wrong_type_is_a_problem_of_its_queue_not_a_crash(
+    r: redis.Redis, redis_url: str
+) -> None:
+    lease(r, 1, queue="good")
+    Queue("bad", connection=r).enqueue("jobs.noop")
+    r.set(QueueKeys("bad").leases, "not a zset")
+    statuses = by_queue(cli_json(redis_url, "status"))
+    assert statuses["good"]["in_flight"] == 1 and statuses["good"]["problems"] == []
+    assert statuses["bad"]["in_flight"] is None and "WRONGTYPE" in " ".join(statuses["bad"]["problems"])
+    pages = by_queue(cli_json(redis_url, "leases"))
+    assert len(pages["good"]["leases"]) == 1 and pages["bad"]["total"] is None
+    assert cli(redis_url, "metrics").exit_code == 0
+
+
+def test_leases_limit_bounds_the_rows_and_says_how_many_there_are(r: redis.Redis, redis_url: str) -> None:
+    lease(r, 5)
+    page = cli_json(redis_url, "leases", "--limit", "2")["queues"][0]
+    assert page["total"] == 5 and len(page["leases"]) == 2
+    assert "q: 2 of 5" in cli(redis_url, "leases", "--limit", "2").output
+
+
+# -- sweep ---------------------------------------------------------------------------------
+def test_sweep_dry_run_changes_nothing_then_a_sweep_marks_and_a_later_one_recovers(
+    r: redis.Redis, redis_url: str
+) -> None:
+    (job_id,) = stall(r, 1)
+    dry = cli_json(redis_url, "sweep", "q", "--dry-run", env=QUICK_GRACE)
+    assert dry["dry_run"] is True and dry["queues"][0]["marked"] == [job_id]
+    assert r.zcard(Q.stalled) == 0
+    assert cli_json(redis_url, "sweep", "q", env=QUICK_GRACE)["queues"][0]["marked"] == [job_id]
+    time.sleep(0.3)  # the grace: 1.25 renew intervals
+    second = cli(redis_url, "sweep", "q", env=QUICK_GRACE)
+    assert second.exit_code == 0 and f"{job_id}  was put back at the front of q" in second.output
+    assert r.lrange(Q.rq_queue, 0, -1) == [job_id.encode()]
+
+
+# -- metrics -------------------------------------------------------------------------------
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_metrics_are_valid_prometheus_text_with_the_documented_names(r: redis.Redis, redis_url: str) -> None:
+    stall(r, 1)
+    lease(r, 2)
+    Sweeper(r, ["q"], LeaseSettings()).sweep("q", mode="force")
+    Queue('we"ird\\q', connection=r).enqueue("jobs.noop")
+    result = cli(redis_url, "metrics")
+    assert result.exit_code == 0, result.output
+    got = samples(result.stdout)
+    assert got[("rq_emq_jobs_taken_total", (("queue", "q"),))] == 3
+    assert got[("rq_emq_stall_marks_total", (("queue", "q"),))] == 1
+    assert got[("rq_emq_jobs_in_flight", (("queue", "q"),))] == 3
+    assert got[("rq_emq_jobs_stalled", (("queue", "q"),))] == 1
+    assert got[("rq_emq_leases_by_remaining", (("queue", "q"), ("remaining", "15-60s")))] == 2
+    assert got[("rq_emq_oldest_stall_mark_age_seconds", (("queue", "q"),))] >= 0
+    assert got[("rq_emq_jobs_waiting", (("queue", 'we"ird\\q'),))] == 1  # labels escaped
+    lines = result.stdout.splitlines()
+    for name in ("rq_emq_jobs_recovered_total", "rq_emq_jobs_in_flight"):
+        assert f"# TYPE {name} {'counter' if name.endswith('_total') else 'gauge'}" in lines
+        assert any(line.startswith(f"# HELP {name} ") for line in lines)
+
+
+def test_the_prometheus_client_collector_exposes_exactly_what_the_command_prints(
+    r: redis.Redis, redis_url: str
+) -> None:
+    stall(r, 1)
+    lease(r, 2)
+    registry = CollectorRegistry()
+    registry.register(LeaseCollector(r))
+    from_collector = generate_latest(registry).decode()
+    from_command = cli(redis_url, "metrics").stdout
+    collected, printed = samples(from_collector), samples(from_command)
+    assert collected.keys() == printed.keys()
+    ages = {key for key in printed if key[0].endswith("_age_seconds")}  # read a moment apart
+    assert ages and {k: v for k, v in collected.items() if k not in ages} == {
+        k: v for k, v in printed.items() if k not in ages
+    }
+    assert [ln for ln in from_collector.splitlines() if ln.startswith("#")] == [
+        ln for ln in from_command.splitlines() if ln.startswith("#")
+    ]
+
+
+# -- bad input -----------------------------------------------------------------------------
+def test_an_unknown_queue_exits_2_naming_it(r: redis.Redis, redis_url: str) -> None:
+    lease(r, 1)
+    for command in ("status", "leases", "metrics", "sweep"):
+        result = cli(redis_url, command, "q", "qq")
+        assert result.exit_code == 2 and "unknown queue(s): qq" in result.output, (command, result.output)
+
+
+def test_an_unreachable_redis_exits_non_zero_naming_the_url_without_its_password() -> None:
+    result = cli("redis://:s3cret@127.0.0.1:1/0", "status")
+    assert result.exit_code == 1
+    assert (
+        "cannot reach Redis at redis://:***@127.0.0.1:1/0" in result.output and "s3cret" not in result.output
+    )
+    assert redact("redis://alice:pw@h:6379/2") == "redis://alice:***@h:6379/2"
+    assert redact("redis://h:6379/0") == "redis://h:6379/0"
+
+
+def test_malformed_settings_exit_2_naming_the_setting(
+    r: redis.Redis, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bad_env = cli(redis_url, "status", env={"RQ_EMQ_LEASE_MS": "soon"})
+    assert bad_env.exit_code == 2 and "RQ_EMQ_LEASE_MS" in bad_env.output
+    monkeypatch.chdir(tmp_path)  # `-c` imports from the working directory, as rq does
+    (tmp_path / "cli_settings_broken.py").write_text("REDIS_URL = (\n")
+    missing = CliRunner().invoke(main, ["status", "-c", "cli_settings_missing"])
+    broken = CliRunner().invoke(main, ["status", "-c", "cli_settings_broken"])
+    for result, name in ((missing, "cli_settings_missing"), (broken, "cli_settings_broken")):
+        assert result.exit_code == 2 and f"cannot import settings module {name!r}" in result.output
+    (tmp_path / "cli_settings_batch.py").write_text(f"REDIS_URL = {redis_url!r}\nRQ_EMQ_SWEEP_BATCH = 0\n")
+    batch = CliRunner().invoke(main, ["sweep", "-c", "cli_settings_batch"])
+    assert batch.exit_code == 2 and "sweep_batch (RQ_EMQ_SWEEP_BATCH)" in batch.output
+
+
+def test_the_settings_module_names_the_redis_as_rq_reads_it(
+    r: redis.Redis, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lease(r, 1)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    (tmp_path / "cli_settings_ok.py").write_text(f"REDIS_URL = {redis_url!r}\n")
+    result = CliRunner().invoke(main, ["status", "-c", "cli_settings_ok", "--json"])
+    assert result.exit_code == 0, result.output
+    assert by_queue(json.loads(result.stdout))["q"]["in_flight"] == 1
+
+
+# -- the console script --------------------------------------------------------------------
+def test_the_console_script_watches_status_as_json_lines_until_interrupted(
+    r: redis.Redis, redis_url: str
+) -> None:
+    lease(r, 1)
+    watcher = subprocess.Popen(
+        [RQ_EMQ, "status", "q", "--url", redis_url, "--json", "--watch", "0.2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert watcher.stdout is not None
+        first = json.loads(watcher.stdout.readline())
+        lease(r, 1)
+        refreshes = [json.loads(watcher.stdout.readline()) for _ in range(3)]
+        assert first["queues"][0]["in_flight"] == 1
+        # a refresh may have read before the second lease, not the last of three
+        assert refreshes[-1]["queues"][0]["in_flight"] == 2
+        watcher.send_signal(signal.SIGINT)
+        assert watcher.wait(timeout=10) == 0
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.wait()
+
+
+def test_the_console_script_runs_from_a_shell(r: redis.Redis, redis_url: str) -> None:
+    lease(r, 1)
+    env = {k: v for k, v in os.environ.items() if k != "RQ_REDIS_URL"} | {"REDIS_URL": redis_url}
+    done = subprocess.run([RQ_EMQ, "leases"], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "w1" in done.stdout and "1/3" in done.stdout
+
+
+# -- cost ----------------------------------------------------------------------------------
+def commands_run(r: redis.Redis) -> int:
+    stats: dict = r.info("commandstats")  # type: ignore[assignment]
+    return sum(int(entry["calls"]) for entry in stats.values())
+
+
+def test_status_and_leases_cost_the_same_commands_whatever_the_number_in_flight(
+    r: redis.Redis, redis_url: str
+) -> None:
+    lease(r, 1)
+    costs = []
+    for in_flight in (10, 3000):
+        r.zadd(Q.leases, {f"synthetic-{i}": 10**13 for i in range(in_flight)})
+        r.config_resetstat()
+        assert cli(redis_url, "status", "q").exit_code == 0
+        assert cli(redis_url, "leases", "q", "--limit", "5").exit_code == 0
+        costs.append(commands_run(r))
+    assert costs[0] == costs[1]
+
+
+def test_the_collector_without_its_extra_names_the_extra_to_install() -> None:
+    code = "import sys; sys.modules['prometheus_client'] = None; import rq_emq.prometheus"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "pip install 'rq-emq[prometheus]'" in done.stderr

@@ -262,6 +262,18 @@ def test_an_idle_worker_picks_up_a_new_job_promptly(r: redis.Redis, redis_url: s
         r.flushdb()
 
 
+@pytest.mark.parametrize("worker_class", WORKERS)
+def test_an_idle_worker_on_several_queues_stops_on_sigterm(
+    r: redis.Redis, redis_url: str, procs: Processes, worker_class: str
+) -> None:
+    worker = procs.worker(redis_url, "a", "b", worker_class=worker_class, **FAST)
+    wait_for(lambda: r.keys("rq:worker:*"), what="the worker to register")
+    # idle in its key-change wait: RQ's warm-stop signal handler raises there
+    wait_for(lambda: any("B" in c["flags"] for c in r.client_list()), what="the idle wait to be armed")
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=20) == 0, procs.log(worker)
+
+
 def test_worker_pool_runs_lease_workers(r: redis.Redis, redis_url: str, procs: Processes) -> None:
     queue = Queue(connection=r)
     jobs = [queue.enqueue("jobs.add", i, i) for i in range(6)]

@@ -20,7 +20,8 @@ from typing import Any
 from redis import Redis
 from redis.connection import Connection
 from redis.exceptions import RedisError
-from rq.exceptions import StopRequested
+
+from .compat import StopRequested
 
 logger = logging.getLogger("rq_emq.lease")
 CHANNEL = b"__redis__:invalidate"

@@ -30,9 +30,9 @@ USER, PASSWORD = "rq-emq", "lease-me"
 #: What the user may run. RQ's own needs (producer, workers, ``rq info``) and ours
 #: (scripts, the lock manager, the sweep, the multi-queue idle wait) together.
 COMMANDS = (
-    # connection: redis-py's handshake; RQ names its connection and reads its address back
+    # connection; RQ names its connection and reads its address back
     # (RQ 3: CLIENT INFO, RQ 2: CLIENT LIST); our idle multi-queue wait: CLIENT ID, TRACKING
-    *"auth hello ping info client|setname client|info client|list client|id client|tracking".split(),
+    *"auth ping info client|setname client|info client|list client|id client|tracking".split(),
     # our Lua scripts (the commands they run are checked too) and RQ's transactions
     *"evalsha script|load script|exists multi exec watch unwatch time".split(),
     # RQ's worker channel (its commands: stop job, shutdown)

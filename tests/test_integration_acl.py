@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from helpers import FAST, stat, status, wait_status
+from helpers import FAST, stat, wait_status
 from integration_scenarios import kill_mid_job, reaper, starts
 from jobs import runs
 from procs import RQ_BIN, Processes, wait_for
@@ -32,7 +32,7 @@ USER, PASSWORD = "rq-emq", "lease-me"
 COMMANDS = (
     # connection; RQ names its connection and reads its address back
     # (RQ 3: CLIENT INFO, RQ 2: CLIENT LIST); our idle multi-queue wait: CLIENT ID, TRACKING
-    *"auth ping info client|setname client|info client|list client|id client|tracking".split(),
+    *"ping info client|setname client|info client|list client|id client|tracking".split(),
     # our Lua scripts (the commands they run are checked too) and RQ's transactions
     *"evalsha script|load script|exists multi exec watch unwatch time".split(),
     # RQ's worker channel (its commands: stop job, shutdown)
@@ -74,6 +74,13 @@ def denials(admin: redis.Redis) -> list[str]:
         for entry in admin.acl_log()
         if entry["username"] == USER
     ]
+
+
+def worker_state(r: redis.Redis, pid: int) -> bytes | None:
+    for key in r.smembers("rq:workers"):
+        if r.hget(key, "pid") == str(pid).encode():
+            return r.hget(key, "state")  # type: ignore[return-value]
+    return None
 
 
 def run_everything(server: RedisServer, procs: Processes, tmp_path: Path) -> redis.Redis:
@@ -118,11 +125,13 @@ def run_everything(server: RedisServer, procs: Processes, tmp_path: Path) -> red
     sweeper.send_signal(signal.SIGTERM)
     assert sweeper.wait(timeout=15) == 0, procs.log(sweeper)
 
-    # a forking LeaseWorker in burst mode, one queue, a plain job
+    # an idle forking LeaseWorker on one queue blocks (BLMOVE) until a job arrives
+    idle = procs.worker(url, "default", **FAST)
+    wait_for(lambda: worker_state(r, idle.pid) == b"idle", what="an idle worker")
     plain = queue.enqueue("jobs.add", 1, 2)
-    burst = procs.worker(url, "default", burst=True, **FAST)
-    assert burst.wait(timeout=30) == 0, procs.log(burst)
-    assert status(r, plain.id) == "finished"
+    wait_status(r, plain.id, "finished", timeout=15)
+    os.kill(idle.pid, signal.SIGTERM)
+    assert idle.wait(timeout=30) == 0, procs.log(idle)
 
     # rq info
     info = subprocess.run(

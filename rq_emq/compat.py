@@ -15,6 +15,11 @@ from typing import Any
 from rq.utils import now
 from rq.worker import WorkerStatus
 
+try:  # what RQ's warm-stop signal handler raises in an idle worker
+    from rq.exceptions import StopRequested
+except ImportError:  # RQ 2.0 keeps it in rq.worker
+    from rq.worker import StopRequested  # type: ignore[attr-defined,no-redef]
+
 
 def resp2_callbacks() -> dict[str, Any]:
     """redis-py's reply callbacks for RESP2-shaped replies (what Lua hands back, whatever
@@ -63,6 +68,7 @@ def is_repeated_stop_signal(worker: Any) -> bool:
 
 
 __all__ = [
+    "StopRequested",
     "WorkerStatus",
     "is_repeated_stop_signal",
     "resp2_callbacks",

@@ -1,5 +1,6 @@
 """A private redis-server for tests, demos and benchmarks: a free port, no persistence,
-and the fault controls (pause, resume, kill, restart) that crash tests need."""
+the fault controls (pause, resume, kill, restart) that crash tests need, and optionally
+TLS only (``rediss://``) with a throwaway certificate authority."""
 
 from __future__ import annotations
 
@@ -28,15 +29,43 @@ class RedisServer:
 
     controllable = True
 
-    def __init__(self, port: int | None = None, extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(self, port: int | None = None, extra_args: tuple[str, ...] = (), tls: bool = False) -> None:
         self.port = port or free_port()
         self.extra_args = extra_args
+        self.tls = tls
         self.dir = Path(tempfile.mkdtemp(prefix="rq-emq-redis-"))
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
+    def ca_file(self) -> Path:
+        """The certificate authority that signed a TLS server's certificate."""
+        return self.dir / "ca.crt"
+
+    @property
     def url(self) -> str:
+        if self.tls:
+            return f"rediss://127.0.0.1:{self.port}/0?ssl_cert_reqs=required&ssl_ca_certs={self.ca_file}"
         return f"redis://127.0.0.1:{self.port}/0"
+
+    def _listen_args(self) -> list[str]:
+        if not self.tls:
+            return ["--port", str(self.port)]
+        if not self.ca_file.exists():
+            make_certificates(self.dir)
+        return [
+            "--port",
+            "0",  # no plain-text port at all
+            "--tls-port",
+            str(self.port),
+            "--tls-cert-file",
+            str(self.dir / "server.crt"),
+            "--tls-key-file",
+            str(self.dir / "server.key"),
+            "--tls-ca-cert-file",
+            str(self.ca_file),
+            "--tls-auth-clients",
+            "no",
+        ]
 
     def start(self) -> RedisServer:
         binary = shutil.which("redis-server")
@@ -44,8 +73,7 @@ class RedisServer:
             raise FileNotFoundError("redis-server is not installed")
         args = [
             binary,
-            "--port",
-            str(self.port),
+            *self._listen_args(),
             "--bind",
             "127.0.0.1",
             "--save",
@@ -97,6 +125,50 @@ class RedisServer:
     def stop(self) -> None:
         self.kill()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def make_certificates(directory: Path) -> None:
+    """A throwaway CA (``ca.crt``) and a server certificate for 127.0.0.1 and localhost
+    signed by it (``server.crt``, ``server.key``), with the openssl command line."""
+    if shutil.which("openssl") is None:
+        raise FileNotFoundError("openssl is not installed (needed for a TLS redis-server)")
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True, timeout=60)
+
+    key = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    openssl(
+        "req",
+        "-x509",
+        *key,
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=rq-emq test CA",
+    )
+    openssl("req", *key, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost")
+    (directory / "san.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    openssl(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "san.cnf",
+    )
 
 
 @contextmanager

@@ -19,9 +19,15 @@ from typing import Any
 
 from redis import Redis
 from redis.connection import Connection
+from redis.exceptions import RedisError
+
+from .compat import StopRequested
 
 logger = logging.getLogger("rq_emq.lease")
 CHANNEL = b"__redis__:invalidate"
+# Only connection trouble is handled here. Anything else, notably RQ's StopRequested that
+# its SIGTERM/SIGINT handler raises while the worker waits, must reach the worker loop.
+_CONNECTION_TROUBLE = (RedisError, OSError)
 
 
 def _prefixes(keys: Sequence[str]) -> list[str]:
@@ -71,11 +77,19 @@ class QueueWatch:
             for prefix in self.prefixes:
                 args += ["PREFIX", prefix]
             self._command(tracker, *args)
-        except Exception as error:
+        except StopRequested:
+            self.close()
+            raise
+        except _CONNECTION_TROUBLE as error:
             if "NOPERM" in str(error) or "unknown" in str(error).lower():
                 if self.available:
                     logger.warning("Redis refused CLIENT TRACKING (%s); idle workers will poll", error)
                 self.available = False
+            self.close()
+            return False
+        except Exception as error:  # a connection class we cannot clone (e.g. Sentinel-managed)
+            logger.warning("cannot watch the queues for changes (%r); idle workers will poll", error)
+            self.available = False
             self.close()
             return False
         self._listener, self._tracker = listener, tracker
@@ -87,7 +101,7 @@ class QueueWatch:
         try:
             while listener is not None and listener.can_read(timeout=0):
                 listener.read_response()
-        except Exception:
+        except _CONNECTION_TROUBLE:
             self.close()
 
     def wait(self, timeout: float) -> bool:
@@ -104,7 +118,7 @@ class QueueWatch:
                 listener.read_response()
                 return True
             self._command(tracker, "PING")  # quiet: make sure tracking is still on
-        except Exception:
+        except _CONNECTION_TROUBLE:
             self.close()
         return False
 
@@ -113,6 +127,6 @@ class QueueWatch:
             if connection is not None:
                 try:
                     connection.disconnect()
-                except Exception:
+                except _CONNECTION_TROUBLE:
                     pass
         self._listener = self._tracker = None

@@ -1,0 +1,183 @@
+"""A Redis ACL user limited to RQ's and our keys (``~rq:* ~emq:*``), RQ's pub/sub channels
+and the smallest command set that works runs everything end to end: producer, both worker
+kinds (one queue and several), the reaper, ``rq info``, a crash recovery and a failure
+at max attempts, with not one command refused."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import redis
+from helpers import FAST, stat, wait_status
+from integration_scenarios import kill_mid_job, reaper, starts
+from jobs import runs
+from procs import RQ_BIN, Processes, wait_for
+from rq import Queue, Retry
+from rq.job import Job
+
+import rq_emq
+from rq_emq.testing import RedisServer
+
+pytestmark = pytest.mark.slow
+
+USER, PASSWORD = "rq-emq", "lease-me"
+
+#: What the user may run. RQ's own needs (producer, workers, ``rq info``) and ours
+#: (scripts, the lock manager, the sweep, the multi-queue idle wait) together.
+COMMANDS = (
+    # connection; RQ names its connection and reads its address back
+    # (RQ 3: CLIENT INFO, RQ 2: CLIENT LIST); our idle multi-queue wait: CLIENT ID, TRACKING
+    *"ping info client|setname client|info client|list client|id client|tracking".split(),
+    # our Lua scripts (the commands they run are checked too) and RQ's transactions
+    *"evalsha script|load script|exists multi exec watch unwatch time".split(),
+    # RQ's worker channel (its commands: stop job, shutdown)
+    *"subscribe unsubscribe".split(),
+    *"get set del exists expire persist pttl".split(),
+    *"hget hmget hgetall hset hsetnx hdel hincrby hincrbyfloat".split(),
+    *"llen lpush rpush lpop lrange lrem lpos blmove".split(),
+    *"sadd srem smembers".split(),
+    *"zadd zcard zcount zrange zrangebyscore zrem zremrangebyscore zscore".split(),
+    *"xadd xrevrange".split(),  # RQ's job results
+)
+
+#: The ACL rule for that user (README's ACL line).
+ACL_RULES = (
+    "on",
+    f">{PASSWORD}",
+    "resetkeys",
+    "~rq:*",
+    "~emq:*",
+    "resetchannels",
+    "&rq:*",
+    "&__redis__:invalidate",
+    "-@all",
+    *(f"+{command}" for command in COMMANDS),
+)
+
+
+def acl_url(server: RedisServer, user: str = USER) -> str:
+    return f"redis://{user}:{PASSWORD}@127.0.0.1:{server.port}/0"
+
+
+def create_user(admin: redis.Redis, rules: tuple[str, ...] = ACL_RULES) -> None:
+    admin.execute_command("ACL", "SETUSER", USER, "reset", *rules)
+
+
+def denials(admin: redis.Redis) -> list[str]:
+    return [
+        f"{entry['reason']} {entry['object']} ({entry['context']})"
+        for entry in admin.acl_log()
+        if entry["username"] == USER
+    ]
+
+
+def worker_state(r: redis.Redis, pid: int) -> bytes | None:
+    for key in r.smembers("rq:workers"):
+        if r.hget(key, "pid") == str(pid).encode():
+            return r.hget(key, "state")  # type: ignore[return-value]
+    return None
+
+
+def run_everything(server: RedisServer, procs: Processes, tmp_path: Path) -> redis.Redis:
+    """Everything an operator runs, as the ACL user; returns that user's client."""
+    url = acl_url(server)
+    r = redis.Redis.from_url(url)
+    queue = Queue(connection=r)
+
+    # producer, and a forking LeaseWorker killed mid-job
+    log = str(tmp_path / "recovered.log")
+    job = queue.enqueue("integration_jobs.slow_on_first_run", log, 120.0, job_timeout=300)
+    kill_mid_job(r, procs, url, job, log, 0)
+
+    # a SimpleLeaseWorker on several queues, with RQ's scheduler, sweeps, recovers and runs
+    # it, then runs what else RQ offers: a delayed job, Retry, a dependency
+    simple = procs.worker(
+        url, "other", "default", worker_class="rq_emq.SimpleLeaseWorker", args=("--with-scheduler",), **FAST
+    )
+    wait_status(r, job.id, "finished", timeout=30)
+    assert starts(log) == 2 and stat(r, "default", "recovered") == 1
+    later = Queue("other", connection=r).enqueue("jobs.add", 2, 3)  # wakes the idle multi-queue wait
+    delayed = queue.enqueue_in(timedelta(seconds=1), "jobs.add", 3, 4)
+    retry_log = str(tmp_path / "retried.log")
+    retried = queue.enqueue("jobs.fail_and_record", retry_log, retry=Retry(max=1))
+    child = queue.enqueue("jobs.add", 4, 5, depends_on=later)
+    for done in (later, delayed, child):
+        wait_status(r, done.id, "finished", timeout=20)
+    wait_status(r, retried.id, "failed", timeout=20)
+    assert len(runs(retry_log)) == 2
+    os.kill(simple.pid, signal.SIGTERM)
+    assert simple.wait(timeout=30) == 0, procs.log(simple)
+
+    # the reaper fails a job that stalled on its last attempt, and writes RQ's Result
+    doomed_log = str(tmp_path / "failed.log")
+    doomed = queue.enqueue(
+        "integration_jobs.slow_on_first_run", doomed_log, 120.0, job_timeout=300, meta=rq_emq.max_attempts(1)
+    )
+    kill_mid_job(r, procs, url, doomed, doomed_log, 0)
+    sweeper = reaper(procs, url)
+    wait_status(r, doomed.id, "failed", timeout=20)
+    wait_for(lambda: Job.fetch(doomed.id, connection=r).results(), timeout=15, what="the failure Result")
+    sweeper.send_signal(signal.SIGTERM)
+    assert sweeper.wait(timeout=15) == 0, procs.log(sweeper)
+
+    # an idle forking LeaseWorker on one queue blocks (BLMOVE) until a job arrives
+    idle = procs.worker(url, "default", **FAST)
+    wait_for(lambda: worker_state(r, idle.pid) == b"idle", what="an idle worker")
+    plain = queue.enqueue("jobs.add", 1, 2)
+    wait_status(r, plain.id, "finished", timeout=15)
+    os.kill(idle.pid, signal.SIGTERM)
+    assert idle.wait(timeout=30) == 0, procs.log(idle)
+
+    # rq info
+    info = subprocess.run(
+        [RQ_BIN, "info", "--url", url], capture_output=True, text=True, timeout=60, env=procs.env()
+    )
+    assert info.returncode == 0 and "default" in info.stdout, info.stdout + info.stderr
+    for process in procs.started:
+        log_text = procs.log(process)
+        assert "NOPERM" not in log_text and "refused" not in log_text, log_text
+    return r
+
+
+def test_an_acl_user_limited_to_rq_and_emq_keys_runs_everything(
+    own_server: RedisServer, procs: Processes, tmp_path: Path
+) -> None:
+    admin = redis.Redis.from_url(own_server.url)
+    create_user(admin)
+    run_everything(own_server, procs, tmp_path)
+    assert denials(admin) == []
+
+
+def test_the_acl_user_is_really_limited(own_server: RedisServer) -> None:
+    admin = redis.Redis.from_url(own_server.url)
+    create_user(admin)
+    r = redis.Redis.from_url(acl_url(own_server))
+    r.set("emq:{q}:mine", 1)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        r.set("elsewhere", 1)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        r.flushdb()
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        r.eval("return 1", 0)  # EVAL is not needed: scripts run by SHA
+
+
+def test_without_client_tracking_an_idle_worker_on_several_queues_polls_and_still_works(
+    own_server: RedisServer, procs: Processes
+) -> None:
+    admin = redis.Redis.from_url(own_server.url)
+    rules = tuple(rule for rule in ACL_RULES if rule not in ("+client|tracking", "&__redis__:invalidate"))
+    create_user(admin, rules)
+    url = acl_url(own_server)
+    r = redis.Redis.from_url(url)
+    worker = procs.worker(url, "other", "default", **FAST)
+    wait_for(lambda: denials(admin), timeout=15, what="the refused tracking request")
+    job = Queue("default", connection=r).enqueue("jobs.add", 1, 1)
+    wait_status(r, job.id, "finished", timeout=15)
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=20) == 0, procs.log(worker)
+    assert all("__redis__:invalidate" in d or "tracking" in d for d in denials(admin)), denials(admin)

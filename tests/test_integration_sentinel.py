@@ -1,0 +1,153 @@
+"""Redis Sentinel: LeaseWorkers started the RQ way (``rq worker -c settings`` with
+``SENTINEL = {...}``) find the primary through a sentinel, recover a killed worker's job,
+and keep going through a failover to the replica.
+
+Only a coordinated failover (``SENTINEL FAILOVER``: the replica has caught up) is tested;
+an asynchronous failover that loses writes is the limit README states."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from helpers import FAST, stat, wait_status
+from integration_scenarios import starts
+from jobs import runs
+from procs import RQ_BIN, TESTS_DIR, Processes, wait_for
+from redis.sentinel import Sentinel
+from redis_server import in_ci
+from rq import Queue
+
+from rq_emq.testing import RedisServer, free_port
+
+pytestmark = pytest.mark.slow
+SERVICE = "rq-emq-primary"
+
+
+class SentinelSetup:
+    """A primary, one replica and one sentinel watching them, all private."""
+
+    def __init__(self, directory: Path) -> None:
+        # (no delay before the first sync: Redis 7 waits 5 s for more replicas by default)
+        self.primary = RedisServer(extra_args=("--repl-diskless-sync-delay", "0")).start()
+        self.replica = RedisServer(extra_args=("--replicaof", "127.0.0.1", str(self.primary.port))).start()
+        # A replica promoted before its first sync has no data at all: every job would be lost.
+        # That is the async-failover limit README states, not what this test is about.
+        wait_for(self._replica_synced, timeout=30, what="the replica's first sync")
+        self.port = free_port()
+        config = directory / "sentinel.conf"
+        config.write_text(
+            f"port {self.port}\nbind 127.0.0.1\ndir {directory}\n"
+            f"sentinel monitor {SERVICE} 127.0.0.1 {self.primary.port} 1\n"
+            f"sentinel down-after-milliseconds {SERVICE} 1000\n"
+            f"sentinel failover-timeout {SERVICE} 10000\n"
+        )
+        self.process = subprocess.Popen(
+            [str(shutil.which("redis-server")), str(config), "--sentinel"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.sentinel = Sentinel([("127.0.0.1", self.port)], socket_timeout=2)
+        wait_for(self._replica_seen, timeout=30, what="the sentinel to see primary and replica")
+
+    def _replica_synced(self) -> bool:
+        info = redis.Redis.from_url(self.replica.url).info("replication")
+        return info.get("master_link_status") == "up" and not info.get("master_sync_in_progress")
+
+    def _replica_seen(self) -> bool:
+        try:
+            return bool(self.sentinel.discover_slaves(SERVICE))
+        except redis.RedisError:
+            return False
+
+    def primary_port(self) -> int:
+        return int(self.sentinel.discover_master(SERVICE)[1])
+
+    def client(self) -> redis.Redis:
+        return self.sentinel.master_for(SERVICE, socket_timeout=5)
+
+    def settings_module(self, directory: Path) -> str:
+        (directory / "sentinel_settings.py").write_text(
+            "SENTINEL = {\n"
+            f"    'INSTANCES': [('127.0.0.1', {self.port})],\n"
+            f"    'MASTER_NAME': '{SERVICE}',\n"
+            "    'DB': 0,\n"
+            "    'SOCKET_TIMEOUT': 5,\n"
+            "}\n"
+        )
+        return "sentinel_settings"
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
+        self.replica.stop()
+        self.primary.stop()
+
+
+@pytest.fixture
+def sentinel(tmp_path: Path) -> Iterator[SentinelSetup]:
+    if shutil.which("redis-server") is None:
+        if in_ci():
+            pytest.fail("redis-server is required in CI (CI=true)")
+        pytest.skip("redis-server is not installed")
+    directory = tmp_path / "sentinel"
+    directory.mkdir()
+    setup = SentinelSetup(directory)
+    yield setup
+    setup.stop()
+
+
+def sentinel_worker(
+    procs: Processes, settings: str, directory: Path, *queues: str
+) -> subprocess.Popen[bytes]:
+    env = procs.env(PYTHONPATH=os.pathsep.join([str(TESTS_DIR), str(directory)]), **FAST)
+    return procs.start(
+        [RQ_BIN, "worker", "-w", "rq_emq.LeaseWorker", "-c", settings, *(queues or ("default",))],
+        env=env,
+        name="worker",
+    )
+
+
+def test_lease_workers_through_a_sentinel_recover_a_killed_workers_job(
+    sentinel: SentinelSetup, procs: Processes, tmp_path: Path
+) -> None:
+    settings = sentinel.settings_module(tmp_path)
+    r = sentinel.client()
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("integration_jobs.slow_on_first_run", log, 120.0, job_timeout=300)
+    first = sentinel_worker(procs, settings, tmp_path)
+    wait_for(lambda: starts(log) == 1, timeout=30, what="the job to start")
+    os.kill(first.pid, signal.SIGKILL)
+    survivor = sentinel_worker(procs, settings, tmp_path, "other", "default")
+    wait_status(r, job.id, "finished", timeout=30)
+    assert starts(log) == 2 and stat(r, "default", "recovered") == 1
+    # its idle wait on two queues rides on CLIENT TRACKING through Sentinel-managed connections
+    wait_for(lambda: any("B" in c["flags"] for c in r.client_list()), timeout=10, what="the tracking")
+    assert survivor.poll() is None, procs.log(survivor)
+
+
+def test_a_coordinated_failover_during_a_job_leaves_it_finished_once_on_the_new_primary(
+    sentinel: SentinelSetup, procs: Processes, tmp_path: Path
+) -> None:
+    settings = sentinel.settings_module(tmp_path)
+    r = sentinel.client()
+    log = str(tmp_path / "runs.log")
+    old_primary = sentinel.primary_port()
+    job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 4.0, job_timeout=300)
+    worker = sentinel_worker(procs, settings, tmp_path)
+    wait_for(lambda: starts(log) == 1, timeout=30, what="the job to start")
+    redis.Redis(port=sentinel.port).execute_command("SENTINEL", "FAILOVER", SERVICE)
+    wait_for(lambda: sentinel.primary_port() != old_primary, timeout=30, what="the failover")
+    assert sentinel.primary_port() == sentinel.replica.port
+    wait_status(r, job.id, "finished", timeout=60)
+    time.sleep(1.0)  # a few more renew and sweep rounds on the new primary
+    assert [line.split()[0] for line in runs(log)] == ["start", "end"]
+    assert stat(r, "default", "recovered") == 0
+    assert worker.poll() is None, procs.log(worker)

@@ -1,0 +1,94 @@
+"""``rediss://``: producers, LeaseWorkers and the reaper on a redis-server that speaks
+TLS only (its own TLS, a throwaway CA made at test time), through a real crash."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from helpers import FAST, stat, status, wait_status
+from integration_scenarios import starts
+from procs import Processes, wait_for
+from redis_server import in_ci
+from rq import Queue
+
+from rq_emq.keys import QueueKeys, job_key
+from rq_emq.testing import RedisServer
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def tls_server() -> Iterator[RedisServer]:
+    missing = [tool for tool in ("redis-server", "openssl") if shutil.which(tool) is None]
+    if missing:
+        if in_ci():
+            pytest.fail(f"{missing} required in CI (CI=true)")
+        pytest.skip(f"{missing} not installed")
+    server = RedisServer(tls=True)
+    try:
+        server.start()
+    except RuntimeError as error:  # a redis-server built without TLS refuses --tls-port
+        server.stop()
+        if in_ci():
+            pytest.fail(f"redis-server cannot serve TLS: {error}")
+        pytest.skip(f"redis-server cannot serve TLS: {error}")
+    yield server
+    server.stop()
+
+
+def test_the_server_speaks_tls_only(tls_server: RedisServer) -> None:
+    client = redis.Redis.from_url(tls_server.url)
+    assert client.ping() and client.connection_pool.connection_class is redis.SSLConnection
+    with pytest.raises(redis.ConnectionError):
+        redis.Redis(port=tls_server.port, socket_timeout=2).ping()
+
+
+def test_a_killed_workers_job_is_recovered_over_tls(
+    tls_server: RedisServer, procs: Processes, tmp_path: Path
+) -> None:
+    url = tls_server.url
+    r = redis.Redis.from_url(url)
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("integration_jobs.slow_on_first_run", log, 120.0, job_timeout=300)
+    first = procs.worker(url, "default", **FAST)
+    wait_for(lambda: starts(log) == 1, timeout=20, what="the job to start")
+    assert r.get(QueueKeys("default").lock(job.id)) == r.hget(job_key(job.id), "emq_token")
+    os.kill(first.pid, signal.SIGKILL)
+    # the survivor listens on two queues: its idle wait rides on CLIENT TRACKING over TLS too
+    survivor = procs.worker(url, "other", "default", **FAST)
+    wait_status(r, job.id, "finished", timeout=30)
+    assert starts(log) == 2 and stat(r, "default", "recovered") == 1
+    wait_for(
+        lambda: any("B" in c["flags"] for c in r.client_list()),
+        timeout=10,
+        what="the survivor's tracking connection",
+    )
+    woken = Queue("other", connection=r).enqueue("jobs.add", 2, 3)
+    wait_status(r, woken.id, "finished", timeout=15)
+    assert woken.latest_result().return_value == 5  # type: ignore[union-attr]
+    assert survivor.poll() is None, procs.log(survivor)
+
+
+def test_the_reaper_and_a_simple_lease_worker_over_tls(tls_server: RedisServer, procs: Processes) -> None:
+    url = tls_server.url
+    r = redis.Redis.from_url(url)
+    job = Queue(connection=r).enqueue("jobs.add", 1, 2)
+    worker = procs.worker(url, "default", worker_class="rq_emq.SimpleLeaseWorker", burst=True, **FAST)
+    assert worker.wait(timeout=30) == 0, procs.log(worker)
+    assert status(r, job.id) == "finished"
+    done = subprocess.run(
+        [sys.executable, "-m", "rq_emq.cli", "reaper", "--url", url, "--once", "default"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "queue default: 0 marked, 0 recovered" in done.stdout

@@ -139,7 +139,10 @@ def measure_stock(url: str, kills: int) -> tuple[list[float], list[str]]:
         for job in jobs:
             job.refresh()
             status = job.get_status()
-            outcomes.append(getattr(status, "value", str(status)))
+            result = job.latest_result()
+            abandoned = result is not None and "AbandonedJobError" in (result.exc_string or "")
+            reason = "AbandonedJobError" if abandoned else "?"
+            outcomes.append(f"{getattr(status, 'value', status)} ({reason})")
     latencies = [noticed[job_id] - killed[job_id] for job_id in noticed]
     return latencies, outcomes
 
@@ -219,7 +222,7 @@ def main() -> None:
                     f"{sm[-1]:.0f}" if sm else "-",
                     f"{stock_bound}",
                     f"{sum(x <= stock_bound for x in sm)}/{len(sm)}",
-                    ", ".join(sorted(set(outcomes))) + " (AbandonedJobError)",
+                    ", ".join(sorted(set(outcomes))),
                 ]
             )
         earliest, latest = stock_default_bound_s()

@@ -6,8 +6,9 @@ private redis-server. Throughput is timed from the first job's start to the last
 end (worker start-up excluded), best of alternating runs. Cost per job comes from a
 separate, instrumented run (``count_round_trips``: counting slows the worker a little):
 Redis commands from INFO commandstats (every command Redis ran, those inside our scripts
-included) and round trips counted inside the worker and each horse; a burst over no jobs
-is subtracted, so start-up and exit are not counted.
+included), round trips counted inside the worker and each horse, and Redis CPU (INFO
+cpu, user + sys; noisy on a shared machine); a burst over no jobs is subtracted, so
+start-up and exit are not counted.
 
     python benchmarks/throughput.py [--jobs 2000] [--quick]
 """
@@ -56,12 +57,14 @@ def drain(url: str, worker_class: str, jobs: int) -> float:
     return jobs / elapsed
 
 
-def burst_cost(url: str, worker_class: str, jobs: int) -> tuple[int, int]:
-    """Redis commands run (INFO commandstats, those inside scripts included) and round trips
-    sent (counted inside the worker and its horses) by one burst over ``jobs`` jobs."""
+def burst_cost(url: str, worker_class: str, jobs: int) -> tuple[int, int, float]:
+    """Redis commands run (INFO commandstats, those inside scripts included), round trips
+    sent (counted inside the worker and its horses) and Redis CPU seconds (INFO cpu) of one
+    burst over ``jobs`` jobs."""
     r = redis.Redis.from_url(url)
     enqueue(r, jobs)
     r.config_resetstat()
+    cpu = r.info("cpu")
     with tempfile.TemporaryDirectory() as counts:
         env = {
             "PYTHONPATH": os.pathsep.join([str(COUNTER), str(HERE), os.environ.get("PYTHONPATH", "")]),
@@ -70,16 +73,20 @@ def burst_cost(url: str, worker_class: str, jobs: int) -> tuple[int, int]:
         with worker(url, worker_class, ["default"], burst=True, env=env) as process:
             process.wait(timeout=600)
         trips = sum(int(path.read_text()) for path in Path(counts).iterdir())
+    cpu_after = r.info("cpu")
     stats = r.info("commandstats")
     assert r.llen("rq:queue:default") == 0
-    return sum(v["calls"] for k, v in stats.items() if k not in IGNORED), trips
+    used = sum(cpu_after[k] - cpu[k] for k in ("used_cpu_user", "used_cpu_sys"))
+    return sum(v["calls"] for k, v in stats.items() if k not in IGNORED), trips, used
 
 
-def per_job_cost(url: str, worker_class: str, jobs: int) -> tuple[float, float]:
-    """Commands and round trips per job, the worker's start-up and exit taken out."""
+def per_job_cost(url: str, worker_class: str, jobs: int) -> tuple[float, float, float]:
+    """Commands, round trips and Redis CPU microseconds per job, the worker's start-up and
+    exit taken out."""
     fixed = burst_cost(url, worker_class, 0)
     total = burst_cost(url, worker_class, jobs)
-    return (total[0] - fixed[0]) / jobs, (total[1] - fixed[1]) / jobs
+    commands, trips, cpu = ((t - f) / jobs for t, f in zip(total, fixed, strict=True))
+    return commands, trips, cpu * 1e6
 
 
 def main() -> None:
@@ -100,8 +107,9 @@ def main() -> None:
                     jobs_per_second = drain(url, worker_class, options.jobs)
                     best[worker_class] = max(best.get(worker_class, 0.0), jobs_per_second)
             cost = {w: per_job_cost(url, w, options.count_jobs) for w in (stock, ours)}
-            (s_cmds, s_trips), (o_cmds, o_trips) = cost[stock], cost[ours]
-            rows.append([stock, f"{best[stock]:.0f}", "", f"{s_cmds:.1f}", "", f"{s_trips:.1f}", ""])
+            (s_cmds, s_trips, s_cpu), (o_cmds, o_trips, o_cpu) = cost[stock], cost[ours]
+            stock_row = [stock, f"{best[stock]:.0f}", "", f"{s_cmds:.1f}", "", f"{s_trips:.1f}", ""]
+            rows.append([*stock_row, f"{s_cpu:.0f}"])
             rows.append(
                 [
                     ours,
@@ -111,6 +119,7 @@ def main() -> None:
                     f"{o_cmds / s_cmds:.2f}",
                     f"{o_trips:.1f}",
                     f"{o_trips / s_trips:.2f}",
+                    f"{o_cpu:.0f}",
                 ]
             )
     print(
@@ -123,6 +132,7 @@ def main() -> None:
                 "commands ratio",
                 "round trips/job",
                 "round trips ratio",
+                "Redis CPU usec/job",
             ],
             rows,
         )

@@ -43,7 +43,9 @@ def test_pop_leases_the_job_in_the_same_step(r: redis.Redis) -> None:
     assert fields[b"emq_attempts"] == b"1"
     assert fields[b"emq_token"].decode() == taken.token
     assert fields[b"emq_max_attempts"] == b"3"
-    assert taken.raw[b"origin"] == b"q"  # the job's hash comes back with the take
+    assert taken.raw[b"origin"] == b"q"  # the job's hash comes back with the take, as leased
+    assert taken.raw[b"emq_token"].decode() == taken.token
+    assert (taken.raw[b"emq_attempts"], taken.raw[b"emq_max_attempts"]) == (b"1", b"3")
 
 
 def test_tokens_carry_128_random_bits_and_the_worker_name(r: redis.Redis) -> None:

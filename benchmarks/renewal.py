@@ -24,6 +24,7 @@ over ticks).
 from __future__ import annotations
 
 import argparse
+import inspect
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -44,10 +45,7 @@ IGNORED = ("cmdstat_config", "cmdstat_info", "cmdstat_slowlog")
 def enqueue(r: redis.Redis, n: int) -> None:
     queue = Queue(QUEUE, connection=r)
     for start in range(0, n, 500):
-        with r.pipeline() as pipe:
-            for _ in range(start, min(n, start + 500)):
-                queue.enqueue_call("bench_jobs.noop", pipeline=pipe)
-            pipe.execute()
+        queue.enqueue_many([Queue.prepare_data("bench_jobs.noop") for _ in range(start, min(n, start + 500))])
 
 
 def ours(url: str, n: int) -> Callable[[], object]:
@@ -94,9 +92,14 @@ def stock(url: str, n: int) -> Callable[[], object]:
         execution = w.prepare_execution(job)
         held.append((w, job, execution))
 
+    with_execution = len(inspect.signature(Worker.maintain_heartbeats).parameters) > 2  # RQ >= 2.1
+
     def tick() -> None:
         for w, job, execution in held:
-            w.maintain_heartbeats(job, execution)
+            if with_execution:
+                w.maintain_heartbeats(job, execution)
+            else:  # RQ 2.0 keeps the execution on the worker
+                w.maintain_heartbeats(job)
 
     return tick
 

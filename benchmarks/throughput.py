@@ -23,7 +23,7 @@ from pathlib import Path
 import redis
 from common import HERE, private_redis, table, worker
 from rq import Queue
-from rq.utils import str_to_date
+from rq.utils import utcparse
 
 PAIRS = [("rq.Worker", "rq_emq.LeaseWorker"), ("rq.SimpleWorker", "rq_emq.SimpleLeaseWorker")]
 COUNTER = HERE / "count_round_trips"
@@ -33,9 +33,10 @@ IGNORED = ("cmdstat_config", "cmdstat_info")
 def enqueue(r: redis.Redis, jobs: int) -> list[str]:
     r.flushdb()
     queue = Queue(connection=r)
-    with r.pipeline() as pipe:
-        ids = [queue.enqueue_call("bench_jobs.noop", pipeline=pipe).id for _ in range(jobs)]
-        pipe.execute()
+    ids: list[str] = []
+    for start in range(0, jobs, 500):
+        batch = [Queue.prepare_data("bench_jobs.noop") for _ in range(start, min(jobs, start + 500))]
+        ids += [job.id for job in queue.enqueue_many(batch)]
     return ids
 
 
@@ -53,7 +54,7 @@ def drain(url: str, worker_class: str, jobs: int) -> float:
             assert status == b"finished", status
             starts.append(started.decode())
             ends.append(ended.decode())
-    elapsed = (str_to_date(max(ends)) - str_to_date(min(starts))).total_seconds()
+    elapsed = (utcparse(max(ends)) - utcparse(min(starts))).total_seconds()
     return jobs / elapsed
 
 

@@ -15,6 +15,7 @@ Operators switch with ``rq worker -w rq_emq.LeaseWorker`` (forking) or
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import math
 import os
@@ -381,6 +382,7 @@ class LeaseWorker(LeaseMixin, Worker):
 
     def fork_work_horse(self, job: Job, queue: Queue) -> None:
         self._worker_pid = os.getpid()
+        _libc()
         super().fork_work_horse(job, queue)
 
     def monitor_work_horse(self, job: Job, queue: Queue, *args: Any) -> None:
@@ -434,13 +436,21 @@ def _own_client(connection: Redis) -> Redis:
     )
 
 
+@functools.cache
+def _libc() -> Any:
+    """The C library, loaded once in the worker so that each horse need not load it."""
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
 def _die_with_parent(parent_pid: int) -> None:
     """Ask Linux to SIGKILL this horse when its worker dies, so a lapsed lease means that
     nobody works on the job any more (RQ puts the horse in its own process group)."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the worker's cold stop still kills it
+        _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except AttributeError:  # not Linux (no prctl): the worker's cold stop still kills it
         return
     if os.getppid() != parent_pid:  # the worker died before prctl took effect
         os._exit(1)

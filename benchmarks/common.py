@@ -11,14 +11,36 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+import redis
+from redis.connection import Connection
+
 from rq_emq.testing import private_redis
 
-__all__ = ["private_redis", "table", "percentile", "wait_until", "worker"]
+__all__ = ["private_redis", "table", "percentile", "wait_until", "worker", "counting_client", "RoundTrips"]
 
 HERE = Path(__file__).resolve().parent
 RQ_BIN = str(Path(sys.executable).parent / "rq")
 STOCK = "rq.Worker"
 OURS = "rq_emq.LeaseWorker"
+
+
+class RoundTrips:
+    """Requests a client sent: one per single command, one per pipeline (redis-py writes a
+    whole pipeline in one ``send_packed_command``), so each is one round trip."""
+
+    count = 0
+
+
+class _CountingConnection(Connection):
+    def send_packed_command(self, command: object, check_health: bool = True) -> None:
+        RoundTrips.count += 1
+        super().send_packed_command(command, check_health)  # type: ignore[arg-type]
+
+
+def counting_client(url: str) -> redis.Redis:
+    """A client whose round trips add to :attr:`RoundTrips.count`."""
+    kwargs = redis.ConnectionPool.from_url(url).connection_kwargs
+    return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=_CountingConnection, **kwargs))
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, interval: float = 0.01) -> None:

@@ -20,10 +20,10 @@ Returns:
 
 local job_id = ARGV[1]
 if redis.call('LREM', KEYS[1], 1, job_id) == 0 then return {-1} end
-if redis.call('EXISTS', KEYS[2]) == 0 then return {0} end
-local attempts = grant_lease(KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, ARGV[2], ARGV[3],
-  tonumber(ARGV[4]), ARGV[5])
-local reply = {1, attempts}
 local hash = redis.call('HGETALL', KEYS[2])
+if #hash == 0 then return {0} end
+local attempts = grant_lease(KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, ARGV[2], ARGV[3],
+  tonumber(ARGV[4]), ARGV[5], hash)
+local reply = {1, attempts}
 for k = 1, #hash do reply[2 + k] = hash[k] end
 return reply

@@ -33,8 +33,7 @@ for i = 1, tonumber(ARGV[3]) do
   replies[i] = redis.pcall(unpack(ARGV, pos + 1, pos + argc))
   pos = pos + argc + 1
 end
-drop_lease(KEYS[1], KEYS[2], KEYS[3], KEYS[4], job_id, 'done:' .. token)
-if redis.call('EXISTS', KEYS[1]) == 1 then
+if drop_lease(KEYS[1], KEYS[2], KEYS[3], KEYS[4], job_id, 'done:' .. token) then
   -- attempts count consecutive takes that did not end normally; this one did
   redis.call('HDEL', KEYS[1], 'emq_attempts')
 end

@@ -32,12 +32,12 @@ for i = 1, n do
     local job_id = redis.call('LPOP', queue_key)
     if not job_id then break end
     local job_key = 'rq:job:' .. job_id
-    if redis.call('EXISTS', job_key) == 1 then
+    local hash = redis.call('HGETALL', job_key)
+    if #hash > 0 then
       local lock_key = ARGV[5 + i] .. job_id .. ':lock'
       local attempts = grant_lease(job_key, lock_key, leases_key, stats_key, job_id, token, worker,
-        lease_ms, default_max)
+        lease_ms, default_max, hash)
       local reply = {i, job_id, attempts, skipped}
-      local hash = redis.call('HGETALL', job_key)
       for k = 1, #hash do reply[4 + k] = hash[k] end
       return reply
     end

@@ -57,6 +57,31 @@ def run_failure_callback(job: Any, error: BaseException) -> None:
         logging.getLogger("rq_emq.sweep").exception("job %s: failure callback raised", job.id)
 
 
+def resolve_driver_info_once(pool: Any) -> None:
+    """Make ``pool``'s new connections skip redis-py 8's per-connection version lookup.
+
+    redis-py 8 reads its own version from the package metadata (``importlib.metadata``,
+    about 3 ms) every time it opens a connection, and a forked horse opens one per job.
+    Resolved here once, in the worker, every horse inherits it; connections still send the
+    same name and version with ``CLIENT SETINFO``. Older redis-py resolves it at import,
+    and a pool given its own driver info, name or version is left as it is.
+    """
+    try:
+        from redis.connection import AbstractConnection
+        from redis.driver_info import resolve_driver_info
+    except ImportError:
+        return
+    kwargs = getattr(pool, "connection_kwargs", None)
+    connection_class = getattr(pool, "connection_class", None)
+    if not isinstance(kwargs, dict) or not isinstance(connection_class, type):
+        return
+    if not issubclass(connection_class, AbstractConnection):
+        return
+    if kwargs.keys() & {"driver_info", "lib_name", "lib_version"}:
+        return
+    kwargs["driver_info"] = resolve_driver_info()
+
+
 def is_repeated_stop_signal(worker: Any) -> bool:
     """True when RQ ignores this cold-stop signal as a duplicate (within 1 s of the first).
 
@@ -71,6 +96,7 @@ __all__ = [
     "StopRequested",
     "WorkerStatus",
     "is_repeated_stop_signal",
+    "resolve_driver_info_once",
     "resp2_callbacks",
     "run_failure_callback",
 ]

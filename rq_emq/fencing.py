@@ -178,6 +178,15 @@ def _fenced_class(base: type) -> type:
     return type(f"Fenced{base.__name__}", (_FencedPipelineMixin, base), {})
 
 
+def prepare(connection: Redis) -> None:
+    """Build now what the first fenced finish would build, so that a forked horse, whose
+    first finish is its only one, inherits it instead of building it per job."""
+    _resp2_callbacks()
+    pipe = connection.pipeline()
+    _fenced_class(type(pipe))
+    pipe.reset()
+
+
 @contextmanager
 def fenced(connection: Redis, fence: Fence) -> Iterator[None]:
     """Within this block, the first transaction opened on ``connection`` commits only

@@ -1,7 +1,8 @@
 """The lock manager: one timer per process that renews every lease the process holds.
 
-Each tick is one round trip: a ``renew_leases`` EVALSHA per queue with leases, plus the
-worker's and its executions' RQ heartbeats, all in one pipeline. Renewal is token
+Each tick is one round trip: a ``renew_leases`` EVALSHA per queue with leases (one per
+:data:`RENEW_BATCH` of them, so no single script runs long), plus the worker's and its
+executions' RQ heartbeats, all in one pipeline. Renewal is token
 checked in Lua, so nobody extends a lease they do not hold; leases reported lost are
 handed to the worker (which by default stops the job). Tick work a worker adds (RQ
 heartbeats) plugs in through ``on_tick``.
@@ -26,6 +27,10 @@ from .fencing import Fence
 from .keys import QueueKeys
 
 logger = logging.getLogger("rq_emq.lease")
+
+#: Leases one ``renew_leases`` call renews; a tick holding more sends several calls in its
+#: one pipeline, which bounds how long each script keeps Redis busy (~1 ms per 100).
+RENEW_BATCH = 100
 
 
 def new_token(worker_name: str) -> str:
@@ -108,12 +113,16 @@ class LockManager(BackgroundLoop):
             by_queue.setdefault(lease.queue, []).append(lease)
         script = scripts.load("renew_leases")
         heartbeat = utcformat(now())
+        calls: list[str] = []  # the queue of each renew_leases call, in pipeline order
         for queue, group in by_queue.items():
             q = QueueKeys(queue)
-            args: list[Any] = [self.lease_ms, q.prefix, heartbeat]
-            for lease in group:
-                args += [lease.job_id, lease.token]
-            script.queue(pipe, [q.leases, q.stalled, q.stats], args)
+            # several calls in the same round trip, so that no one script runs for long
+            for start in range(0, len(group), RENEW_BATCH):
+                args: list[Any] = [self.lease_ms, q.prefix, heartbeat]
+                for lease in group[start : start + RENEW_BATCH]:
+                    args += [lease.job_id, lease.token]
+                script.queue(pipe, [q.leases, q.stalled, q.stats], args)
+                calls.append(queue)
         if self.on_tick is not None:
             self.on_tick(pipe, leases)
         if not len(pipe):
@@ -123,7 +132,7 @@ class LockManager(BackgroundLoop):
         lost: list[str] = []
         settled: list[str] = []
         retry = False
-        for queue, reply in zip(by_queue, replies, strict=False):
+        for queue, reply in zip(calls, replies, strict=False):
             if scripts.is_noscript(reply):
                 script.load(self.client)
                 retry = True

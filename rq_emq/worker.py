@@ -15,6 +15,7 @@ Operators switch with ``rq worker -w rq_emq.LeaseWorker`` (forking) or
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import math
 import os
@@ -36,7 +37,7 @@ from rq.job import Job
 from rq.queue import Queue
 from rq.utils import now
 
-from . import compat, scripts
+from . import compat, fencing, scripts
 from .fencing import LeaseLost, fenced
 from .keys import QueueKeys, job_key
 from .lease import Lease, LockManager
@@ -50,6 +51,10 @@ logger = logging.getLogger("rq_emq.lease")
 META_MAX_ATTEMPTS = "emq_max_attempts"
 
 _PR_SET_PDEATHSIG = 1
+
+#: A worker heartbeat sent alone within this many seconds of one with at least its TTL is
+#: skipped (see :meth:`LeaseMixin.heartbeat`).
+HEARTBEAT_REPEAT_S = 1.0
 
 
 class LeaseJobInterrupted(Exception):
@@ -83,10 +88,14 @@ class LeaseMixin:
         self.lock_manager: LockManager | None = None
         self.sweeper: Sweeper | None = None
         self._taker: Taker | None = None
+        self._last_heartbeat: tuple[float, int] = (-math.inf, 0)  # (monotonic, TTL) of the last sent alone
 
     # -- lifecycle ---------------------------------------------------------------------
     def bootstrap(self, *args: Any, **kwargs: Any) -> None:
         super().bootstrap(*args, **kwargs)  # type: ignore[misc]
+        # work every horse would otherwise repeat per job, done once before any fork
+        compat.resolve_driver_info_once(self.connection.connection_pool)
+        fencing.prepare(self.connection)
         scripts.load_all(self.connection)
         settings = self.lease_settings
         self._taker = Taker(self.connection, self.name, settings)
@@ -232,6 +241,24 @@ class LeaseMixin:
             if self.lock_manager is not None:
                 self.lock_manager.remove(job.id)
 
+    def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
+        """RQ's worker heartbeat. RQ's loop sends one on its own three times per job (before
+        and after the take, after the job): its three commands share one round trip, and
+        one that would repeat, within a second, a heartbeat with at least its TTL is skipped
+        (the worker key's expiry moves by less than that second; its TTL is minutes)."""
+        if pipeline is not None:
+            super().heartbeat(timeout, pipeline=pipeline)  # type: ignore[misc]
+            return
+        me: Any = self
+        ttl = timeout or me.worker_ttl + 60  # RQ's default
+        sent_at, sent_ttl = self._last_heartbeat
+        if time.monotonic() - sent_at < HEARTBEAT_REPEAT_S and ttl <= sent_ttl:
+            return
+        with self.connection.pipeline(transaction=False) as pipe:
+            super().heartbeat(ttl, pipeline=pipe)  # type: ignore[misc]
+            pipe.execute()
+        self._last_heartbeat = (time.monotonic(), ttl)
+
     def get_heartbeat_ttl(self, job: Job, *args: Any, **kwargs: Any) -> int:
         """Seconds RQ's started-registry entry stays valid: the lease plus a grace that lets
         our sweep act before stock cleanup would; the lock manager refreshes it every tick."""
@@ -356,6 +383,7 @@ class LeaseWorker(LeaseMixin, Worker):
 
     def fork_work_horse(self, job: Job, queue: Queue) -> None:
         self._worker_pid = os.getpid()
+        _libc()
         super().fork_work_horse(job, queue)
 
     def monitor_work_horse(self, job: Job, queue: Queue, *args: Any) -> None:
@@ -409,13 +437,21 @@ def _own_client(connection: Redis) -> Redis:
     )
 
 
+@functools.cache
+def _libc() -> Any:
+    """The C library, loaded once in the worker so that each horse need not load it."""
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
 def _die_with_parent(parent_pid: int) -> None:
     """Ask Linux to SIGKILL this horse when its worker dies, so a lapsed lease means that
     nobody works on the job any more (RQ puts the horse in its own process group)."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the worker's cold stop still kills it
+        _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except AttributeError:  # not Linux (no prctl): the worker's cold stop still kills it
         return
     if os.getppid() != parent_pid:  # the worker died before prctl took effect
         os._exit(1)

@@ -9,6 +9,7 @@ import redis
 from rq import Queue
 from rq.job import Job
 
+from rq_emq import lease as lease_module
 from rq_emq import scripts
 from rq_emq.fencing import Fence, LeaseLost, fenced
 from rq_emq.keys import QueueKeys, job_key
@@ -42,7 +43,9 @@ def test_pop_leases_the_job_in_the_same_step(r: redis.Redis) -> None:
     assert fields[b"emq_attempts"] == b"1"
     assert fields[b"emq_token"].decode() == taken.token
     assert fields[b"emq_max_attempts"] == b"3"
-    assert taken.raw[b"origin"] == b"q"  # the job's hash comes back with the take
+    assert taken.raw[b"origin"] == b"q"  # the job's hash comes back with the take, as leased
+    assert taken.raw[b"emq_token"].decode() == taken.token
+    assert (taken.raw[b"emq_attempts"], taken.raw[b"emq_max_attempts"]) == (b"1", b"3")
 
 
 def test_tokens_carry_128_random_bits_and_the_worker_name(r: redis.Redis) -> None:
@@ -196,6 +199,35 @@ def test_a_tick_is_one_round_trip_for_any_number_of_leases(r: redis.Redis) -> No
     assert sent == [2]  # one pipeline: one renew script per queue
     assert stats["cmdstat_evalsha"]["calls"] == 2
     assert int(r.hget(QueueKeys("a").stats, "renewed")) + int(r.hget(QueueKeys("b").stats, "renewed")) == 60
+
+
+def test_a_tick_splits_many_leases_into_bounded_script_calls_in_one_round_trip(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lease_module, "RENEW_BATCH", 4)
+    queue = Queue("q", connection=r)
+    lost: list[Lease] = []
+    m = manager(r, lost)
+    for _ in range(10):
+        queue.enqueue("jobs.noop")
+        taken = taker(r).pop(["q"])
+        assert taken is not None
+        m.add(Lease("q", taken.job_id, taken.token))
+    stolen = m.held()[-1]  # its call is the last of three
+    r.hset(job_key(stolen.job_id), "emq_token", "someone-else")
+    scripts.load_all(r)
+    sent: list[int] = []
+    original = redis.client.Pipeline.execute
+
+    def counting(self: redis.client.Pipeline, *args: object, **kwargs: object) -> object:
+        sent.append(len(self))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.client.Pipeline, "execute", counting)
+    assert m.tick() == [stolen.job_id]
+    assert sent == [3]  # one pipeline holding ceil(10 / 4) renew calls
+    assert int(r.hget(QueueKeys("q").stats, "renewed")) == 9
+    assert [lease.job_id for lease in lost] == [stolen.job_id]
 
 
 def test_a_renewal_racing_the_finish_is_not_a_lost_lease(r: redis.Redis) -> None:

@@ -7,33 +7,58 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- The value of `field` in `hash`, a job hash as HGETALL returns it, and its position.
+local function hash_field(hash, field)
+  for i = 1, #hash, 2 do
+    if hash[i] == field then return hash[i + 1], i + 1 end
+  end
+  return nil, nil
+end
+
 -- Grant job_id to the holder of `token`: lock with a PX expiry, deadline in the index,
--- one more attempt counted, the owner recorded on the job hash (the fence).
-local function grant_lease(job_key, lock_key, leases_key, stats_key, job_id, token, worker, lease_ms, default_max)
+-- one more attempt counted, the owner recorded on the job hash (the fence). `hash` is the
+-- job's hash as HGETALL gave it (the caller's existence check); it is updated to match,
+-- so the caller can return it without reading the job again.
+local function grant_lease(job_key, lock_key, leases_key, stats_key, job_id, token, worker, lease_ms,
+    default_max, hash)
   local now = now_ms()
   redis.call('SET', lock_key, token, 'PX', lease_ms)
   redis.call('ZADD', leases_key, now + lease_ms, job_id)
-  local attempts = redis.call('HINCRBY', job_key, 'emq_attempts', 1)
-  redis.call('HSET', job_key, 'emq_token', token, 'emq_worker', worker)
-  redis.call('HSETNX', job_key, 'emq_max_attempts', default_max)
+  local attempts = (tonumber(hash_field(hash, 'emq_attempts')) or 0) + 1
+  local fields = {'emq_attempts', tostring(attempts), 'emq_token', token, 'emq_worker', worker}
+  if hash_field(hash, 'emq_max_attempts') == nil then
+    fields[#fields + 1] = 'emq_max_attempts'
+    fields[#fields + 1] = tostring(default_max)
+  end
+  redis.call('HSET', job_key, unpack(fields))
+  for i = 1, #fields, 2 do
+    local _, at = hash_field(hash, fields[i])
+    if at then
+      hash[at] = fields[i + 1]
+    else
+      hash[#hash + 1] = fields[i]
+      hash[#hash + 1] = fields[i + 1]
+    end
+  end
   redis.call('HINCRBY', stats_key, 'taken', 1)
   return attempts
 end
 
 -- Forget the lease on job_id: lock, index entry and stall mark. The owner token is
 -- replaced by `settled` (so the holder's next renewal learns the job ended normally
--- rather than being taken from it), or removed when `settled` is false.
+-- rather than being taken from it), or removed when `settled` is false. Returns whether
+-- the job hash exists.
 local function drop_lease(job_key, lock_key, leases_key, stalled_key, job_id, settled)
   redis.call('DEL', lock_key)
   redis.call('ZREM', leases_key, job_id)
   redis.call('ZREM', stalled_key, job_id)
-  if redis.call('EXISTS', job_key) == 1 then
-    if settled then
-      redis.call('HSET', job_key, 'emq_token', settled)
-    else
-      redis.call('HDEL', job_key, 'emq_token')
-    end
+  if redis.call('EXISTS', job_key) == 0 then return false end
+  if settled then
+    redis.call('HSET', job_key, 'emq_token', settled)
+  else
+    redis.call('HDEL', job_key, 'emq_token')
   end
+  return true
 end
 
 -- Take job_id out of RQ's view of "in flight": its executions (rq:executions:<id>, a

@@ -1,0 +1,87 @@
+"""What a LeaseWorker spends on Redis and in each horse, beyond the lease itself."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+from rq import Worker
+
+from rq_emq import LeaseWorker, compat
+
+
+def heartbeat_commands(r: redis.Redis) -> int:
+    stats = r.info("commandstats")
+    return sum(stats.get(f"cmdstat_{name}", {"calls": 0})["calls"] for name in ("hset", "expire"))
+
+
+def stock_heartbeat_size(r: redis.Redis, worker: LeaseWorker) -> int:
+    """Commands in RQ's own worker heartbeat (2 in RQ 2.0, 3 since)."""
+    with r.pipeline() as pipe:
+        Worker.heartbeat(worker, pipeline=pipe)
+        return len(pipe)
+
+
+def test_a_heartbeat_sent_alone_is_one_round_trip_and_a_repeat_within_a_second_is_skipped(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    worker = LeaseWorker(["q"], connection=r, name="hb")
+    worker.register_birth()
+    size = stock_heartbeat_size(r, worker)
+    sent: list[int] = []
+    original = redis.client.Pipeline.execute
+
+    def counting(self: redis.client.Pipeline, *args: object, **kwargs: object) -> object:
+        sent.append(len(self))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.client.Pipeline, "execute", counting)
+    r.config_resetstat()
+    worker.heartbeat()
+    assert sent == [size]  # RQ's heartbeat commands, all in one round trip
+    worker.heartbeat()
+    assert heartbeat_commands(r) == size
+    worker.heartbeat(10_000)  # a longer TTL is never skipped
+    assert heartbeat_commands(r) == 2 * size
+    assert r.ttl(worker.key) > 9_000
+
+
+def test_a_heartbeat_a_second_later_is_sent(r: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    worker = LeaseWorker(["q"], connection=r, name="hb")
+    worker.register_birth()
+    size = stock_heartbeat_size(r, worker)
+    r.config_resetstat()
+    worker.heartbeat()
+    clock = [1_000.0]
+    monkeypatch.setattr("rq_emq.worker.time.monotonic", lambda: clock[0])
+    worker._last_heartbeat = (clock[0], worker.worker_ttl + 60)
+    clock[0] += 1.01
+    worker.heartbeat()
+    assert heartbeat_commands(r) == 2 * size
+
+
+def test_connections_of_a_worker_pool_reuse_the_driver_info_resolved_once(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("redis.driver_info")
+    import redis.utils
+
+    client = redis.Redis.from_url(redis_url)
+    compat.resolve_driver_info_once(client.connection_pool)
+    expected = redis.utils.get_lib_version()
+
+    def fail() -> str:
+        raise AssertionError("looked the version up again")
+
+    monkeypatch.setattr(redis.utils, "get_lib_version", fail)
+    client.connection_pool.reset()  # as a forked horse's pool does
+    assert client.ping()
+    connection = client.connection_pool.get_connection()
+    assert connection.driver_info.lib_version == expected
+    client.connection_pool.release(connection)
+
+
+def test_a_pool_given_its_own_library_name_is_left_alone(redis_url: str) -> None:
+    pytest.importorskip("redis.driver_info")
+    pool = redis.ConnectionPool.from_url(redis_url, lib_name="mine")
+    compat.resolve_driver_info_once(pool)
+    assert "driver_info" not in pool.connection_kwargs

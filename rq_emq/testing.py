@@ -1,5 +1,6 @@
-"""A private redis-server for tests, demos and benchmarks: a free port, no persistence,
-and the fault controls (pause, resume, kill, restart) that crash tests need."""
+"""A private redis-server for tests, demos, benchmarks and the soak: a free port, no
+persistence unless asked (AOF, fsync on every write), and the fault controls (pause,
+resume, kill, restart) that crash tests need."""
 
 from __future__ import annotations
 
@@ -28,9 +29,13 @@ class RedisServer:
 
     controllable = True
 
-    def __init__(self, port: int | None = None, extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, port: int | None = None, extra_args: tuple[str, ...] = (), appendonly: bool = False
+    ) -> None:
         self.port = port or free_port()
         self.extra_args = extra_args
+        #: AOF with ``appendfsync always``: a write Redis acknowledged survives kill + restart.
+        self.appendonly = appendonly
         self.dir = Path(tempfile.mkdtemp(prefix="rq-emq-redis-"))
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -51,7 +56,8 @@ class RedisServer:
             "--save",
             "",
             "--appendonly",
-            "no",
+            "yes" if self.appendonly else "no",
+            *(("--appendfsync", "always") if self.appendonly else ()),
             "--dir",
             str(self.dir),
             "--logfile",

@@ -21,7 +21,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any
@@ -276,17 +276,58 @@ class LeaseMixin:
         except LeaseLost:
             pass  # logged where it was refused; nothing was written
 
+    def _through_blips(self, job: Job, step: Callable[[], Any], what: str) -> Any:
+        """Run one step of ending a job, riding out a Redis connection blip for up to a lease.
+
+        Without this a connection reset as the job ends kills the horse, then the worker
+        (RQ's monitor reads the job's status), and a finished job runs again. Trying a
+        finish again is safe because of the fence: a commit that went through before its
+        reply was lost is refused the second time, and nothing is written twice.
+        """
+        deadline = time.monotonic() + self.lease_settings.lease_ms / 1000
+        delay = 0.05
+        while True:
+            try:
+                return step()
+            except (RedisConnectionError, RedisTimeoutError) as error:
+                if time.monotonic() + delay > deadline:
+                    raise
+                logger.warning(
+                    "job %s: could not %s (%s); trying again in %.2fs",
+                    job.id,
+                    what,
+                    error,
+                    delay,
+                    extra={"job_id": job.id},
+                )
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    def _finish(self, job: Job, finish: Callable[[], Any]) -> Any:
+        def fenced_finish() -> Any:
+            with self._fenced_finish(job):
+                return finish()
+
+        return self._through_blips(job, fenced_finish, "write its outcome")
+
+    def handle_execution_ended(self, job: Job, *args: Any, **kwargs: Any) -> Any:
+        """RQ 3 stamps the job's end with a heartbeat before finishing it (idempotent)."""
+        parent: Any = super()
+        return self._through_blips(
+            job, lambda: parent.handle_execution_ended(job, *args, **kwargs), "record its end"
+        )
+
     def handle_job_success(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> Any:
-        with self._fenced_finish(job):
-            return super().handle_job_success(job, queue, *args, **kwargs)  # type: ignore[misc]
+        parent: Any = super()
+        return self._finish(job, lambda: parent.handle_job_success(job, queue, *args, **kwargs))
 
     def handle_job_failure(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> Any:
-        with self._fenced_finish(job):
-            return super().handle_job_failure(job, queue, *args, **kwargs)  # type: ignore[misc]
+        parent: Any = super()
+        return self._finish(job, lambda: parent.handle_job_failure(job, queue, *args, **kwargs))
 
     def handle_job_retry(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> Any:
-        with self._fenced_finish(job):
-            return super().handle_job_retry(job, queue, *args, **kwargs)  # type: ignore[misc]
+        parent: Any = super()
+        return self._finish(job, lambda: parent.handle_job_retry(job, queue, *args, **kwargs))
 
     # -- maintenance -----------------------------------------------------------------------
     def clean_registries(self) -> None:

@@ -1,0 +1,49 @@
+"""Workers whose Redis connections break for a moment (a network blip, a proxy restart,
+``CLIENT KILL``): found by the chaos soak, each case kept here as a specification."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from helpers import status
+from jobs import runs
+from procs import Processes, wait_for
+from rq import Queue
+
+from soak.proxy import TcpProxy
+
+pytestmark = pytest.mark.slow
+
+# A lease long enough that the blip never lets it lapse: what is tested is the blip alone.
+STEADY = {"RQ_EMQ_LEASE_MS": "5000", "RQ_EMQ_RENEW_INTERVAL_MS": "200", "RQ_EMQ_SWEEP_INTERVAL_MS": "250"}
+
+
+@pytest.fixture
+def proxy(redis_server: object) -> Iterator[TcpProxy]:
+    port = int(redis_server.url.rsplit(":", 1)[1].split("/")[0])  # type: ignore[attr-defined]
+    tcp = TcpProxy(port).start()
+    yield tcp
+    tcp.close()
+
+
+def test_a_job_that_ends_while_its_worker_is_cut_off_for_a_moment_finishes_once_and_the_worker_lives(
+    r: redis.Redis, procs: Processes, tmp_path: Path, proxy: TcpProxy
+) -> None:
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 1.0, job_timeout=30)
+    worker = procs.worker(proxy.url, **STEADY)
+    wait_for(lambda: runs(log), timeout=15, what="the job to start")
+    time.sleep(0.6)
+    proxy.cut("reset")  # live connections dropped, new ones refused: the job ends in the cut
+    wait_for(lambda: len(runs(log)) == 2, timeout=5, what="the job function to return")
+    time.sleep(0.5)
+    proxy.heal()
+    wait_for(lambda: status(r, job.id) == "finished", timeout=15, what="the job to finish")
+    assert [line.split()[0] for line in runs(log)] == ["start", "end"]
+    time.sleep(0.5)
+    assert worker.poll() is None, procs.log(worker)
+    assert "unhandled exception" not in procs.log(worker)

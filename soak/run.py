@@ -108,7 +108,6 @@ class Soak:
         self._producing = threading.Event()
         self._stop = threading.Event()
         self._timers: list[threading.Timer] = []
-        self._last_restart = 0.0
 
     # -- plumbing --------------------------------------------------------------------------
     def redis_call(self, fn: Callable[[], T], patience: float = 20.0) -> T:
@@ -201,16 +200,11 @@ class Soak:
     def inject(self, kind: str) -> Fault | None:
         cfg, rng, now = self.config, self.chaos_rng, time.time()
         if kind == "restart":
-            if now - self._last_restart < max(15.0, cfg.duration / 6) or any(
-                f.ended is None for f in self.faults
-            ):
-                return None
             fault = Fault(kind, now)
             self.record(fault)
             self.server.restart()
             fault.ended = time.time()
             fault.detail = f"down {1000 * (fault.ended - now):.0f} ms"
-            self._last_restart = fault.ended
             return fault
         victims = self.busy_victims()
         if kind.startswith("cut"):
@@ -271,12 +265,28 @@ class Soak:
         slot.faulted = False
 
     def chaos(self) -> None:
-        kinds = [k for k in self.config.kinds if k in F.KINDS]
-        weights = {"restart": 0.5, "client_kill": 1.0}
-        end = time.monotonic() + self.config.duration
+        kinds = [k for k in self.config.kinds if k in F.KINDS and k != "restart"]
+        # Redis restarts on a schedule (they hit every worker at once): a third of the way
+        # in, then every 30 s, the last at least 10 s before the chaos ends
+        start = time.monotonic()
+        end = start + self.config.duration
+        restarts = [start + self.config.duration / 3]
+        while restarts[-1] + 30 < end - 10:
+            restarts.append(restarts[-1] + 30)
+        if "restart" not in self.config.kinds:
+            restarts = []
         time.sleep(min(3.0, self.config.duration / 10))
         while time.monotonic() < end and not self._stop.is_set():
-            kind = self.chaos_rng.choices(kinds, [weights.get(k, 1.0) for k in kinds])[0]
+            if restarts and time.monotonic() >= restarts[0]:
+                restarts.pop(0)
+                kind = "restart"
+            elif kinds:
+                kind = self.chaos_rng.choice(kinds)
+            else:
+                kind = ""
+            if not kind:
+                time.sleep(0.2)
+                continue
             try:
                 fault = self.inject(kind)
             except Exception as error:  # noqa: BLE001 - a failed injection is reported, not fatal

@@ -311,7 +311,7 @@ class LeaseMixin:
         return self._through_blips(job, fenced_finish, "write its outcome")
 
     def handle_execution_ended(self, job: Job, *args: Any, **kwargs: Any) -> Any:
-        """RQ 3 stamps the job's end with a heartbeat before finishing it (idempotent)."""
+        """RQ stamps the job's end with a heartbeat before finishing it (idempotent)."""
         parent: Any = super()
         return self._through_blips(
             job, lambda: parent.handle_execution_ended(job, *args, **kwargs), "record its end"

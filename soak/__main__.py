@@ -16,7 +16,8 @@ from pathlib import Path
 
 from .checks import Verdict, evaluate
 from .faults import KINDS
-from .run import Config, Evidence, Soak
+from .model import Config, Evidence
+from .run import Soak
 
 
 def parse(argv: list[str] | None) -> tuple[Config, bool, bool]:

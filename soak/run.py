@@ -10,8 +10,9 @@ import random
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,69 +26,10 @@ from . import faults as F
 from .faults import Fault
 from .fleet import QUEUE, Fleet, Slot
 from .jobs import read_runs, work
+from .model import Config, Evidence, Planned
 
 T = TypeVar("T")
 TERMINAL = {"finished", "failed"}
-
-
-@dataclass
-class Config:
-    duration: float = 60.0
-    workers: int = 4
-    worker: str = "lease"
-    seed: int = 1
-    rate: float = 3.0  # jobs enqueued per second
-    fault_every: float = 1.5  # mean seconds between faults
-    lease_ms: int = 1500
-    renew_ms: int = 250
-    sweep_ms: int = 500
-    max_attempts: int = 5
-    drain: float = 45.0
-    kinds: tuple[str, ...] = F.KINDS
-    out: Path | None = None
-
-    @property
-    def grace_s(self) -> float:
-        """A paused holder's lease surely outlives a pause shorter than this."""
-        return (self.lease_ms - self.renew_ms) / 1000
-
-    @property
-    def bound_s(self) -> float:
-        """The promise: a dead holder's job is back within lease + 2 sweep intervals."""
-        return (self.lease_ms + 2 * self.sweep_ms) / 1000
-
-    def env(self) -> dict[str, str]:
-        return {
-            "RQ_EMQ_LEASE_MS": str(self.lease_ms),
-            "RQ_EMQ_RENEW_INTERVAL_MS": str(self.renew_ms),
-            "RQ_EMQ_SWEEP_INTERVAL_MS": str(self.sweep_ms),
-            "RQ_EMQ_MAX_ATTEMPTS": str(self.max_attempts),
-        }
-
-
-@dataclass
-class Planned:
-    job_id: str
-    seconds: float
-    outcome: str
-    retries: int
-
-
-@dataclass
-class Evidence:
-    config: Config
-    jobs: dict[str, Planned]
-    faults: list[Fault]
-    queue_samples: int
-    queue_violations: list[str]
-    final: dict[str, dict[str, Any]]
-    registries: dict[str, list[str]]
-    stats: dict[str, int]
-    runs: dict[str, list[Any]]
-    respawns: int
-    drained_in: float | None
-    wall: float = 0.0
-    notes: list[str] = field(default_factory=list)
 
 
 class Soak:
@@ -352,7 +294,7 @@ class Soak:
                 continue
             self.queue_samples += 1
             ids = [v.decode() for v in queued]
-            twice = {i for i in ids if ids.count(i) > 1}
+            twice = {i for i, n in Counter(ids).items() if n > 1}
             both = set(ids) & {v.decode() for v in leased} if self.config.worker == "lease" else set()
             for job_id in sorted(twice | both):
                 what = "twice in the queue" if job_id in twice else "queued while leased"

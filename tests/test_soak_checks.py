@@ -8,7 +8,7 @@ from typing import Any
 from soak.checks import evaluate
 from soak.faults import Fault
 from soak.jobs import Run, read_runs
-from soak.run import Config, Evidence, Planned
+from soak.model import Config, Evidence, Planned
 
 WORKER, HORSE, OTHER_WORKER, OTHER_HORSE = 100, 101, 200, 201
 

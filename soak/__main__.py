@@ -96,7 +96,7 @@ def table(ev: Evidence, v: Verdict) -> str:
             "runs / takes / takes that never started",
             f"{c['runs']} / {c.get('takes', '-')} / {c.get('takes_never_started', '-')}",
         ),
-        ("worker respawns", c["respawns"]),
+        ("worker respawns / crashes (exits the soak did not cause)", f"{c['respawns']} / {c['crashes']}"),
         ("faults", ", ".join(f"{k} {n}" for k, n in sorted(c["faults"].items())) or "none"),
     ]
     if lat:

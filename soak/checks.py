@@ -26,7 +26,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from .faults import LAPSING, REPEAT_EXCUSED, Fault
+from .faults import CRASH_EXCUSED, LAPSING, REPEAT_EXCUSED, Fault
 from .jobs import Run
 
 
@@ -154,6 +154,21 @@ def evaluate(ev: Any) -> Verdict:
     v.violations += [f"{j}: in {places[j]} places at the end" for j in doubly]
     v.counts["queued_twice"] = len(ev.queue_violations) + len(doubly)
     v.counts["queue_samples"] = ev.queue_samples
+
+    # a worker that exits on its own must have been cut off for long
+    crashes = [f for f in faults if f.kind == "crash"]
+    for crash in crashes:
+        causes = [
+            f
+            for f in faults
+            if f.kind in CRASH_EXCUSED and f.worker_pid == crash.worker_pid and f.started <= crash.started
+        ]
+        if not causes:
+            v.violations.append(
+                f"worker {crash.slot} (pid {crash.worker_pid}) crashed ({crash.detail}) with no long cut "
+                "to explain it"
+            )
+    v.counts["crashes"] = len(crashes)
 
     # 5: repeats; the baseline's "duplicates" are the unexplained ones
     repeats, unexplained = 0, 0

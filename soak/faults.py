@@ -29,6 +29,10 @@ import redis
 #: Kinds after which a job's run may legitimately be repeated (the run's holder died, or
 #: was away past the grace). The others must never cause a second run.
 REPEAT_EXCUSED = {"kill_worker", "kill_group", "kill_horse", "stop_long", "cut_long", "restart", "crash"}
+#: Faults after which a worker may crash: RQ's worker quits on a Redis error outside its
+#: dequeue, and a long cut outlasts the finish's patience (one lease). Any other crash is a
+#: finding: the soak then fails, however well the job itself came through.
+CRASH_EXCUSED = {"cut_long"}
 #: Kinds that kill the worker process itself (its exit is no crash).
 KILLS = {"kill_worker", "kill_group"}
 #: Kinds after which the job's lease lapses and the sweep must requeue it (the latency).

@@ -141,3 +141,12 @@ def test_the_side_effect_log_pairs_starts_with_ends_by_pid(tmp_path: Any) -> Non
     runs = read_runs(str(log))
     assert [(r.pid, r.attempt, r.outcome) for r in runs["j"]] == [(11, 1, "raise"), (21, 2, "ok")]
     assert runs["k"][0].attempt is None and runs["k"][0].ended is None
+
+
+def test_a_worker_that_crashes_after_only_a_short_fault_fails_the_soak() -> None:
+    crash = Fault("crash", 3.0, "w", WORKER, ended=3.0, detail="exit status 1")
+    short_cut = Fault("cut_short", 2.0, "w", WORKER, [HORSE], ended=2.5)
+    runs = [run(1, 1.0), run(2, 5.0, 6.0, "ok", pid=OTHER_HORSE, ppid=OTHER_WORKER)]
+    assert not evaluate(evidence(runs, faults=[short_cut, crash])).passed
+    long_cut = Fault("cut_long", 2.0, "w", WORKER, [HORSE], ended=6.0)
+    assert evaluate(evidence(runs, faults=[long_cut, crash])).passed

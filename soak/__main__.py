@@ -87,7 +87,10 @@ def table(ev: Evidence, v: Verdict) -> str:
         ("failed, by reason", ", ".join(f"{k} {n}" for k, n in sorted(c["failed_by_reason"].items())) or "-"),
         ("failed at max attempts (stalled every time)", c["failed_at_max_attempts"]),
         ("lost (not finished after the drain)", c["lost"]),
-        ("failed while running (failed, yet a run completed)", c["failed_while_running"]),
+        (
+            "failed while running (failed, yet a run completed) / no fault explains it",
+            f"{c['failed_while_running']} / {c['failed_while_running_unexplained']}",
+        ),
         ("wrong outcome", c["wrong_outcome"]),
         ("duplicates (repeated runs no fault explains)", c["duplicates"]),
         ("repeated runs, explained by a fault", c["repeated_runs"] - c["duplicates"]),

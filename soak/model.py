@@ -51,6 +51,8 @@ class Planned:
     seconds: float
     outcome: str
     retries: int
+    #: the job's own max attempts (``meta``), or None for the worker's default
+    max_attempts: int | None = None
 
 
 @dataclass

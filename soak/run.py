@@ -88,7 +88,9 @@ class Soak:
         outcome, retries = ("raise", 0) if roll < 0.1 else ("flaky", 2) if roll < 0.2 else ("ok", 0)
         if outcome == "ok" and rng.random() < 0.5:
             retries = 1
-        return Planned(str(uuid.uuid4()), round(seconds, 3), outcome, retries)
+        # one job in ten may stall only once: the first stall fails it at max attempts
+        fragile = 1 if rng.random() < 0.1 else None
+        return Planned(str(uuid.uuid4()), round(seconds, 3), outcome, retries, fragile)
 
     def enqueue(self, job: Planned) -> None:
         queue = Queue(QUEUE, connection=self.client)
@@ -102,6 +104,7 @@ class Soak:
                 job_id=job.job_id,
                 job_timeout=120,
                 retry=Retry(max=job.retries) if job.retries else None,
+                meta={"emq_max_attempts": job.max_attempts} if job.max_attempts else None,
             )
 
         self.redis_call(once)
@@ -376,6 +379,9 @@ class Soak:
         with open(self.dir / "faults.jsonl", "w") as out:
             for fault in self.faults:
                 out.write(json.dumps(asdict(fault), default=repr) + "\n")
+        with open(self.dir / "jobs.jsonl", "w") as out:
+            for job_id, planned in self.jobs.items():
+                out.write(json.dumps({**asdict(planned), **evidence.final[job_id]}) + "\n")
         return evidence
 
     def collect(self, drained_in: float | None, notes: list[str]) -> Evidence:

@@ -117,13 +117,18 @@ def test_failed_at_max_attempts_must_hold_its_max_and_say_so() -> None:
     faults = [kill("kill_worker", 1.5), kill("kill_worker", 2.5)]
     stalled = {
         "status": "failed",
-        "attempts": "2",
+        "attempts": None,
         "max_attempts": "2",
         "failure": "stalled on attempt 2 of 2",
+        "reason": "JobStalled: job j stalled on attempt 2 of 2 (its worker died or lost its lease)",
     }
     assert evaluate(evidence(runs, final=stalled, faults=faults)).passed
+    still_counting = dict(stalled, attempts="2")
+    assert not evaluate(evidence(runs, final=still_counting, faults=faults)).passed
     wrong = dict(stalled, failure="stalled on attempt 1 of 2")
     assert not evaluate(evidence(runs, final=wrong, faults=faults)).passed
+    no_result = dict(stalled, reason="")
+    assert not evaluate(evidence(runs, final=no_result, faults=faults)).passed
 
 
 def test_a_failed_job_whose_run_completed_failed_while_running() -> None:
@@ -150,3 +155,18 @@ def test_a_worker_that_crashes_after_only_a_short_fault_fails_the_soak() -> None
     assert not evaluate(evidence(runs, faults=[short_cut, crash])).passed
     long_cut = Fault("cut_long", 2.0, "w", WORKER, [HORSE], ended=6.0)
     assert evaluate(evidence(runs, faults=[long_cut, crash])).passed
+
+
+def test_failed_at_max_attempts_after_a_completed_run_needs_its_holder_cut_off() -> None:
+    stalled = {
+        "status": "failed",
+        "max_attempts": "1",
+        "failure": "stalled on attempt 1 of 1",
+        "reason": "JobStalled: job j stalled on attempt 1 of 1 (its worker died or lost its lease)",
+    }
+    runs = [run(1, 1.0, 2.0, "ok")]
+    assert not evaluate(evidence(runs, final=stalled)).passed
+    cut = Fault("cut_long", 1.5, "w", WORKER, [HORSE], "j", b"token", ended=6.0)
+    verdict = evaluate(evidence(runs, final=stalled, faults=[cut]))
+    assert verdict.passed, verdict.violations
+    assert verdict.counts["failed_while_running"] == 1

@@ -17,7 +17,8 @@ Invariants (``--worker lease`` fails on any violation; ``--worker stock`` only c
    ``emq_attempts`` = its max; a finished one holds none.
 5. **Repeats are explained.** A run followed by another run of the same job either
    raised (RQ's ``Retry``) or was hit by a fault that legitimately repeats work: its
-   worker or horse killed, stopped or cut off past the grace, or a Redis restart.
+   worker or horse killed, stopped or cut off past the grace. Short stops and cuts,
+   ``CLIENT KILL`` and Redis restarts (shorter than the grace) must never repeat a run.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def _excused(run: Run, until: float, faults: list[Fault]) -> Fault | None:
     for fault in faults:
         if fault.kind not in REPEAT_EXCUSED or not fault.covers(run.started, until):
             continue
-        if fault.kind == "restart" or fault.hit(run.ppid) or fault.hit(run.pid):
+        if fault.hit(run.ppid) or fault.hit(run.pid):
             return fault
     return None
 

@@ -27,8 +27,9 @@ from pathlib import Path
 import redis
 
 #: Kinds after which a job's run may legitimately be repeated (the run's holder died, or
-#: was away past the grace). The others must never cause a second run.
-REPEAT_EXCUSED = {"kill_worker", "kill_group", "kill_horse", "stop_long", "cut_long", "restart", "crash"}
+#: was away past the grace). The others must never cause a second run: a Redis restart
+#: is kept shorter than the grace, so no lease lapses in it.
+REPEAT_EXCUSED = {"kill_worker", "kill_group", "kill_horse", "stop_long", "cut_long", "crash"}
 #: Faults after which a worker may crash: RQ's worker quits on a Redis error outside its
 #: dequeue, and a long cut outlasts the finish's patience (one lease). Any other crash is a
 #: finding: the soak then fails, however well the job itself came through.

@@ -147,7 +147,9 @@ class Soak:
         if kind == "restart":
             fault = Fault(kind, now)
             self.record(fault)
-            self.server.restart()
+            self.server.kill()  # SIGKILL: what survives is what the AOF had fsynced
+            time.sleep(rng.uniform(0.1, 0.8) * cfg.grace_s)  # a restart takes a while
+            self.server.start()
             fault.ended = time.time()
             fault.detail = f"down {1000 * (fault.ended - now):.0f} ms"
             return fault

@@ -64,13 +64,17 @@ class TcpProxy:
         return self
 
     def cut(self, mode: str = "reset") -> None:
-        if mode not in ("reset", "blackhole"):
-            raise ValueError(f"cut mode must be reset or blackhole, got {mode!r}")
+        """``reset``: drop live connections, refuse new ones; ``blackhole``: a partition;
+        ``new``: refuse new connections only (a forked horse's, say) and keep live ones."""
+        if mode not in ("reset", "blackhole", "new"):
+            raise ValueError(f"cut mode must be reset, blackhole or new, got {mode!r}")
         if mode == "blackhole":
             self._flowing.clear()
             return
         with self._guard:
             self._refusing = True
+            if mode == "new":
+                return
             links, self._links = list(self._links), set()
         for link in links:
             link.close()

@@ -55,3 +55,14 @@ def test_a_blackhole_holds_commands_and_delivers_them_on_heal(r: redis.Redis, pr
     proxy.heal()
     assert done.wait(5)
     assert r.get("held") == b"1"
+
+
+def test_a_cut_of_new_connections_keeps_live_ones(r: redis.Redis, proxy: TcpProxy) -> None:
+    live = client(proxy)
+    live.ping()
+    proxy.cut("new")
+    assert live.ping()
+    with pytest.raises(redis.ConnectionError):
+        client(proxy).ping()
+    proxy.heal()
+    assert client(proxy).ping()

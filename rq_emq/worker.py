@@ -277,10 +277,12 @@ class LeaseMixin:
             pass  # logged where it was refused; nothing was written
 
     def _through_blips(self, job: Job, step: Callable[[], Any], what: str) -> Any:
-        """Run one step of ending a job, riding out a Redis connection blip for up to a lease.
+        """Run one of the horse's Redis steps around a job, riding out a connection blip
+        for up to a lease (found by the chaos soak).
 
         Without this a connection reset as the job ends kills the horse, then the worker
-        (RQ's monitor reads the job's status), and a finished job runs again. Trying a
+        (RQ's monitor reads the job's status), and a finished job runs again; as it starts,
+        it fails the job with the ConnectionError. The steps are idempotent, and trying a
         finish again is safe because of the fence: a commit that went through before its
         reply was lost is refused the second time, and nothing is written twice.
         """
@@ -309,6 +311,14 @@ class LeaseMixin:
                 return finish()
 
         return self._through_blips(job, fenced_finish, "write its outcome")
+
+    def prepare_job_execution(self, job: Job, *args: Any, **kwargs: Any) -> Any:
+        """The horse's first writes (status started, heartbeats; idempotent): a blip here
+        would otherwise fail the job with the ConnectionError, before it ever ran."""
+        parent: Any = super()
+        return self._through_blips(
+            job, lambda: parent.prepare_job_execution(job, *args, **kwargs), "prepare its run"
+        )
 
     def handle_execution_ended(self, job: Job, *args: Any, **kwargs: Any) -> Any:
         """RQ stamps the job's end with a heartbeat before finishing it (idempotent)."""

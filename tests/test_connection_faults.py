@@ -47,3 +47,21 @@ def test_a_job_that_ends_while_its_worker_is_cut_off_for_a_moment_finishes_once_
     time.sleep(0.5)
     assert worker.poll() is None, procs.log(worker)
     assert "unhandled exception" not in procs.log(worker)
+
+
+def test_a_horse_that_cannot_reach_redis_for_a_moment_as_it_starts_runs_the_job_once(
+    r: redis.Redis, procs: Processes, tmp_path: Path, proxy: TcpProxy
+) -> None:
+    log = str(tmp_path / "runs.log")
+    worker = procs.worker(proxy.url, **STEADY)
+    wait_for(lambda: r.scard("rq:workers") == 1, timeout=15, what="the worker to register")
+    time.sleep(0.5)  # its connections are open: the lock manager has ticked
+    proxy.cut("new")  # the worker keeps its connections; the horse it forks gets none
+    job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 0.2, job_timeout=30)
+    wait_for(lambda: r.hget(f"rq:job:{job.id}", "emq_attempts") == b"1", timeout=10, what="the take")
+    time.sleep(0.5)
+    proxy.heal()
+    wait_for(lambda: status(r, job.id) in ("finished", "failed"), timeout=15, what="the job to end")
+    assert status(r, job.id) == "finished"  # not failed with the horse's ConnectionError
+    assert [line.split()[0] for line in runs(log)] == ["start", "end"]
+    assert worker.poll() is None, procs.log(worker)

@@ -292,18 +292,20 @@ class LeaseMixin:
             try:
                 return step()
             except (RedisConnectionError, RedisTimeoutError) as error:
-                if time.monotonic() + delay > deadline:
+                left = deadline - time.monotonic()
+                if left <= 0:
                     raise
+                pause = min(delay, left)  # the last try falls on the deadline, not before it
                 logger.warning(
                     "job %s: could not %s (%s); trying again in %.2fs",
                     job.id,
                     what,
                     error,
-                    delay,
+                    pause,
                     extra={"job_id": job.id},
                 )
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                time.sleep(pause)
+                delay = min(delay * 2, 0.5)
 
     def _finish(self, job: Job, finish: Callable[[], Any]) -> Any:
         def fenced_finish() -> Any:

@@ -65,3 +65,23 @@ def test_a_horse_that_cannot_reach_redis_for_a_moment_as_it_starts_runs_the_job_
     assert status(r, job.id) == "finished"  # not failed with the horse's ConnectionError
     assert [line.split()[0] for line in runs(log)] == ["start", "end"]
     assert worker.poll() is None, procs.log(worker)
+
+
+def test_a_finish_keeps_trying_for_as_long_as_the_lease_would_last(
+    r: redis.Redis, procs: Processes, tmp_path: Path, proxy: TcpProxy
+) -> None:
+    # Redis out of reach for 1.9 s of a 2.4 s lease as the job ends (a restart can take
+    # that long): the horse must not give up while its lease could still be alive
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 1.0, job_timeout=30)
+    worker = procs.worker(proxy.url, RQ_EMQ_LEASE_MS="2400", RQ_EMQ_RENEW_INTERVAL_MS="200")
+    wait_for(lambda: runs(log), timeout=15, what="the job to start")
+    time.sleep(0.8)
+    proxy.cut("reset")
+    wait_for(lambda: len(runs(log)) == 2, timeout=5, what="the job function to return")
+    time.sleep(1.9)
+    proxy.heal()
+    wait_for(lambda: status(r, job.id) in ("finished", "failed"), timeout=15, what="the job to end")
+    assert status(r, job.id) == "finished"
+    assert [line.split()[0] for line in runs(log)] == ["start", "end"]
+    assert worker.poll() is None, procs.log(worker)

@@ -96,8 +96,9 @@ def table(ev: Evidence, v: Verdict) -> str:
         ("repeated runs, explained by a fault", c["repeated_runs"] - c["duplicates"]),
         ("queued twice", f"{c['queued_twice']} (in {c['queue_samples']} samples)"),
         (
-            "runs / takes / takes that never started",
-            f"{c['runs']} / {c.get('takes', '-')} / {c.get('takes_never_started', '-')}",
+            "runs / takes / takes that never started / stale runs",
+            f"{c['runs']} / {c.get('takes', '-')} / {c.get('takes_never_started', '-')} / "
+            f"{c.get('stale_runs', '-')}",
         ),
         ("worker respawns / crashes (exits the soak did not cause)", f"{c['respawns']} / {c['crashes']}"),
         ("faults", ", ".join(f"{k} {n}" for k, n in sorted(c["faults"].items())) or "none"),

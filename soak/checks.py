@@ -13,8 +13,10 @@ Invariants (``--worker lease`` fails on any violation; ``--worker stock`` only c
    finish. Each run logs the value it sees as it starts; so runs after a stall continue
    the count (k, k+1, ...), a run after a committed finish (``Retry``) starts over at 1, a
    number is skipped only for a take that never reached the job function, and the sum of
-   takes so derived equals Redis's ``taken`` counter. A job failed at max attempts holds
-   ``emq_attempts`` = its max; a finished one holds none.
+   takes so derived equals Redis's ``taken`` counter. Runs a long stop or cut held back
+   until after their lease was lost ("stale") read someone else's count and are left out.
+   A job failed at max attempts was failed on attempt max ("stalled on attempt n of n");
+   once its Result is written, like a finished job, it holds no ``emq_attempts``.
 5. **Repeats are explained.** A run followed by another run of the same job either
    raised (RQ's ``Retry``) or was hit by a fault that legitimately repeats work: its
    worker or horse killed, stopped or cut off past the grace. Short stops and cuts,
@@ -189,7 +191,7 @@ def evaluate(ev: Any) -> Verdict:
             if run.outcome == "raise":
                 continue  # RQ's Retry
             repeats += 1
-            if _excused(run, following.started, faults) is None:
+            if _excused(run, following.started, faults) is None and not _stale(following, faults):
                 unexplained += 1
                 v.violations.append(
                     f"{job_id}: ran again at {following.started:.3f} after a run by pid {run.pid} "
@@ -235,12 +237,31 @@ def _rq_finished(run: Run, faults: list[Fault]) -> bool:
     )
 
 
+#: How long after a stop or cut ends a held-back horse may still begin its job function.
+STALE_WINDOW_S = 1.0
+
+
+def _stale(run: Run, faults: list[Fault]) -> bool:
+    """A run begun by a horse that a long stop or cut held back between its take and the
+    job function: it starts late, after its lease was lost (its worker stops it at the
+    next renewal), and the attempt number it reads belongs to whoever holds the job now."""
+    return any(
+        f.kind in ("stop_long", "cut_long")
+        and (f.hit(run.pid) or f.hit(run.ppid))
+        and f.started <= run.started <= (f.ended if f.ended is not None else run.started) + STALE_WINDOW_S
+        for f in faults
+    )
+
+
 def _check_attempts(ev: Any, v: Verdict) -> None:
-    total_takes, skipped = 0, 0
+    total_takes, skipped, stale = 0, 0, 0
     for job_id in ev.jobs:
         runs, state = ev.runs.get(job_id, []), ev.final[job_id]
         takes, previous = 0, None
         for run in runs:
+            if _stale(run, ev.faults):
+                stale += 1
+                continue
             if run.attempt is None:
                 v.violations.append(f"{job_id}: a run started without an attempt number")
                 continue
@@ -278,3 +299,4 @@ def _check_attempts(ev: Any, v: Verdict) -> None:
         )
     v.counts["takes"] = taken
     v.counts["takes_never_started"] = skipped
+    v.counts["stale_runs"] = stale

@@ -170,3 +170,20 @@ def test_failed_at_max_attempts_after_a_completed_run_needs_its_holder_cut_off()
     verdict = evaluate(evidence(runs, final=stalled, faults=[cut]))
     assert verdict.passed, verdict.violations
     assert verdict.counts["failed_while_running"] == 1
+
+
+def test_a_horse_held_back_by_a_long_stop_that_starts_late_is_a_stale_run() -> None:
+    # attempt 2 was taken by WORKER, whose horse a long stop froze before the job began;
+    # attempt 3 ran elsewhere and finished; the frozen horse then began, reading no count
+    stop = Fault("stop_long", 2.0, "w", WORKER, [HORSE], None, None, ended=6.0)
+    kill = Fault("kill_worker", 1.5, "w", 300, [301], "j", b"t", ended=1.5)
+    runs = [
+        run(1, 1.0, pid=301, ppid=300),
+        run(3, 4.0, 5.0, "ok", pid=OTHER_HORSE, ppid=OTHER_WORKER),
+        Run("j", HORSE, WORKER, 6.01, None),
+    ]
+    verdict = evaluate(evidence(runs, faults=[kill, stop], taken=3))
+    assert verdict.passed, verdict.violations
+    assert verdict.counts["stale_runs"] == 1 and verdict.counts["takes_never_started"] == 1
+    # the same late start with no stop to explain it is a violation
+    assert not evaluate(evidence(runs, faults=[kill], taken=3)).passed

@@ -16,11 +16,11 @@ from pathlib import Path
 
 from .checks import Verdict, evaluate
 from .faults import KINDS
-from .model import Config, Evidence
+from .model import Config, Evidence, load
 from .run import Soak
 
 
-def parse(argv: list[str] | None) -> tuple[Config, bool, bool]:
+def parse(argv: list[str] | None) -> tuple[Config, bool, bool, Path | None]:
     p = argparse.ArgumentParser(prog="python -m soak", description=__doc__)
     p.add_argument("--duration", type=float, default=60.0, help="seconds of chaos while jobs flow")
     p.add_argument("--workers", type=int, default=4, help="worker processes (half behind a TCP proxy)")
@@ -36,6 +36,7 @@ def parse(argv: list[str] | None) -> tuple[Config, bool, bool]:
     p.add_argument("--faults", default=",".join(KINDS), help=f"comma list of: {', '.join(KINDS)}")
     p.add_argument("--keep", type=Path, help="keep the run's files (worker logs, side-effect log) here")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--recheck", type=Path, help="run no soak: check again the evidence a --keep DIR holds")
     a = p.parse_args(argv)
     kinds = tuple(k.strip() for k in a.faults.split(",") if k.strip())
     unknown = [k for k in kinds if k not in KINDS]
@@ -60,7 +61,7 @@ def parse(argv: list[str] | None) -> tuple[Config, bool, bool]:
         kinds=kinds,
         out=a.keep,
     )
-    return config, a.json, a.keep is not None
+    return config, a.json, a.keep is not None, a.recheck
 
 
 def _ms(value: float | None) -> str:
@@ -128,15 +129,20 @@ def table(ev: Evidence, v: Verdict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    config, as_json, keep = parse(argv)
-    work_dir = config.out or Path(tempfile.mkdtemp(prefix="rq-emq-soak-"))
-    work_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        evidence = Soak(config, work_dir).run()
+    config, as_json, keep, recheck = parse(argv)
+    if recheck is not None:
+        evidence = load(recheck / "evidence.json")
+        config = evidence.config
         verdict = evaluate(evidence)
-    finally:
-        if not keep:
-            shutil.rmtree(work_dir, ignore_errors=True)
+    else:
+        work_dir = config.out or Path(tempfile.mkdtemp(prefix="rq-emq-soak-"))
+        work_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            evidence = Soak(config, work_dir).run()
+            verdict = evaluate(evidence)
+        finally:
+            if not keep:
+                shutil.rmtree(work_dir, ignore_errors=True)
     if as_json:
         out = {
             "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()},

@@ -247,7 +247,7 @@ def _stale(run: Run, faults: list[Fault]) -> bool:
     next renewal), and the attempt number it reads belongs to whoever holds the job now."""
     return any(
         f.kind in ("stop_long", "cut_long")
-        and (f.hit(run.pid) or f.hit(run.ppid))
+        and run.pid in f.horse_pids  # a horse that already existed when the fault began
         and f.started <= run.started <= (f.ended if f.ended is not None else run.started) + STALE_WINDOW_S
         for f in faults
     )

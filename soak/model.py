@@ -3,7 +3,8 @@ checks: plain data, so the verdict can be tested on made-up evidence."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -70,3 +71,41 @@ class Evidence:
     drained_in: float | None
     wall: float = 0.0
     notes: list[str] = field(default_factory=list)
+
+
+def save(evidence: Evidence, path: Path) -> None:
+    """Everything the checks read, as JSON (``python -m soak --recheck DIR`` reads it back)."""
+    data = asdict(evidence)
+    data["config"]["out"] = None
+    data["config"]["kinds"] = list(evidence.config.kinds)
+    data["runs"] = {job_id: [asdict(r) for r in runs] for job_id, runs in evidence.runs.items()}
+    for fault in data["faults"]:
+        if isinstance(fault["token"], bytes):
+            fault["token"] = fault["token"].decode()
+    path.write_text(json.dumps(data))
+
+
+def load(path: Path) -> Evidence:
+    from .jobs import Run
+
+    data = json.loads(path.read_text())
+    config = Config(**{**data["config"], "kinds": tuple(data["config"]["kinds"])})
+    faults = []
+    for raw in data["faults"]:
+        raw["token"] = raw["token"].encode() if raw["token"] is not None else None
+        faults.append(Fault(**raw))
+    return Evidence(
+        config=config,
+        jobs={k: Planned(**v) for k, v in data["jobs"].items()},
+        faults=faults,
+        queue_samples=data["queue_samples"],
+        queue_violations=data["queue_violations"],
+        final=data["final"],
+        registries=data["registries"],
+        stats=data["stats"],
+        runs={k: [Run(**r) for r in v] for k, v in data["runs"].items()},
+        respawns=data["respawns"],
+        drained_in=data["drained_in"],
+        wall=data["wall"],
+        notes=data["notes"],
+    )

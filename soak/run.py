@@ -26,7 +26,7 @@ from . import faults as F
 from .faults import Fault
 from .fleet import QUEUE, Fleet, Slot
 from .jobs import read_runs, work
-from .model import Config, Evidence, Planned
+from .model import Config, Evidence, Planned, save
 
 T = TypeVar("T")
 TERMINAL = {"finished", "failed"}
@@ -381,6 +381,7 @@ class Soak:
         with open(self.dir / "faults.jsonl", "w") as out:
             for fault in self.faults:
                 out.write(json.dumps(asdict(fault), default=repr) + "\n")
+        save(evidence, self.dir / "evidence.json")
         with open(self.dir / "jobs.jsonl", "w") as out:
             for job_id, planned in self.jobs.items():
                 out.write(json.dumps({**asdict(planned), **evidence.final[job_id]}) + "\n")

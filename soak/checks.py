@@ -82,8 +82,11 @@ def _reason_ok(
         return None if planned.outcome in ("raise", "flaky") else "failed with a planned error it never plans"
     if "Work-horse terminated unexpectedly" in reason:
         horses = {r.pid for r in runs}
-        if any(f.kind in ("kill_horse", "kill_group") and set(f.horse_pids) & horses for f in faults):
-            return None
+        for f in faults:
+            # its horse, seen running it, or killed (before its start line) on its last worker
+            ran_it = bool(set(f.horse_pids) & horses) or (f.slot and f.slot == state.get("worker"))
+            if f.kind in ("kill_horse", "kill_group") and ran_it:
+                return None
         return "failed: work-horse terminated, and the soak killed none of its horses"
     return "failed: " + (reason.strip().splitlines() or ["no reason"])[-1][:160]
 
@@ -292,6 +295,13 @@ def _check_attempts(ev: Any, v: Verdict) -> None:
         elif state["status"] == "finished" and state["attempts"] is not None:
             v.violations.append(f"{job_id}: finished but still holds emq_attempts={state['attempts']}")
         total_takes += takes
+    # a horse killed before its job began leaves no run, and RQ's failure of the job, which
+    # its living worker commits, starts the count over: that take shows nowhere else
+    started_by = {r.pid for runs in ev.runs.values() for r in runs}
+    for fault in ev.faults:
+        if fault.kind == "kill_horse" and fault.horse_pids and not set(fault.horse_pids) & started_by:
+            total_takes += 1
+            skipped += 1
     taken = ev.stats.get("taken", 0)
     if taken != total_takes:
         v.violations.append(

@@ -408,6 +408,7 @@ class Soak:
                 "max_attempts": state.get("emq_max_attempts"),
                 "failure": state.get("emq_failure"),
                 "reason": reason,
+                "worker": state.get("worker_name"),
             }
         registries = {
             "queued": [v.decode() for v in self.client.lrange(q.rq_queue, 0, -1)],

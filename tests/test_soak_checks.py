@@ -187,3 +187,13 @@ def test_a_horse_held_back_by_a_long_stop_that_starts_late_is_a_stale_run() -> N
     assert verdict.counts["stale_runs"] == 1 and verdict.counts["takes_never_started"] == 1
     # the same late start with no stop to explain it is a violation
     assert not evaluate(evidence(runs, faults=[kill], taken=3)).passed
+
+
+def test_a_horse_killed_before_its_job_began_explains_rqs_failure_and_its_take() -> None:
+    killed = Fault("kill_horse", 1.0, "soak-w0-1", WORKER, [HORSE], None, None, ended=1.0)
+    final = {"status": "failed", "reason": "Work-horse terminated unexpectedly; waitpid returned 9"}
+    verdict = evaluate(evidence([], final=dict(final, worker="soak-w0-1"), faults=[killed], taken=1))
+    assert verdict.passed, verdict.violations
+    assert verdict.counts["takes_never_started"] == 1
+    elsewhere = evaluate(evidence([], final=dict(final, worker="soak-w3-1"), faults=[killed], taken=1))
+    assert not elsewhere.passed

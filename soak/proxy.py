@@ -84,6 +84,17 @@ class TcpProxy:
             self._refusing = False
         self._flowing.set()
 
+    def drop(self, client_addresses: set[str]) -> int:
+        """Close the live connections whose client end is one of ``ip:port`` (one process's,
+        say); returns how many."""
+        with self._guard:
+            chosen = [link for link in self._links if _peer(link.client) in client_addresses]
+            for link in chosen:
+                self._links.discard(link)
+        for link in chosen:
+            link.close()
+        return len(chosen)
+
     def upstream_addresses(self) -> list[str]:
         """``ip:port`` of each upstream connection, as Redis's ``CLIENT LIST`` names it."""
         with self._guard:
@@ -147,3 +158,11 @@ class TcpProxy:
             with self._guard:
                 self._links.discard(link)
             link.close()
+
+
+def _peer(sock: socket.socket) -> str:
+    try:
+        host, port = sock.getpeername()[:2]
+    except OSError:
+        return ""
+    return f"{host}:{port}"

@@ -227,9 +227,32 @@ class LeaseMixin:
     def execute_job(self, job: Job, queue: Queue) -> Any:
         try:
             return super().execute_job(job, queue)  # type: ignore[misc]
+        except (RedisConnectionError, RedisTimeoutError) as error:
+            # RQ's work loop quits on this; a worker that lost Redis for a moment around a
+            # job waits for it instead, as RQ does while it dequeues. Whatever outcome this
+            # worker could not write, the lease it no longer renews hands to the sweep.
+            logger.error(
+                "job %s: Redis unreachable as it ended (%s); waiting for Redis",
+                job.id,
+                error,
+                extra={"job_id": job.id, "queue": queue.name},
+            )
+            self._wait_for_redis()
+            return None
         finally:
             if self.lock_manager is not None:
                 self.lock_manager.remove(job.id)
+
+    def _wait_for_redis(self) -> None:
+        me: Any = self
+        delay = 0.1
+        while not me._stop_requested:
+            try:
+                self.connection.ping()
+                return
+            except (RedisConnectionError, RedisTimeoutError):
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     def get_heartbeat_ttl(self, job: Job, *args: Any, **kwargs: Any) -> int:
         """Seconds RQ's started-registry entry stays valid: the lease plus a grace that lets

@@ -14,6 +14,7 @@ from jobs import runs
 from procs import Processes, wait_for
 from rq import Queue
 
+from soak.faults import redis_addresses
 from soak.proxy import TcpProxy
 
 pytestmark = pytest.mark.slow
@@ -85,3 +86,23 @@ def test_a_finish_keeps_trying_for_as_long_as_the_lease_would_last(
     assert status(r, job.id) == "finished"
     assert [line.split()[0] for line in runs(log)] == ["start", "end"]
     assert worker.poll() is None, procs.log(worker)
+
+
+def test_a_worker_that_loses_redis_for_a_moment_after_a_job_keeps_working(
+    r: redis.Redis, procs: Processes, tmp_path: Path, proxy: TcpProxy
+) -> None:
+    log = str(tmp_path / "runs.log")
+    worker = procs.worker(proxy.url, name="blip-worker", **STEADY)
+    job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 1.0, job_timeout=30)
+    wait_for(lambda: runs(log), timeout=15, what="the job to start")
+    # the worker process's connections are dropped and it cannot open others for a moment
+    # (under RQ 3 its horse's own connection lives on and finishes the job at once)
+    proxy.cut("new")
+    assert proxy.drop(set(redis_addresses([worker.pid], proxy.port))) >= 1
+    time.sleep(1.5)  # the job ends in the cut
+    proxy.heal()
+    wait_for(lambda: status(r, job.id) == "finished", timeout=10, what="the job to finish")
+    second = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 0.1, job_timeout=30)
+    wait_for(lambda: status(r, second.id) in ("finished", "failed"), timeout=15, what="the next job")
+    assert status(r, second.id) == "finished"
+    assert worker.poll() is None and "unhandled exception" not in procs.log(worker), procs.log(worker)

@@ -37,6 +37,7 @@ from rq.queue import Queue
 from rq.utils import now
 
 from . import compat, scripts
+from .blips import through_blips, wait_for_redis
 from .fencing import LeaseLost, fenced
 from .keys import QueueKeys, job_key
 from .lease import Lease, LockManager
@@ -237,22 +238,12 @@ class LeaseMixin:
                 error,
                 extra={"job_id": job.id, "queue": queue.name},
             )
-            self._wait_for_redis()
+            me: Any = self
+            wait_for_redis(self.connection, stop=lambda: bool(me._stop_requested))
             return None
         finally:
             if self.lock_manager is not None:
                 self.lock_manager.remove(job.id)
-
-    def _wait_for_redis(self) -> None:
-        me: Any = self
-        delay = 0.1
-        while not me._stop_requested:
-            try:
-                self.connection.ping()
-                return
-            except (RedisConnectionError, RedisTimeoutError):
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
 
     def get_heartbeat_ttl(self, job: Job, *args: Any, **kwargs: Any) -> int:
         """Seconds RQ's started-registry entry stays valid: the lease plus a grace that lets
@@ -300,35 +291,11 @@ class LeaseMixin:
             pass  # logged where it was refused; nothing was written
 
     def _through_blips(self, job: Job, step: Callable[[], Any], what: str) -> Any:
-        """Run one of the horse's Redis steps around a job, riding out a connection blip
-        for up to a lease (found by the chaos soak).
-
-        Without this a connection reset as the job ends kills the horse, then the worker
-        (RQ's monitor reads the job's status), and a finished job runs again; as it starts,
-        it fails the job with the ConnectionError. The steps are idempotent, and trying a
-        finish again is safe because of the fence: a commit that went through before its
-        reply was lost is refused the second time, and nothing is written twice.
-        """
-        deadline = time.monotonic() + self.lease_settings.lease_ms / 1000
-        delay = 0.05
-        while True:
-            try:
-                return step()
-            except (RedisConnectionError, RedisTimeoutError) as error:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise
-                pause = min(delay, left)  # the last try falls on the deadline, not before it
-                logger.warning(
-                    "job %s: could not %s (%s); trying again in %.2fs",
-                    job.id,
-                    what,
-                    error,
-                    pause,
-                    extra={"job_id": job.id},
-                )
-                time.sleep(pause)
-                delay = min(delay * 2, 0.5)
+        """One of the horse's Redis steps around a job, tried again through a connection
+        blip for up to a lease. The steps are idempotent, and a finish tried again is safe
+        because of the fence: a commit that went through before its reply was lost is
+        refused the second time, and nothing is written twice."""
+        return through_blips(step, job.id, self.lease_settings.lease_ms / 1000, what)
 
     def _finish(self, job: Job, finish: Callable[[], Any]) -> Any:
         def fenced_finish() -> Any:

@@ -1,6 +1,7 @@
-"""A private redis-server for tests, demos and benchmarks: a free port, no persistence,
-the fault controls (pause, resume, kill, restart) that crash tests need, and optionally
-TLS only (``rediss://``) with a throwaway certificate authority."""
+"""A private redis-server for tests, demos, benchmarks and the soak: a free port, no
+persistence unless asked (AOF, fsync on every write), the fault controls (pause, resume,
+kill, restart) that crash tests need, and optionally TLS only (``rediss://``) with a
+throwaway certificate authority."""
 
 from __future__ import annotations
 
@@ -29,10 +30,18 @@ class RedisServer:
 
     controllable = True
 
-    def __init__(self, port: int | None = None, extra_args: tuple[str, ...] = (), tls: bool = False) -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        extra_args: tuple[str, ...] = (),
+        tls: bool = False,
+        appendonly: bool = False,
+    ) -> None:
         self.port = port or free_port()
         self.extra_args = extra_args
         self.tls = tls
+        #: AOF with ``appendfsync always``: a write Redis acknowledged survives kill + restart.
+        self.appendonly = appendonly
         self.dir = Path(tempfile.mkdtemp(prefix="rq-emq-redis-"))
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -79,7 +88,8 @@ class RedisServer:
             "--save",
             "",
             "--appendonly",
-            "no",
+            "yes" if self.appendonly else "no",
+            *(("--appendfsync", "always") if self.appendonly else ()),
             "--dir",
             str(self.dir),
             "--logfile",

@@ -22,7 +22,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any
@@ -38,6 +38,7 @@ from rq.queue import Queue
 from rq.utils import now
 
 from . import compat, fencing, scripts
+from .blips import through_blips, wait_for_redis
 from .fencing import LeaseLost, fenced
 from .keys import QueueKeys, job_key
 from .lease import Lease, LockManager
@@ -237,6 +238,19 @@ class LeaseMixin:
     def execute_job(self, job: Job, queue: Queue) -> Any:
         try:
             return super().execute_job(job, queue)  # type: ignore[misc]
+        except (RedisConnectionError, RedisTimeoutError) as error:
+            # RQ's work loop quits on this; a worker that lost Redis for a moment around a
+            # job waits for it instead, as RQ does while it dequeues. Whatever outcome this
+            # worker could not write, the lease it no longer renews hands to the sweep.
+            logger.error(
+                "job %s: Redis unreachable as it ended (%s); waiting for Redis",
+                job.id,
+                error,
+                extra={"job_id": job.id, "queue": queue.name},
+            )
+            me: Any = self
+            wait_for_redis(self.connection, stop=lambda: bool(me._stop_requested))
+            return None
         finally:
             if self.lock_manager is not None:
                 self.lock_manager.remove(job.id)
@@ -304,17 +318,46 @@ class LeaseMixin:
         except LeaseLost:
             pass  # logged where it was refused; nothing was written
 
+    def _through_blips(self, job: Job, step: Callable[[], Any], what: str) -> Any:
+        """One of the horse's Redis steps around a job, tried again through a connection
+        blip for up to a lease. The steps are idempotent, and a finish tried again is safe
+        because of the fence: a commit that went through before its reply was lost is
+        refused the second time, and nothing is written twice."""
+        return through_blips(step, job.id, self.lease_settings.lease_ms / 1000, what)
+
+    def _finish(self, job: Job, finish: Callable[[], Any]) -> Any:
+        def fenced_finish() -> Any:
+            with self._fenced_finish(job):
+                return finish()
+
+        return self._through_blips(job, fenced_finish, "write its outcome")
+
+    def prepare_job_execution(self, job: Job, *args: Any, **kwargs: Any) -> Any:
+        """The horse's first writes (status started, heartbeats; idempotent): a blip here
+        would otherwise fail the job with the ConnectionError, before it ever ran."""
+        parent: Any = super()
+        return self._through_blips(
+            job, lambda: parent.prepare_job_execution(job, *args, **kwargs), "prepare its run"
+        )
+
+    def handle_execution_ended(self, job: Job, *args: Any, **kwargs: Any) -> Any:
+        """RQ stamps the job's end with a heartbeat before finishing it (idempotent)."""
+        parent: Any = super()
+        return self._through_blips(
+            job, lambda: parent.handle_execution_ended(job, *args, **kwargs), "record its end"
+        )
+
     def handle_job_success(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> Any:
-        with self._fenced_finish(job):
-            return super().handle_job_success(job, queue, *args, **kwargs)  # type: ignore[misc]
+        parent: Any = super()
+        return self._finish(job, lambda: parent.handle_job_success(job, queue, *args, **kwargs))
 
     def handle_job_failure(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> Any:
-        with self._fenced_finish(job):
-            return super().handle_job_failure(job, queue, *args, **kwargs)  # type: ignore[misc]
+        parent: Any = super()
+        return self._finish(job, lambda: parent.handle_job_failure(job, queue, *args, **kwargs))
 
     def handle_job_retry(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> Any:
-        with self._fenced_finish(job):
-            return super().handle_job_retry(job, queue, *args, **kwargs)  # type: ignore[misc]
+        parent: Any = super()
+        return self._finish(job, lambda: parent.handle_job_retry(job, queue, *args, **kwargs))
 
     # -- maintenance -----------------------------------------------------------------------
     def clean_registries(self) -> None:

@@ -1,0 +1,163 @@
+"""``python -m soak``: run the chaos soak and print its results (see soak/README.md).
+
+Exit status: 0 when every invariant held (always 0 for ``--worker stock``, the baseline,
+unless the harness itself broke), 1 when one failed, 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+from .checks import Verdict, evaluate
+from .faults import KINDS
+from .model import Config, Evidence, load
+from .run import Soak
+
+
+def parse(argv: list[str] | None) -> tuple[Config, bool, bool, Path | None]:
+    p = argparse.ArgumentParser(prog="python -m soak", description=__doc__)
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of chaos while jobs flow")
+    p.add_argument("--workers", type=int, default=4, help="worker processes (half behind a TCP proxy)")
+    p.add_argument("--worker", choices=("lease", "stock"), default="lease")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--rate", type=float, default=3.0, help="jobs enqueued per second")
+    p.add_argument("--fault-every", type=float, default=1.5, help="mean seconds between faults")
+    p.add_argument("--lease-ms", type=int, default=1500)
+    p.add_argument("--renew-ms", type=int, default=250)
+    p.add_argument("--sweep-ms", type=int, default=500)
+    p.add_argument("--max-attempts", type=int, default=5)
+    p.add_argument("--drain", type=float, default=45.0, help="seconds allowed to finish after the chaos")
+    p.add_argument("--faults", default=",".join(KINDS), help=f"comma list of: {', '.join(KINDS)}")
+    p.add_argument("--keep", type=Path, help="keep the run's files (worker logs, side-effect log) here")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--recheck", type=Path, help="run no soak: check again the evidence a --keep DIR holds")
+    a = p.parse_args(argv)
+    kinds = tuple(k.strip() for k in a.faults.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        p.error(f"--faults: unknown kind(s) {', '.join(unknown)}; known: {', '.join(KINDS)}")
+    if a.workers < 1 or a.duration <= 0 or a.rate <= 0 or a.fault_every <= 0:
+        p.error("--workers, --duration, --rate and --fault-every must be positive")
+    if a.renew_ms >= a.lease_ms:
+        p.error("--renew-ms must be shorter than --lease-ms")
+    config = Config(
+        duration=a.duration,
+        workers=a.workers,
+        worker=a.worker,
+        seed=a.seed,
+        rate=a.rate,
+        fault_every=a.fault_every,
+        lease_ms=a.lease_ms,
+        renew_ms=a.renew_ms,
+        sweep_ms=a.sweep_ms,
+        max_attempts=a.max_attempts,
+        drain=a.drain,
+        kinds=kinds,
+        out=a.keep,
+    )
+    return config, a.json, a.keep is not None, a.recheck
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{1000 * value:.0f}"
+
+
+def table(ev: Evidence, v: Verdict) -> str:
+    c, lat = v.counts, v.latency
+    cfg = ev.config
+    lines = [
+        f"soak: {cfg.worker} workers x{cfg.workers}, {cfg.duration:.0f}s chaos, seed {cfg.seed}, "
+        f"wall {ev.wall:.0f}s, drained in {'-' if ev.drained_in is None else f'{ev.drained_in:.1f}s'}",
+        f"settings: lease {cfg.lease_ms} ms, renew {cfg.renew_ms} ms, sweep {cfg.sweep_ms} ms, "
+        f"max attempts {cfg.max_attempts}"
+        if cfg.worker == "lease"
+        else "settings: stock rq.Worker --job-monitoring-interval 1 --maintenance-interval 1 --worker-ttl 20",
+        "",
+        "| measure | value |",
+        "|---|---|",
+    ]
+    rows = [
+        ("jobs enqueued", c["jobs"]),
+        ("finished / failed", f"{c['finished']} / {c['failed']}"),
+        ("failed, by reason", ", ".join(f"{k} {n}" for k, n in sorted(c["failed_by_reason"].items())) or "-"),
+        ("failed at max attempts (stalled every time)", c["failed_at_max_attempts"]),
+        ("lost (not finished after the drain)", c["lost"]),
+        (
+            "failed while running (failed, yet a run completed) / no fault explains it",
+            f"{c['failed_while_running']} / {c['failed_while_running_unexplained']}",
+        ),
+        ("wrong outcome", c["wrong_outcome"]),
+        ("duplicates (repeated runs no fault explains)", c["duplicates"]),
+        ("repeated runs, explained by a fault", c["repeated_runs"] - c["duplicates"]),
+        ("queued twice", f"{c['queued_twice']} (in {c['queue_samples']} samples)"),
+        (
+            "runs / takes / takes that never started / stale runs",
+            f"{c['runs']} / {c.get('takes', '-')} / {c.get('takes_never_started', '-')} / "
+            f"{c.get('stale_runs', '-')}",
+        ),
+        ("worker respawns / crashes (exits the soak did not cause)", f"{c['respawns']} / {c['crashes']}"),
+        ("faults", ", ".join(f"{k} {n}" for k, n in sorted(c["faults"].items())) or "none"),
+    ]
+    if lat:
+        rows += [
+            (
+                f"lapse -> requeued ms p50 / p95 / max ({lat['samples']} seen, {lat['not_seen']} not)",
+                f"{_ms(lat['lapse_p50'])} / {_ms(lat['lapse_p95'])} / {_ms(lat['lapse_max'])}",
+            ),
+            (
+                f"fault -> requeued ms p50 / p95 / max (bound lease + 2 sweeps = {_ms(lat['bound_s'])})",
+                f"{_ms(lat['fault_p50'])} / {_ms(lat['fault_p95'])} / {_ms(lat['fault_max'])}; "
+                f"over the bound: {lat['over_bound']}",
+            ),
+        ]
+    lines += [f"| {name} | {value} |" for name, value in rows]
+    lines += [f"note: {note}" for note in ev.notes]
+    if v.violations:
+        what = "violation(s)" if v.enforced else "finding(s) (the baseline is not held to them)"
+        lines += ["", f"{len(v.violations)} {what}:", *(f"  {x}" for x in v.violations[:40])]
+    verdict = (
+        "baseline (reported, not checked)" if cfg.worker == "stock" else ("PASS" if v.passed else "FAIL")
+    )
+    lines += ["", f"result: {verdict}"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    config, as_json, keep, recheck = parse(argv)
+    if recheck is not None:
+        evidence = load(recheck / "evidence.json")
+        config = evidence.config
+        verdict = evaluate(evidence)
+    else:
+        work_dir = config.out or Path(tempfile.mkdtemp(prefix="rq-emq-soak-"))
+        work_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            evidence = Soak(config, work_dir).run()
+            verdict = evaluate(evidence)
+        finally:
+            if not keep:
+                shutil.rmtree(work_dir, ignore_errors=True)
+    if as_json:
+        out = {
+            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()},
+            "counts": verdict.counts,
+            "latency": verdict.latency,
+            "violations": verdict.violations,
+            "passed": verdict.passed,
+            "wall_s": evidence.wall,
+            "drained_in_s": evidence.drained_in,
+        }
+        print(json.dumps(out, indent=2))
+    else:
+        print(table(evidence, verdict))
+    return 0 if verdict.passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

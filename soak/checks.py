@@ -1,0 +1,312 @@
+"""What the soak checks at the end, from Redis's final state, the side-effect log and the
+fault record; and the numbers it reports.
+
+Invariants (``--worker lease`` fails on any violation; ``--worker stock`` only counts):
+
+1. **Outcome.** Every job ended ``finished``, or ``failed`` with a reason that is its own:
+   its planned exception, RQ's "work-horse terminated" after the soak killed its horse,
+   or rq-emq's "stalled on attempt n of n" at max attempts.
+2. **Nothing lost.** No job is left unfinished once the drain ends (all faults healed).
+3. **Never queued twice.** Sampled atomically during the run: no id twice in the queue,
+   none queued while leased; at the end each job sits in exactly one place.
+4. **Attempts equal starts.** ``emq_attempts`` counts takes since the job's last normal
+   finish. Each run logs the value it sees as it starts; so runs after a stall continue
+   the count (k, k+1, ...), a run after a committed finish (``Retry``) starts over at 1, a
+   number is skipped only for a take that never reached the job function, and the sum of
+   takes so derived equals Redis's ``taken`` counter. Runs a long stop or cut held back
+   until after their lease was lost ("stale") read someone else's count and are left out.
+   A job failed at max attempts was failed on attempt max ("stalled on attempt n of n");
+   once its Result is written, like a finished job, it holds no ``emq_attempts``.
+5. **Repeats are explained.** A run followed by another run of the same job either
+   raised (RQ's ``Retry``) or was hit by a fault that legitimately repeats work: its
+   worker or horse killed, stopped or cut off past the grace. Short stops and cuts,
+   ``CLIENT KILL`` and Redis restarts (shorter than the grace) must never repeat a run.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from .faults import CRASH_EXCUSED, LAPSING, REPEAT_EXCUSED, Fault
+from .jobs import Run
+
+
+@dataclass
+class Verdict:
+    counts: dict[str, Any] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+    latency: dict[str, Any] = field(default_factory=dict)
+    #: False for the stock baseline: its violations are reported, not failed on
+    enforced: bool = True
+
+    @property
+    def passed(self) -> bool:
+        return not (self.enforced and self.violations)
+
+
+def _excused(run: Run, until: float, faults: list[Fault]) -> Fault | None:
+    for fault in faults:
+        if fault.kind not in REPEAT_EXCUSED or not fault.covers(run.started, until):
+            continue
+        if fault.hit(run.ppid) or fault.hit(run.pid):
+            return fault
+    return None
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def _reason_ok(
+    planned: Any, state: dict[str, Any], runs: list[Run], faults: list[Fault], lease: bool
+) -> str | None:
+    """None when the job's final state is one the invariants allow, else what is wrong."""
+    status = state["status"]
+    if status == "finished":
+        return None if planned.outcome != "raise" else "finished, but it always raises"
+    if status != "failed":
+        return f"ended {status or 'with no job hash'}"
+    reason = state["reason"] or ""
+    if lease and state["failure"]:
+        expected = f"stalled on attempt {state['max_attempts']} of {state['max_attempts']}"
+        if state["failure"] != expected:
+            return f"failed: {state['failure']}"
+        if planned.max_attempts is not None and str(planned.max_attempts) != state["max_attempts"]:
+            return f"failed at {state['max_attempts']} attempts; its own max is {planned.max_attempts}"
+        return None if "JobStalled" in reason else "failed at max attempts without RQ's Result saying so"
+    if "ValueError: soak" in reason:
+        return None if planned.outcome in ("raise", "flaky") else "failed with a planned error it never plans"
+    if "Work-horse terminated unexpectedly" in reason:
+        horses = {r.pid for r in runs}
+        for f in faults:
+            # its horse, seen running it, or killed (before its start line) on its last worker
+            ran_it = bool(set(f.horse_pids) & horses) or (f.slot and f.slot == state.get("worker"))
+            if f.kind in ("kill_horse", "kill_group") and ran_it:
+                return None
+        return "failed: work-horse terminated, and the soak killed none of its horses"
+    return "failed: " + (reason.strip().splitlines() or ["no reason"])[-1][:160]
+
+
+def _reason_kind(state: dict[str, Any]) -> str:
+    reason = state["reason"] or ""
+    if state["failure"]:
+        return "stalled at max attempts"
+    for needle, name in (
+        ("ValueError: soak", "its own exception"),
+        ("Work-horse terminated", "work-horse terminated"),
+        ("AbandonedJobError", "abandoned (stock cleanup)"),
+        ("moved to FailedJobRegistry", "abandoned (stock cleanup)"),
+    ):
+        if needle in reason:
+            return name
+    return "other"
+
+
+def evaluate(ev: Any) -> Verdict:
+    cfg = ev.config
+    lease = cfg.worker == "lease"
+    v = Verdict()
+    faults: list[Fault] = ev.faults
+    kinds: dict[str, int] = {}
+    for fault in faults:
+        kinds[fault.kind] = kinds.get(fault.kind, 0) + 1
+    v.counts["faults"] = kinds
+    v.counts["jobs"] = len(ev.jobs)
+    v.counts["respawns"] = ev.respawns
+
+    # 1, 2: outcomes; lost; failed while running (failed although a run completed fine)
+    lost, bad, failed_running, finished, failed = [], [], [], 0, 0
+    unexplained_failures = 0
+    for job_id, planned in ev.jobs.items():
+        state, runs = ev.final[job_id], ev.runs.get(job_id, [])
+        finished += state["status"] == "finished"
+        failed += state["status"] == "failed"
+        if state["status"] not in ("finished", "failed"):
+            lost.append(job_id)
+            where = [name for name in ("queued", "started", "leases") if job_id in ev.registries[name]]
+            v.violations.append(
+                f"{job_id}: not finished after the drain: status {state['status']}, "
+                f"in {', '.join(where) or 'no queue or registry'}"
+            )
+            continue
+        problem = _reason_ok(planned, state, runs, faults, lease)
+        if problem:
+            bad.append(job_id)
+            v.violations.append(f"{job_id}: {problem}")
+        completed = [r for r in runs if r.outcome == "ok"]
+        if state["status"] == "failed" and completed:
+            failed_running.append(job_id)
+            # allowed only when that run's holder was cut off or away past the grace: its
+            # outcome could not be written, and the sweep rightly took the job from it
+            if not any(_excused(r, r.ended or r.started, faults) for r in completed):
+                unexplained_failures += 1
+                v.violations.append(f"{job_id}: failed, although a run of it completed")
+    reasons: dict[str, int] = {}
+    for state in ev.final.values():
+        if state["status"] == "failed":
+            key = _reason_kind(state)
+            reasons[key] = reasons.get(key, 0) + 1
+    v.counts["failed_by_reason"] = reasons
+    v.counts.update(
+        finished=finished,
+        failed=failed,
+        lost=len(lost),
+        wrong_outcome=len(bad),
+        failed_while_running=len(failed_running),
+        failed_while_running_unexplained=unexplained_failures,
+        failed_at_max_attempts=sum(1 for s in ev.final.values() if s["failure"]),
+    )
+
+    # 3: never queued twice
+    v.violations += [f"queue sample {line}" for line in ev.queue_violations]
+    places: dict[str, int] = {}
+    for name in ("queued", "finished", "failed"):
+        for job_id in ev.registries[name]:
+            places[job_id] = places.get(job_id, 0) + 1
+    doubly = [j for j, n in places.items() if n > 1]
+    v.violations += [f"{j}: in {places[j]} places at the end" for j in doubly]
+    v.counts["queued_twice"] = len(ev.queue_violations) + len(doubly)
+    v.counts["queue_samples"] = ev.queue_samples
+
+    # a worker that exits on its own must have been cut off for long
+    crashes = [f for f in faults if f.kind == "crash"]
+    for crash in crashes:
+        causes = [
+            f
+            for f in faults
+            if f.kind in CRASH_EXCUSED and f.worker_pid == crash.worker_pid and f.started <= crash.started
+        ]
+        if not causes:
+            v.violations.append(
+                f"worker {crash.slot} (pid {crash.worker_pid}) crashed ({crash.detail}) with no long cut "
+                "to explain it"
+            )
+    v.counts["crashes"] = len(crashes)
+
+    # 5: repeats; the baseline's "duplicates" are the unexplained ones
+    repeats, unexplained = 0, 0
+    for job_id, runs in ev.runs.items():
+        for run, following in zip(runs, runs[1:], strict=False):
+            if run.outcome == "raise":
+                continue  # RQ's Retry
+            repeats += 1
+            if _excused(run, following.started, faults) is None and not _stale(following, faults):
+                unexplained += 1
+                v.violations.append(
+                    f"{job_id}: ran again at {following.started:.3f} after a run by pid {run.pid} "
+                    f"(worker {run.ppid}) that no fault explains"
+                )
+    v.counts["repeated_runs"] = repeats
+    v.counts["duplicates"] = unexplained
+    v.counts["runs"] = sum(len(r) for r in ev.runs.values())
+    unknown = set(ev.runs) - set(ev.jobs)
+    v.violations += [f"{j}: ran, but the soak never enqueued it" for j in sorted(unknown)]
+
+    # 4: attempts equal starts
+    if lease:
+        _check_attempts(ev, v)
+
+    # the latency from a lapsed lease to the job leaving its dead holder
+    if lease:
+        lapsed = [f for f in faults if f.kind in LAPSING and f.lapse_at and f.token]
+        seen = [f for f in lapsed if f.requeued_at]
+        after_lapse = [max(0.0, f.requeued_at - f.lapse_at) for f in seen]  # type: ignore[operator]
+        after_fault = [f.requeued_at - f.started for f in seen]  # type: ignore[operator]
+        v.latency = {
+            "samples": len(seen),
+            "not_seen": len(lapsed) - len(seen),
+            "bound_s": cfg.bound_s,
+            "lapse_p50": statistics.median(after_lapse) if after_lapse else None,
+            "lapse_p95": _percentile(after_lapse, 0.95) if after_lapse else None,
+            "lapse_max": max(after_lapse) if after_lapse else None,
+            "fault_p50": statistics.median(after_fault) if after_fault else None,
+            "fault_p95": _percentile(after_fault, 0.95) if after_fault else None,
+            "fault_max": max(after_fault) if after_fault else None,
+            "over_bound": sum(1 for t in after_fault if t > cfg.bound_s),
+        }
+    v.enforced = lease  # the baseline reports; it does not fail
+    return v
+
+
+def _rq_finished(run: Run, faults: list[Fault]) -> bool:
+    """RQ's own finish code ran for this run (and may have retried the job): it raised, or
+    the soak killed its horse and the worker failed the job."""
+    return run.outcome == "raise" or any(
+        f.kind == "kill_horse" and run.pid in f.horse_pids and f.started >= run.started for f in faults
+    )
+
+
+#: How long after a stop or cut ends a held-back horse may still begin its job function.
+STALE_WINDOW_S = 1.0
+
+
+def _stale(run: Run, faults: list[Fault]) -> bool:
+    """A run begun by a horse that a long stop or cut held back between its take and the
+    job function: it starts late, after its lease was lost (its worker stops it at the
+    next renewal), and the attempt number it reads belongs to whoever holds the job now."""
+    return any(
+        f.kind in ("stop_long", "cut_long")
+        and run.pid in f.horse_pids  # a horse that already existed when the fault began
+        and f.started <= run.started <= (f.ended if f.ended is not None else run.started) + STALE_WINDOW_S
+        for f in faults
+    )
+
+
+def _check_attempts(ev: Any, v: Verdict) -> None:
+    total_takes, skipped, stale = 0, 0, 0
+    for job_id in ev.jobs:
+        runs, state = ev.runs.get(job_id, []), ev.final[job_id]
+        takes, previous = 0, None
+        for run in runs:
+            if _stale(run, ev.faults):
+                stale += 1
+                continue
+            if run.attempt is None:
+                v.violations.append(f"{job_id}: a run started without an attempt number")
+                continue
+            restarted = previous is not None and run.attempt <= (previous.attempt or 0)
+            if previous is None or restarted and _rq_finished(previous, ev.faults):
+                base = 0  # the first take, or the first after a finish RQ committed (Retry)
+            else:
+                base = previous.attempt or 0
+            if run.attempt <= base:
+                v.violations.append(
+                    f"{job_id}: attempt {run.attempt} started after attempt {base}: the count went back"
+                )
+            else:
+                takes += run.attempt - base
+                skipped += run.attempt - base - 1
+            previous = run
+        if state["failure"]:
+            # the count as the sweep failed the job: "stalled on attempt n of n" (the field
+            # itself is cleared when the failure's Result is committed through finish_job)
+            last = previous.attempt if previous is not None and previous.attempt else 0
+            held = int(state["failure"].split()[3])
+            if held != int(state["max_attempts"] or -1):
+                v.violations.append(f"{job_id}: failed at max attempts on attempt {held}")
+            if state["attempts"] is not None:
+                v.violations.append(f"{job_id}: failed, its Result written, still holds emq_attempts")
+            takes += max(0, held - last)
+            skipped += max(0, held - last)
+        elif state["status"] == "finished" and state["attempts"] is not None:
+            v.violations.append(f"{job_id}: finished but still holds emq_attempts={state['attempts']}")
+        total_takes += takes
+    # a horse killed before its job began leaves no run, and RQ's failure of the job, which
+    # its living worker commits, starts the count over: that take shows nowhere else
+    started_by = {r.pid for runs in ev.runs.values() for r in runs}
+    for fault in ev.faults:
+        if fault.kind == "kill_horse" and fault.horse_pids and not set(fault.horse_pids) & started_by:
+            total_takes += 1
+            skipped += 1
+    taken = ev.stats.get("taken", 0)
+    if taken != total_takes:
+        v.violations.append(
+            f"Redis counted {taken} takes; the runs' attempt numbers account for {total_takes}"
+        )
+    v.counts["takes"] = taken
+    v.counts["takes_never_started"] = skipped
+    v.counts["stale_runs"] = stale

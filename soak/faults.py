@@ -1,0 +1,146 @@
+"""What the soak does to workers and Redis, and the record it keeps of each fault.
+
+Kinds (the victim is a worker that is running a job, when the kind needs one):
+
+- ``kill_worker``: SIGKILL the worker process only (a LeaseWorker's horse dies with it;
+  a stock RQ horse, in its own process group, runs on);
+- ``kill_group``: SIGKILL worker and horse together (a node or container lost);
+- ``kill_horse``: SIGKILL the work horse only (RQ fails the job: "work-horse terminated");
+- ``stop_short`` / ``stop_long``: SIGSTOP worker and horse, SIGCONT after less than the
+  grace (the lease outlives the pause) or after more (the job is recovered elsewhere);
+- ``client_kill``: ``CLIENT KILL`` every Redis connection of the worker and its horse;
+- ``cut_short`` / ``cut_long``: the worker's TCP proxy cuts it off (reset or blackhole),
+  healed after less or more than the grace;
+- ``restart``: Redis is SIGKILLed and restarted from its AOF (``appendfsync always``).
+
+The soak also records a ``crash`` when a worker exits that it did not kill: a worker that
+dies of what a fault did to it has died, and its job may run again; the report counts them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+#: Kinds after which a job's run may legitimately be repeated (the run's holder died, or
+#: was away past the grace). The others must never cause a second run: a Redis restart
+#: is kept shorter than the grace, so no lease lapses in it.
+REPEAT_EXCUSED = {"kill_worker", "kill_group", "kill_horse", "stop_long", "cut_long", "crash"}
+#: Faults after which a worker may crash: RQ's worker quits on a Redis error outside its
+#: dequeue, and a long cut outlasts the finish's patience (one lease). Any other crash is a
+#: finding: the soak then fails, however well the job itself came through.
+CRASH_EXCUSED = {"cut_long"}
+#: Kinds that kill the worker process itself (its exit is no crash).
+KILLS = {"kill_worker", "kill_group"}
+#: Kinds after which the job's lease lapses and the sweep must requeue it (the latency).
+LAPSING = {"kill_worker", "kill_group", "stop_long", "cut_long"}
+KINDS = (
+    "kill_worker",
+    "kill_group",
+    "kill_horse",
+    "stop_short",
+    "stop_long",
+    "client_kill",
+    "cut_short",
+    "cut_long",
+    "restart",
+)
+
+
+@dataclass
+class Fault:
+    kind: str
+    started: float
+    slot: str = ""
+    worker_pid: int | None = None
+    horse_pids: list[int] = field(default_factory=list)
+    job_id: str | None = None
+    #: the holder's lease token at the fault (lease mode), to see the job change hands
+    token: bytes | None = None
+    ended: float | None = None
+    #: when the job's lease lapses, from the lock's PTTL sampled once the fault took hold
+    lapse_at: float | None = None
+    #: when the watcher first saw the job taken from its holder (recovered by the sweep)
+    requeued_at: float | None = None
+    detail: str = ""
+
+    def hit(self, pid: int) -> bool:
+        return pid == self.worker_pid or pid in self.horse_pids
+
+    def covers(self, start: float, end: float) -> bool:
+        """The fault began before ``end`` and had not ended before ``start``."""
+        return self.started <= end and (self.ended is None or self.ended >= start)
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (a worker's horse)."""
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+        return [int(p) for p in text.split()]
+    except OSError:
+        pass
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def send(sig: signal.Signals, *pids: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    try:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:
+        pass
+    return inodes
+
+
+def redis_addresses(pids: list[int], redis_port: int) -> list[str]:
+    """``127.0.0.1:<port>`` of every TCP connection from ``pids`` to Redis on ``redis_port``."""
+    inodes: set[str] = set()
+    for pid in pids:
+        inodes |= _socket_inodes(pid)
+    out: list[str] = []
+    try:
+        lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return out
+    for line in lines:
+        parts = line.split()
+        local, remote, inode = parts[1], parts[2], parts[9]
+        if inode in inodes and int(remote.split(":")[1], 16) == redis_port:
+            out.append(f"127.0.0.1:{int(local.split(':')[1], 16)}")
+    return out
+
+
+def client_kill(client: redis.Redis, addresses: list[str]) -> int:
+    killed = 0
+    for address in addresses:
+        try:
+            killed += int(client.execute_command("CLIENT", "KILL", "ADDR", address))
+        except redis.ResponseError:  # that connection closed meanwhile
+            pass
+    return killed

@@ -1,0 +1,127 @@
+"""The soak's workers: real ``rq worker`` processes, some behind their own TCP proxy, each
+respawned when a fault kills it, all of them (and their horses) reaped at the end."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .proxy import TcpProxy
+
+REPO = Path(__file__).resolve().parent.parent
+RQ_BIN = str(Path(sys.executable).parent / "rq")
+QUEUE = "soak"
+
+WORKER_CLASSES = {"lease": "rq_emq.LeaseWorker", "stock": "rq.Worker"}
+#: Stock RQ, as favourable as its options allow: a heartbeat every second, maintenance
+#: (which fails abandoned jobs) every second, and an idle worker's blocking dequeue
+#: returning every 5 s (worker_ttl - 15) so that it gets to run that maintenance.
+STOCK_ARGS = ("--job-monitoring-interval", "1", "--maintenance-interval", "1", "--worker-ttl", "20")
+
+
+@dataclass
+class Slot:
+    """One worker position in the fleet; its process is replaced when it dies."""
+
+    index: int
+    proxy: TcpProxy | None
+    process: subprocess.Popen[bytes] | None = None
+    generation: int = 0
+    #: a stop or cut is in progress: not a victim, not respawned
+    faulted: bool = False
+    pids: list[int] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"soak-w{self.index}-{self.generation}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+class Fleet:
+    def __init__(
+        self,
+        kind: str,
+        count: int,
+        direct_url: str,
+        redis_port: int,
+        env: dict[str, str],
+        log_dir: Path,
+        proxied: int,
+    ) -> None:
+        self.kind = kind
+        self.direct_url = direct_url
+        self.env = env
+        self.log_dir = log_dir
+        self.slots = [Slot(i, TcpProxy(redis_port).start() if i < proxied else None) for i in range(count)]
+        self.respawns = 0
+
+    def url(self, slot: Slot) -> str:
+        return slot.proxy.url if slot.proxy is not None else self.direct_url
+
+    def spawn(self, slot: Slot) -> None:
+        slot.generation += 1
+        cmd = [RQ_BIN, "worker", "-w", WORKER_CLASSES[self.kind], "--url", self.url(slot)]
+        cmd += ["--name", slot.name, *(STOCK_ARGS if self.kind == "stock" else ()), QUEUE]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        env.update(self.env)
+        with open(self.log_dir / f"{slot.name}.log", "wb") as log:
+            slot.process = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO), start_new_session=True
+            )
+        slot.pids.append(slot.process.pid)
+
+    def start(self) -> None:
+        for slot in self.slots:
+            self.spawn(slot)
+
+    def respawn_dead(self) -> list[tuple[str, int, int]]:
+        """Replace dead workers; returns (name, pid, exit status) of each dead one."""
+        dead = []
+        for slot in self.slots:
+            if not slot.faulted and slot.process is not None and slot.process.poll() is not None:
+                dead.append((slot.name, slot.process.pid, slot.process.returncode))
+                self.spawn(slot)
+                self.respawns += 1
+        return dead
+
+    def sessions(self) -> set[int]:
+        return {pid for slot in self.slots for pid in slot.pids}
+
+    def stop_all(self) -> None:
+        """SIGKILL every process of ours: workers and any horse left in their sessions
+        (a stock horse outlives its killed worker). A process is ours when its session is
+        one we started (each worker leads its own session; horses stay in it)."""
+        ours = self.sessions()
+        for slot in self.slots:
+            if slot.alive():
+                assert slot.process is not None
+                os.kill(slot.process.pid, signal.SIGCONT)
+                slot.process.kill()
+                slot.process.wait(timeout=10)
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) in ours and int(entry.name) not in ours:
+                try:
+                    os.kill(int(entry.name), signal.SIGCONT)
+                    os.kill(int(entry.name), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for slot in self.slots:
+            if slot.proxy is not None:
+                slot.proxy.close()

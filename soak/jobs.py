@@ -1,0 +1,89 @@
+"""The soak's job function and its side-effect log.
+
+Every run appends one ``start`` line when it begins and one ``end`` line when the job
+function returns or raises (``O_APPEND``, one ``write`` per line, so lines from concurrent
+runs never interleave):
+
+    start <job_id> <pid> <ppid> <unix time> <attempt>
+    end <job_id> <pid> <unix time> ok|raise
+
+``attempt`` is the job hash's ``emq_attempts`` as the run begins (``-`` under stock RQ).
+The log counts runs independently of anything the workers write to Redis.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from rq import get_current_job
+
+
+def append_line(path: str, line: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def _attempt(job: object) -> str:
+    try:
+        raw = job.connection.hget(job.key, "emq_attempts")  # type: ignore[attr-defined]
+    except Exception:  # Redis unreachable (a fault); the run goes on without the number
+        return "?"
+    return raw.decode() if raw else "-"
+
+
+def work(log: str, seconds: float, outcome: str = "ok", retries: int = 0) -> str:
+    """Sleep ``seconds``; ``outcome`` ok returns, raise raises, flaky raises while the job
+    still has all of its ``retries`` left (its first run that got to the end)."""
+    job = get_current_job()
+    assert job is not None
+    append_line(log, f"start {job.id} {os.getpid()} {os.getppid()} {time.time():.6f} {_attempt(job)}")
+    time.sleep(seconds)
+    fails = outcome == "raise" or (outcome == "flaky" and job.retries_left == retries)
+    append_line(log, f"end {job.id} {os.getpid()} {time.time():.6f} {'raise' if fails else 'ok'}")
+    if fails:
+        raise ValueError(f"soak: job {job.id} raised as planned ({outcome})")
+    return "done"
+
+
+@dataclass
+class Run:
+    """One run of a job, from the side-effect log."""
+
+    job_id: str
+    pid: int
+    ppid: int
+    started: float
+    attempt: int | None
+    ended: float | None = None
+    outcome: str | None = None
+
+
+def read_runs(path: str) -> dict[str, list[Run]]:
+    """Runs per job id, in start order; a start with no end is a run that was cut short."""
+    runs: dict[str, list[Run]] = {}
+    open_runs: dict[tuple[str, int], Run] = {}
+    try:
+        with open(path) as log:
+            lines = log.read().splitlines()
+    except FileNotFoundError:
+        return runs
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 6 and parts[0] == "start":
+            _, job_id, pid, ppid, t, attempt = parts
+            run = Run(job_id, int(pid), int(ppid), float(t), int(attempt) if attempt.isdigit() else None)
+            runs.setdefault(job_id, []).append(run)
+            open_runs[(job_id, run.pid)] = run
+        elif len(parts) == 5 and parts[0] == "end":
+            _, job_id, pid, t, outcome = parts
+            started = open_runs.pop((job_id, int(pid)), None)
+            if started is not None:
+                started.ended, started.outcome = float(t), outcome
+    for job_runs in runs.values():
+        job_runs.sort(key=lambda run: run.started)
+    return runs

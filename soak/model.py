@@ -1,0 +1,111 @@
+"""What a soak run is configured with, what it plans, and the evidence it leaves for the
+checks: plain data, so the verdict can be tested on made-up evidence."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .faults import KINDS, Fault
+
+
+@dataclass
+class Config:
+    duration: float = 60.0
+    workers: int = 4
+    worker: str = "lease"
+    seed: int = 1
+    rate: float = 3.0  # jobs enqueued per second
+    fault_every: float = 1.5  # mean seconds between faults
+    lease_ms: int = 1500
+    renew_ms: int = 250
+    sweep_ms: int = 500
+    max_attempts: int = 5
+    drain: float = 45.0
+    kinds: tuple[str, ...] = KINDS
+    out: Path | None = None
+
+    @property
+    def grace_s(self) -> float:
+        """A paused holder's lease surely outlives a pause shorter than this."""
+        return (self.lease_ms - self.renew_ms) / 1000
+
+    @property
+    def bound_s(self) -> float:
+        """The promise: a dead holder's job is back within lease + 2 sweep intervals."""
+        return (self.lease_ms + 2 * self.sweep_ms) / 1000
+
+    def env(self) -> dict[str, str]:
+        return {
+            "RQ_EMQ_LEASE_MS": str(self.lease_ms),
+            "RQ_EMQ_RENEW_INTERVAL_MS": str(self.renew_ms),
+            "RQ_EMQ_SWEEP_INTERVAL_MS": str(self.sweep_ms),
+            "RQ_EMQ_MAX_ATTEMPTS": str(self.max_attempts),
+        }
+
+
+@dataclass
+class Planned:
+    job_id: str
+    seconds: float
+    outcome: str
+    retries: int
+    #: the job's own max attempts (``meta``), or None for the worker's default
+    max_attempts: int | None = None
+
+
+@dataclass
+class Evidence:
+    config: Config
+    jobs: dict[str, Planned]
+    faults: list[Fault]
+    queue_samples: int
+    queue_violations: list[str]
+    final: dict[str, dict[str, Any]]
+    registries: dict[str, list[str]]
+    stats: dict[str, int]
+    runs: dict[str, list[Any]]
+    respawns: int
+    drained_in: float | None
+    wall: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def save(evidence: Evidence, path: Path) -> None:
+    """Everything the checks read, as JSON (``python -m soak --recheck DIR`` reads it back)."""
+    data = asdict(evidence)
+    data["config"]["out"] = None
+    data["config"]["kinds"] = list(evidence.config.kinds)
+    data["runs"] = {job_id: [asdict(r) for r in runs] for job_id, runs in evidence.runs.items()}
+    for fault in data["faults"]:
+        if isinstance(fault["token"], bytes):
+            fault["token"] = fault["token"].decode()
+    path.write_text(json.dumps(data))
+
+
+def load(path: Path) -> Evidence:
+    from .jobs import Run
+
+    data = json.loads(path.read_text())
+    config = Config(**{**data["config"], "kinds": tuple(data["config"]["kinds"])})
+    faults = []
+    for raw in data["faults"]:
+        raw["token"] = raw["token"].encode() if raw["token"] is not None else None
+        faults.append(Fault(**raw))
+    return Evidence(
+        config=config,
+        jobs={k: Planned(**v) for k, v in data["jobs"].items()},
+        faults=faults,
+        queue_samples=data["queue_samples"],
+        queue_violations=data["queue_violations"],
+        final=data["final"],
+        registries=data["registries"],
+        stats=data["stats"],
+        runs={k: [Run(**r) for r in v] for k, v in data["runs"].items()},
+        respawns=data["respawns"],
+        drained_in=data["drained_in"],
+        wall=data["wall"],
+        notes=data["notes"],
+    )

@@ -1,0 +1,434 @@
+"""The soak run: a private redis-server (AOF, fsync always), a fleet of real workers, a
+producer, the chaos that hits workers and Redis while jobs flow, then a drain with every
+fault healed, and the evidence the checks read (Redis state, the side-effect log, faults).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, TypeVar
+
+import redis
+from rq import Queue, Retry
+
+from rq_emq.keys import QueueKeys
+from rq_emq.testing import RedisServer
+
+from . import faults as F
+from .faults import Fault
+from .fleet import QUEUE, Fleet, Slot
+from .jobs import read_runs, work
+from .model import Config, Evidence, Planned, save
+
+T = TypeVar("T")
+TERMINAL = {"finished", "failed"}
+
+
+class Soak:
+    def __init__(self, config: Config, work_dir: Path) -> None:
+        self.config = config
+        self.dir = work_dir
+        self.log = str(work_dir / "runs.log")
+        self.job_rng = random.Random(config.seed)
+        self.chaos_rng = random.Random(config.seed * 7919 + 1)
+        self.server = RedisServer(appendonly=True)
+        self.client: Any = None  # a redis.Redis (its stubs type every reply as a union)
+        self.fleet: Fleet
+        self.jobs: dict[str, Planned] = {}
+        self.faults: list[Fault] = []
+        self.queue_violations: list[str] = []
+        self.queue_samples = 0
+        self._guard = threading.Lock()
+        self._producing = threading.Event()
+        self._stop = threading.Event()
+        self._timers: list[threading.Timer] = []
+
+    # -- plumbing --------------------------------------------------------------------------
+    def redis_call(self, fn: Callable[[], T], patience: float = 20.0) -> T:
+        """Run ``fn`` against Redis, waiting out a restart."""
+        deadline = time.monotonic() + patience
+        while True:
+            try:
+                return fn()
+            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def after(self, seconds: float, fn: Callable[[], None]) -> None:
+        timer = threading.Timer(seconds, fn)
+        timer.daemon = True
+        self._timers.append(timer)
+        timer.start()
+
+    def thread(self, fn: Callable[[], None], name: str) -> threading.Thread:
+        t = threading.Thread(target=fn, name=name, daemon=True)
+        t.start()
+        return t
+
+    # -- producer --------------------------------------------------------------------------
+    def plan(self) -> Planned:
+        rng = self.job_rng
+        roll = rng.random()
+        if roll < 0.60:
+            seconds = rng.uniform(0.01, 0.2)
+        elif roll < 0.85:
+            seconds = rng.uniform(0.2, 1.0)
+        else:  # longer than the lease: renewal must keep these
+            seconds = rng.uniform(self.config.lease_ms / 1000 * 1.1, self.config.lease_ms / 1000 * 2.2)
+        roll = rng.random()
+        outcome, retries = ("raise", 0) if roll < 0.1 else ("flaky", 2) if roll < 0.2 else ("ok", 0)
+        if outcome == "ok" and rng.random() < 0.5:
+            retries = 1
+        # one job in ten may stall only once: the first stall fails it at max attempts
+        fragile = 1 if rng.random() < 0.1 else None
+        return Planned(str(uuid.uuid4()), round(seconds, 3), outcome, retries, fragile)
+
+    def enqueue(self, job: Planned) -> None:
+        queue = Queue(QUEUE, connection=self.client)
+
+        def once() -> None:
+            if self.client.exists(f"rq:job:{job.job_id}"):
+                return  # a reply lost in a restart: the job was enqueued
+            queue.enqueue(
+                work,
+                args=(self.log, job.seconds, job.outcome, job.retries),
+                job_id=job.job_id,
+                job_timeout=120,
+                retry=Retry(max=job.retries) if job.retries else None,
+                meta={"emq_max_attempts": job.max_attempts} if job.max_attempts else None,
+            )
+
+        self.redis_call(once)
+        self.jobs[job.job_id] = job
+
+    def produce(self) -> None:
+        interval = 1.0 / self.config.rate
+        next_at = time.monotonic()
+        while self._producing.is_set():
+            self.enqueue(self.plan())
+            next_at += interval
+            time.sleep(max(0.0, next_at - time.monotonic()))
+
+    # -- chaos -----------------------------------------------------------------------------
+    def busy_victims(self) -> list[tuple[Slot, list[int]]]:
+        out = []
+        for slot in self.fleet.slots:
+            if slot.alive() and not slot.faulted and slot.pid is not None:
+                horses = F.children(slot.pid)
+                if horses:
+                    out.append((slot, horses))
+        return out
+
+    def held_job(self, slot: Slot, horses: list[int]) -> str | None:
+        """The job the slot's horse is running, from the side-effect log."""
+        for job_id, job_runs in read_runs(self.log).items():
+            if any(r.pid in horses and r.ended is None for r in job_runs):
+                return job_id
+        return None
+
+    def lease_of(self, job_id: str) -> tuple[bytes | None, int]:
+        q = QueueKeys(QUEUE)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hget(f"rq:job:{job_id}", "emq_token").pttl(q.lock(job_id))
+        token, pttl = pipe.execute()
+        return token, int(pttl)
+
+    def inject(self, kind: str) -> Fault | None:
+        cfg, rng, now = self.config, self.chaos_rng, time.time()
+        if kind == "restart":
+            fault = Fault(kind, now)
+            self.record(fault)
+            self.server.kill()  # SIGKILL: what survives is what the AOF had fsynced
+            time.sleep(rng.uniform(0.1, 0.8) * cfg.grace_s)  # a restart takes a while
+            self.server.start()
+            fault.ended = time.time()
+            fault.detail = f"down {1000 * (fault.ended - now):.0f} ms"
+            return fault
+        victims = self.busy_victims()
+        if kind.startswith("cut"):
+            victims = [v for v in victims if v[0].proxy is not None]
+        if not victims:
+            return None
+        slot, horses = rng.choice(victims)
+        job_id = self.held_job(slot, horses)
+        token = None
+        if job_id and cfg.worker == "lease":
+            token = self.redis_call(lambda: self.lease_of(job_id))[0]
+        fault = Fault(kind, time.time(), slot.name, slot.pid, horses, job_id, token)
+        self.record(fault)  # before the signal: the supervisor must know this death is no crash
+        assert slot.pid is not None
+        if kind == "kill_worker":
+            F.send(F.signal.SIGKILL, slot.pid)
+        elif kind == "kill_group":
+            F.send(F.signal.SIGKILL, slot.pid, *horses)
+        elif kind == "kill_horse":
+            F.send(F.signal.SIGKILL, *horses)
+        elif kind == "client_kill":
+            if slot.proxy is not None:
+                addresses = slot.proxy.upstream_addresses()
+            else:
+                addresses = F.redis_addresses([slot.pid, *horses], self.server.port)
+            killed = self.redis_call(lambda: F.client_kill(self.client, addresses))
+            fault.detail = f"{killed} connections"
+        elif kind.startswith(("stop", "cut")):
+            short = kind.endswith("short")
+            hold = rng.uniform(0.3, 0.8) * cfg.grace_s if short else rng.uniform(1.3, 2.0) * cfg.bound_s + 0.5
+            slot.faulted = True
+            if kind.startswith("stop"):
+                F.send(F.signal.SIGSTOP, slot.pid, *horses)
+            else:
+                mode = rng.choice(["reset", "blackhole"])
+                assert slot.proxy is not None
+                slot.proxy.cut(mode)
+                fault.detail = mode
+            fault.detail = f"{fault.detail} {hold:.2f}s".strip()
+            self.after(hold, lambda: self.release(slot, fault, horses))
+        if kind in F.LAPSING and cfg.worker == "lease" and job_id:
+            time.sleep(0.02)  # the signal or the cut has taken hold: no renewal gets through now
+            pttl = self.redis_call(lambda: self.lease_of(job_id))[1]
+            fault.lapse_at = time.time() + max(pttl, 0) / 1000
+        return fault
+
+    def record(self, fault: Fault) -> Fault:
+        with self._guard:
+            self.faults.append(fault)
+        return fault
+
+    def release(self, slot: Slot, fault: Fault, horses: list[int]) -> None:
+        if fault.kind.startswith("stop"):
+            F.send(F.signal.SIGCONT, *(p for p in (slot.pid, *horses) if p is not None))
+        elif slot.proxy is not None:
+            slot.proxy.heal()
+        fault.ended = time.time()
+        slot.faulted = False
+
+    def chaos(self) -> None:
+        kinds = [k for k in self.config.kinds if k in F.KINDS and k != "restart"]
+        # Redis restarts on a schedule (they hit every worker at once): a third of the way
+        # in, then every 30 s, the last at least 10 s before the chaos ends
+        start = time.monotonic()
+        end = start + self.config.duration
+        restarts = [start + self.config.duration / 3]
+        while restarts[-1] + 30 < end - 10:
+            restarts.append(restarts[-1] + 30)
+        if "restart" not in self.config.kinds:
+            restarts = []
+        time.sleep(min(3.0, self.config.duration / 10))
+        while time.monotonic() < end and not self._stop.is_set():
+            if restarts and time.monotonic() >= restarts[0]:
+                restarts.pop(0)
+                kind = "restart"
+            elif kinds:
+                kind = self.chaos_rng.choice(kinds)
+            else:
+                kind = ""
+            if not kind:
+                time.sleep(0.2)
+                continue
+            try:
+                fault = self.inject(kind)
+            except Exception as error:  # noqa: BLE001 - a failed injection is reported, not fatal
+                fault = self.record(Fault(kind, time.time(), detail=f"injection failed: {error!r}"))
+                fault.ended = fault.started
+            if fault is not None and not fault.kind.startswith(("stop", "cut")):
+                fault.ended = fault.ended or time.time()
+            time.sleep(min(max(self.chaos_rng.expovariate(1 / self.config.fault_every), 0.2), 5.0))
+
+    # -- watchers --------------------------------------------------------------------------
+    def supervise(self) -> None:
+        """Respawns dead workers; one that exited without a kill from the soak is recorded
+        as a ``crash`` (it died of something a fault did to it, e.g. a connection error)."""
+        while not self._stop.is_set():
+            for name, pid, code in self.fleet.respawn_dead():
+                with self._guard:
+                    killed = any(f.worker_pid == pid and f.kind in F.KILLS for f in self.faults)
+                    if not killed:
+                        crash = Fault("crash", time.time(), name, pid, detail=f"exit status {code}")
+                        crash.ended = crash.started
+                        self.faults.append(crash)
+            time.sleep(0.2)
+
+    def watch_requeues(self) -> None:
+        """Sees a lapsed job leave its dead holder: its owner token changes (the sweep removes
+        it on recovery; a later take records another). Resolution: one poll, 20 ms."""
+        while not self._stop.is_set():
+            with self._guard:
+                watched = [
+                    f
+                    for f in self.faults
+                    if f.lapse_at and f.token and f.requeued_at is None and not f.detail.endswith("!")
+                ]
+            if watched:
+                try:
+                    pipe = self.client.pipeline(transaction=False)
+                    for f in watched:
+                        pipe.hget(f"rq:job:{f.job_id}", "emq_token")
+                    tokens = pipe.execute()
+                except redis.RedisError:
+                    tokens = [None] * 0
+                seen = time.time()
+                for f, token in zip(watched, tokens, strict=False):
+                    if token == f.token:
+                        continue
+                    if token is not None and token == b"done:" + (f.token or b""):
+                        f.detail += " finished by its holder (no lapse)!"
+                    else:
+                        f.requeued_at = seen
+            time.sleep(0.02)
+
+    def sample_queue(self) -> None:
+        """Atomic snapshots of the queue (and, lease mode, the lease index): a job id twice
+        in the queue, or queued while leased, is a job queued twice."""
+        q = QueueKeys(QUEUE)
+        while not self._stop.is_set():
+            try:
+                pipe = self.client.pipeline(transaction=True)
+                pipe.lrange(q.rq_queue, 0, -1).zrange(q.leases, 0, -1)
+                queued, leased = pipe.execute()
+            except redis.RedisError:
+                time.sleep(0.1)
+                continue
+            self.queue_samples += 1
+            ids = [v.decode() for v in queued]
+            twice = {i for i, n in Counter(ids).items() if n > 1}
+            both = set(ids) & {v.decode() for v in leased} if self.config.worker == "lease" else set()
+            for job_id in sorted(twice | both):
+                what = "twice in the queue" if job_id in twice else "queued while leased"
+                self.queue_violations.append(f"{time.time():.3f} {job_id} {what}")
+            time.sleep(0.25)
+
+    # -- the run ---------------------------------------------------------------------------
+    def drained(self) -> tuple[bool, int]:
+        """Whether every job settled (and no failure awaits its Result); how many settled."""
+        pipe = self.client.pipeline(transaction=False)
+        for job_id in list(self.jobs):
+            pipe.hget(f"rq:job:{job_id}", "status")
+        statuses = pipe.execute()
+        outbox = self.client.zcard(QueueKeys(QUEUE).outbox)
+        settled = sum(1 for s in statuses if s is not None and s.decode() in TERMINAL)
+        return settled == len(statuses) and outbox == 0, settled
+
+    def run(self) -> Evidence:
+        cfg = self.config
+        started = time.monotonic()
+        self.server.start()
+        self.client = redis.Redis.from_url(self.server.url)
+        env = cfg.env() if cfg.worker == "lease" else {}
+        logs = self.dir / "workers"
+        logs.mkdir(parents=True, exist_ok=True)
+        self.fleet = Fleet(
+            cfg.worker, cfg.workers, self.server.url, self.server.port, env, logs, proxied=cfg.workers // 2
+        )
+        drained_in = None
+        notes: list[str] = []
+        try:
+            self.fleet.start()
+            self._producing.set()
+            threads = [
+                self.thread(self.produce, "soak-producer"),
+                self.thread(self.supervise, "soak-supervisor"),
+                self.thread(self.watch_requeues, "soak-requeues"),
+                self.thread(self.sample_queue, "soak-queue-sampler"),
+            ]
+            chaos = self.thread(self.chaos, "soak-chaos")
+            chaos.join()
+            self._producing.clear()
+            threads[0].join()
+            for timer in self._timers:  # heal every cut, resume every stop, now
+                timer.cancel()
+            for f in self.faults:
+                if f.ended is None:
+                    slot = next(s for s in self.fleet.slots if s.name == f.slot)
+                    self.release(slot, f, f.horse_pids)
+            drain_start = last_progress = time.monotonic()
+            # stop early once nothing moves for long enough to recover and run any job
+            patience = max(10.0, 3 * cfg.bound_s + 2.2 * cfg.lease_ms / 1000)
+            drain = cfg.drain
+            if cfg.worker == "stock":
+                # give stock cleanup its chance: a dead worker's job falls due in RQ's
+                # started registry 60 s (the heartbeat TTL's floor) + 1 s after its last beat
+                patience, drain = 75.0, max(drain, 120.0)
+            settled = -1
+            while time.monotonic() - drain_start < drain:
+                done, count = self.redis_call(self.drained)
+                if done:
+                    drained_in = time.monotonic() - drain_start
+                    break
+                if count != settled:
+                    settled, last_progress = count, time.monotonic()
+                elif time.monotonic() - last_progress > patience:
+                    notes.append(f"drain stopped: no job settled in {patience:.0f}s")
+                    break
+                time.sleep(0.25)
+            time.sleep(0.5)  # let the watcher see the last requeues
+        finally:
+            self._stop.set()
+            self.fleet.stop_all()
+        try:
+            evidence = self.collect(drained_in, notes)
+        finally:
+            self.server.stop()
+        evidence.wall = time.monotonic() - started
+        with open(self.dir / "faults.jsonl", "w") as out:
+            for fault in self.faults:
+                out.write(json.dumps(asdict(fault), default=repr) + "\n")
+        save(evidence, self.dir / "evidence.json")
+        with open(self.dir / "jobs.jsonl", "w") as out:
+            for job_id, planned in self.jobs.items():
+                out.write(json.dumps({**asdict(planned), **evidence.final[job_id]}) + "\n")
+        return evidence
+
+    def collect(self, drained_in: float | None, notes: list[str]) -> Evidence:
+        from rq.job import Job
+
+        q = QueueKeys(QUEUE)
+        final: dict[str, dict[str, Any]] = {}
+        for job_id in self.jobs:
+            raw = self.client.hgetall(f"rq:job:{job_id}")
+            state = {k.decode(): v.decode(errors="replace") for k, v in raw.items() if k.decode() != "data"}
+            reason = ""
+            if state.get("status") == "failed":
+                try:
+                    result = Job.fetch(job_id, connection=self.client).latest_result()
+                    reason = (result.exc_string or "") if result is not None else ""
+                except Exception as error:  # noqa: BLE001
+                    reason = f"(unreadable result: {error!r})"
+            final[job_id] = {
+                "status": state.get("status"),
+                "attempts": state.get("emq_attempts"),
+                "max_attempts": state.get("emq_max_attempts"),
+                "failure": state.get("emq_failure"),
+                "reason": reason,
+                "worker": state.get("worker_name"),
+            }
+        registries = {
+            "queued": [v.decode() for v in self.client.lrange(q.rq_queue, 0, -1)],
+            "finished": [v.decode() for v in self.client.zrange(f"rq:finished:{QUEUE}", 0, -1)],
+            "failed": [v.decode() for v in self.client.zrange(q.failed, 0, -1)],
+            "leases": [v.decode() for v in self.client.zrange(q.leases, 0, -1)],
+            "started": [v.decode().split(":")[0] for v in self.client.zrange(q.started, 0, -1)],
+        }
+        stats = {k.decode(): int(v) for k, v in self.client.hgetall(q.stats).items()}
+        return Evidence(
+            self.config,
+            self.jobs,
+            self.faults,
+            self.queue_samples,
+            self.queue_violations,
+            final,
+            registries,
+            stats,
+            read_runs(self.log),  # type: ignore[arg-type]
+            self.fleet.respawns,
+            drained_in,
+            notes=notes,
+        )

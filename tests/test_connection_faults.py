@@ -1,0 +1,108 @@
+"""Workers whose Redis connections break for a moment (a network blip, a proxy restart,
+``CLIENT KILL``): found by the chaos soak, each case kept here as a specification."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from helpers import status
+from jobs import runs
+from procs import Processes, wait_for
+from rq import Queue
+
+from soak.faults import redis_addresses
+from soak.proxy import TcpProxy
+
+pytestmark = pytest.mark.slow
+
+# A lease long enough that the blip never lets it lapse: what is tested is the blip alone.
+STEADY = {"RQ_EMQ_LEASE_MS": "5000", "RQ_EMQ_RENEW_INTERVAL_MS": "200", "RQ_EMQ_SWEEP_INTERVAL_MS": "250"}
+
+
+@pytest.fixture
+def proxy(redis_server: object) -> Iterator[TcpProxy]:
+    port = int(redis_server.url.rsplit(":", 1)[1].split("/")[0])  # type: ignore[attr-defined]
+    tcp = TcpProxy(port).start()
+    yield tcp
+    tcp.close()
+
+
+def test_a_job_that_ends_while_its_worker_is_cut_off_for_a_moment_finishes_once_and_the_worker_lives(
+    r: redis.Redis, procs: Processes, tmp_path: Path, proxy: TcpProxy
+) -> None:
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 1.0, job_timeout=30)
+    worker = procs.worker(proxy.url, **STEADY)
+    wait_for(lambda: runs(log), timeout=15, what="the job to start")
+    time.sleep(0.6)
+    proxy.cut("reset")  # live connections dropped, new ones refused: the job ends in the cut
+    wait_for(lambda: len(runs(log)) == 2, timeout=5, what="the job function to return")
+    time.sleep(0.5)
+    proxy.heal()
+    wait_for(lambda: status(r, job.id) == "finished", timeout=15, what="the job to finish")
+    assert [line.split()[0] for line in runs(log)] == ["start", "end"]
+    time.sleep(0.5)
+    assert worker.poll() is None, procs.log(worker)
+    assert "unhandled exception" not in procs.log(worker)
+
+
+def test_a_horse_that_cannot_reach_redis_for_a_moment_as_it_starts_runs_the_job_once(
+    r: redis.Redis, procs: Processes, tmp_path: Path, proxy: TcpProxy
+) -> None:
+    log = str(tmp_path / "runs.log")
+    worker = procs.worker(proxy.url, **STEADY)
+    wait_for(lambda: r.scard("rq:workers") == 1, timeout=15, what="the worker to register")
+    time.sleep(0.5)  # its connections are open: the lock manager has ticked
+    proxy.cut("new")  # the worker keeps its connections; the horse it forks gets none
+    job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 0.2, job_timeout=30)
+    wait_for(lambda: r.hget(f"rq:job:{job.id}", "emq_attempts") == b"1", timeout=10, what="the take")
+    time.sleep(0.5)
+    proxy.heal()
+    wait_for(lambda: status(r, job.id) in ("finished", "failed"), timeout=15, what="the job to end")
+    assert status(r, job.id) == "finished"  # not failed with the horse's ConnectionError
+    assert [line.split()[0] for line in runs(log)] == ["start", "end"]
+    assert worker.poll() is None, procs.log(worker)
+
+
+def test_a_finish_keeps_trying_for_as_long_as_the_lease_would_last(
+    r: redis.Redis, procs: Processes, tmp_path: Path, proxy: TcpProxy
+) -> None:
+    # Redis out of reach for 1.9 s of a 2.4 s lease as the job ends (a restart can take
+    # that long): the horse must not give up while its lease could still be alive
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 1.0, job_timeout=30)
+    worker = procs.worker(proxy.url, RQ_EMQ_LEASE_MS="2400", RQ_EMQ_RENEW_INTERVAL_MS="200")
+    wait_for(lambda: runs(log), timeout=15, what="the job to start")
+    time.sleep(0.8)
+    proxy.cut("reset")
+    wait_for(lambda: len(runs(log)) == 2, timeout=5, what="the job function to return")
+    time.sleep(1.9)
+    proxy.heal()
+    wait_for(lambda: status(r, job.id) in ("finished", "failed"), timeout=15, what="the job to end")
+    assert status(r, job.id) == "finished"
+    assert [line.split()[0] for line in runs(log)] == ["start", "end"]
+    assert worker.poll() is None, procs.log(worker)
+
+
+def test_a_worker_that_loses_redis_for_a_moment_after_a_job_keeps_working(
+    r: redis.Redis, procs: Processes, tmp_path: Path, proxy: TcpProxy
+) -> None:
+    log = str(tmp_path / "runs.log")
+    worker = procs.worker(proxy.url, name="blip-worker", **STEADY)
+    job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 1.0, job_timeout=30)
+    wait_for(lambda: runs(log), timeout=15, what="the job to start")
+    # the worker process's connections are dropped and it cannot open others for a moment
+    # (under RQ 3 its horse's own connection lives on and finishes the job at once)
+    proxy.cut("new")
+    assert proxy.drop(set(redis_addresses([worker.pid], proxy.port))) >= 1
+    time.sleep(1.5)  # the job ends in the cut
+    proxy.heal()
+    wait_for(lambda: status(r, job.id) == "finished", timeout=10, what="the job to finish")
+    second = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 0.1, job_timeout=30)
+    wait_for(lambda: status(r, second.id) in ("finished", "failed"), timeout=15, what="the next job")
+    assert status(r, second.id) == "finished"
+    assert worker.poll() is None and "unhandled exception" not in procs.log(worker), procs.log(worker)

@@ -1,0 +1,199 @@
+"""The soak's verdict, on made-up evidence: each invariant passes when it holds and fails
+when it is broken (so a soak that passes means something)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from soak.checks import evaluate
+from soak.faults import Fault
+from soak.jobs import Run, read_runs
+from soak.model import Config, Evidence, Planned
+
+WORKER, HORSE, OTHER_WORKER, OTHER_HORSE = 100, 101, 200, 201
+
+
+def evidence(
+    runs: list[Run],
+    final: dict[str, Any] | None = None,
+    faults: list[Fault] | None = None,
+    outcome: str = "ok",
+    taken: int | None = None,
+    worker: str = "lease",
+    queue_violations: list[str] | None = None,
+    queued: list[str] | None = None,
+) -> Evidence:
+    state = {"status": "finished", "attempts": None, "max_attempts": "5", "failure": None, "reason": ""}
+    state.update(final or {})
+    return Evidence(
+        config=Config(worker=worker),
+        jobs={"j": Planned("j", 0.1, outcome, 0)},
+        faults=faults or [],
+        queue_samples=10,
+        queue_violations=queue_violations or [],
+        final={"j": state},
+        registries={"queued": queued or [], "finished": ["j"], "failed": [], "leases": [], "started": []},
+        stats={"taken": len(runs) if taken is None else taken},
+        runs={"j": runs} if runs else {},
+        respawns=0,
+        drained_in=1.0,
+    )
+
+
+def run(
+    attempt: int, started: float, ended: float | None = None, outcome: str | None = None, **pids: int
+) -> Run:
+    return Run("j", pids.get("pid", HORSE), pids.get("ppid", WORKER), started, attempt, ended, outcome)
+
+
+def kill(kind: str, at: float, worker: int = WORKER, horse: int = HORSE) -> Fault:
+    return Fault(kind, at, "w", worker, [horse], "j", b"token", ended=at)
+
+
+def test_one_clean_run_passes() -> None:
+    verdict = evaluate(evidence([run(1, 1.0, 2.0, "ok")]))
+    assert verdict.passed, verdict.violations
+    assert verdict.counts["duplicates"] == 0 and verdict.counts["lost"] == 0
+
+
+def test_a_second_run_with_no_fault_to_explain_it_is_a_duplicate() -> None:
+    runs = [run(1, 1.0), run(2, 5.0, 6.0, "ok", pid=OTHER_HORSE, ppid=OTHER_WORKER)]
+    verdict = evaluate(evidence(runs))
+    assert not verdict.passed and verdict.counts["duplicates"] == 1
+
+
+def test_a_second_run_after_its_worker_was_killed_is_explained() -> None:
+    runs = [run(1, 1.0), run(2, 5.0, 6.0, "ok", pid=OTHER_HORSE, ppid=OTHER_WORKER)]
+    verdict = evaluate(evidence(runs, faults=[kill("kill_worker", 2.0)]))
+    assert verdict.passed, verdict.violations
+    assert verdict.counts["repeated_runs"] == 1 and verdict.counts["duplicates"] == 0
+
+
+def test_a_short_stop_explains_no_second_run() -> None:
+    stop = Fault("stop_short", 2.0, "w", WORKER, [HORSE], "j", b"token", ended=2.5)
+    runs = [run(1, 1.0), run(2, 5.0, 6.0, "ok", pid=OTHER_HORSE, ppid=OTHER_WORKER)]
+    assert not evaluate(evidence(runs, faults=[stop])).passed
+
+
+def test_a_fault_on_another_worker_explains_nothing() -> None:
+    runs = [run(1, 1.0), run(2, 5.0, 6.0, "ok", pid=OTHER_HORSE, ppid=OTHER_WORKER)]
+    assert not evaluate(evidence(runs, faults=[kill("kill_worker", 2.0, worker=999, horse=998)])).passed
+
+
+def test_a_job_left_unfinished_is_lost() -> None:
+    verdict = evaluate(evidence([run(1, 1.0)], final={"status": "queued"}, queued=["j"]))
+    assert not verdict.passed and verdict.counts["lost"] == 1
+
+
+def test_a_job_queued_twice_fails_the_soak() -> None:
+    verdict = evaluate(evidence([run(1, 1.0, 2.0, "ok")], queue_violations=["1.0 j twice in the queue"]))
+    assert not verdict.passed and verdict.counts["queued_twice"] == 1
+
+
+def test_attempts_that_go_back_after_a_stall_fail_the_soak() -> None:
+    runs = [run(2, 1.0), run(1, 5.0, 6.0, "ok", pid=OTHER_HORSE, ppid=OTHER_WORKER)]
+    verdict = evaluate(evidence(runs, faults=[kill("kill_worker", 2.0)], taken=2))
+    assert any("went back" in v for v in verdict.violations)
+
+
+def test_attempts_start_over_after_a_retry() -> None:
+    runs = [run(1, 1.0, 1.5, "raise"), run(1, 2.0, 3.0, "ok", pid=OTHER_HORSE)]
+    verdict = evaluate(evidence(runs, outcome="flaky", taken=2))
+    assert verdict.passed, verdict.violations
+
+
+def test_takes_redis_counted_that_no_run_accounts_for_fail_the_soak() -> None:
+    verdict = evaluate(evidence([run(1, 1.0, 2.0, "ok")], taken=2))
+    assert any("takes" in v for v in verdict.violations)
+
+
+def test_a_finished_job_still_holding_attempts_fails_the_soak() -> None:
+    verdict = evaluate(evidence([run(1, 1.0, 2.0, "ok")], final={"attempts": "1"}))
+    assert not verdict.passed
+
+
+def test_failed_at_max_attempts_must_hold_its_max_and_say_so() -> None:
+    runs = [run(k, float(k)) for k in (1, 2)]
+    faults = [kill("kill_worker", 1.5), kill("kill_worker", 2.5)]
+    stalled = {
+        "status": "failed",
+        "attempts": None,
+        "max_attempts": "2",
+        "failure": "stalled on attempt 2 of 2",
+        "reason": "JobStalled: job j stalled on attempt 2 of 2 (its worker died or lost its lease)",
+    }
+    assert evaluate(evidence(runs, final=stalled, faults=faults)).passed
+    still_counting = dict(stalled, attempts="2")
+    assert not evaluate(evidence(runs, final=still_counting, faults=faults)).passed
+    wrong = dict(stalled, failure="stalled on attempt 1 of 2")
+    assert not evaluate(evidence(runs, final=wrong, faults=faults)).passed
+    no_result = dict(stalled, reason="")
+    assert not evaluate(evidence(runs, final=no_result, faults=faults)).passed
+
+
+def test_a_failed_job_whose_run_completed_failed_while_running() -> None:
+    final = {"status": "failed", "reason": "AbandonedJobError"}
+    verdict = evaluate(evidence([run(1, 1.0, 2.0, "ok")], final=final, worker="stock"))
+    assert verdict.counts["failed_while_running"] == 1
+    assert verdict.passed  # the stock baseline is reported, never failed on
+
+
+def test_the_side_effect_log_pairs_starts_with_ends_by_pid(tmp_path: Any) -> None:
+    log = tmp_path / "runs.log"
+    log.write_text(
+        "start j 11 10 1.0 1\nstart j 21 20 2.0 2\nend j 21 3.0 ok\nstart k 31 30 1.5 -\nend j 11 4.0 raise\n"
+    )
+    runs = read_runs(str(log))
+    assert [(r.pid, r.attempt, r.outcome) for r in runs["j"]] == [(11, 1, "raise"), (21, 2, "ok")]
+    assert runs["k"][0].attempt is None and runs["k"][0].ended is None
+
+
+def test_a_worker_that_crashes_after_only_a_short_fault_fails_the_soak() -> None:
+    crash = Fault("crash", 3.0, "w", WORKER, ended=3.0, detail="exit status 1")
+    short_cut = Fault("cut_short", 2.0, "w", WORKER, [HORSE], ended=2.5)
+    runs = [run(1, 1.0), run(2, 5.0, 6.0, "ok", pid=OTHER_HORSE, ppid=OTHER_WORKER)]
+    assert not evaluate(evidence(runs, faults=[short_cut, crash])).passed
+    long_cut = Fault("cut_long", 2.0, "w", WORKER, [HORSE], ended=6.0)
+    assert evaluate(evidence(runs, faults=[long_cut, crash])).passed
+
+
+def test_failed_at_max_attempts_after_a_completed_run_needs_its_holder_cut_off() -> None:
+    stalled = {
+        "status": "failed",
+        "max_attempts": "1",
+        "failure": "stalled on attempt 1 of 1",
+        "reason": "JobStalled: job j stalled on attempt 1 of 1 (its worker died or lost its lease)",
+    }
+    runs = [run(1, 1.0, 2.0, "ok")]
+    assert not evaluate(evidence(runs, final=stalled)).passed
+    cut = Fault("cut_long", 1.5, "w", WORKER, [HORSE], "j", b"token", ended=6.0)
+    verdict = evaluate(evidence(runs, final=stalled, faults=[cut]))
+    assert verdict.passed, verdict.violations
+    assert verdict.counts["failed_while_running"] == 1
+
+
+def test_a_horse_held_back_by_a_long_stop_that_starts_late_is_a_stale_run() -> None:
+    # attempt 2 was taken by WORKER, whose horse a long stop froze before the job began;
+    # attempt 3 ran elsewhere and finished; the frozen horse then began, reading no count
+    stop = Fault("stop_long", 2.0, "w", WORKER, [HORSE], None, None, ended=6.0)
+    kill = Fault("kill_worker", 1.5, "w", 300, [301], "j", b"t", ended=1.5)
+    runs = [
+        run(1, 1.0, pid=301, ppid=300),
+        run(3, 4.0, 5.0, "ok", pid=OTHER_HORSE, ppid=OTHER_WORKER),
+        Run("j", HORSE, WORKER, 6.01, None),
+    ]
+    verdict = evaluate(evidence(runs, faults=[kill, stop], taken=3))
+    assert verdict.passed, verdict.violations
+    assert verdict.counts["stale_runs"] == 1 and verdict.counts["takes_never_started"] == 1
+    # the same late start with no stop to explain it is a violation
+    assert not evaluate(evidence(runs, faults=[kill], taken=3)).passed
+
+
+def test_a_horse_killed_before_its_job_began_explains_rqs_failure_and_its_take() -> None:
+    killed = Fault("kill_horse", 1.0, "soak-w0-1", WORKER, [HORSE], None, None, ended=1.0)
+    final = {"status": "failed", "reason": "Work-horse terminated unexpectedly; waitpid returned 9"}
+    verdict = evaluate(evidence([], final=dict(final, worker="soak-w0-1"), faults=[killed], taken=1))
+    assert verdict.passed, verdict.violations
+    assert verdict.counts["takes_never_started"] == 1
+    elsewhere = evaluate(evidence([], final=dict(final, worker="soak-w3-1"), faults=[killed], taken=1))
+    assert not elsewhere.passed

@@ -26,13 +26,7 @@ if redis.call('HGET', KEYS[1], 'emq_token') ~= token then
   redis.call('HINCRBY', KEYS[5], 'fenced', 1)
   return {0}
 end
-local replies = {}
-local pos = 4
-for i = 1, tonumber(ARGV[3]) do
-  local argc = tonumber(ARGV[pos])
-  replies[i] = redis.pcall(unpack(ARGV, pos + 1, pos + argc))
-  pos = pos + argc + 1
-end
+local replies = run_packed(4, tonumber(ARGV[3]))
 if drop_lease(KEYS[1], KEYS[2], KEYS[3], KEYS[4], job_id, 'done:' .. token) then
   -- attempts count consecutive takes that did not end normally; this one did
   redis.call('HDEL', KEYS[1], 'emq_attempts')

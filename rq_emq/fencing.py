@@ -53,28 +53,41 @@ class Fence:
         q = QueueKeys(self.queue)
         return [job_key(self.job_id), q.lock(self.job_id), q.leases, q.stalled, q.stats]
 
+    @property
+    def guard_keys(self) -> list[str]:
+        return [job_key(self.job_id), QueueKeys(self.queue).stats]
+
     def release(self, client: Redis) -> bool:
         """Release the lease without writing anything else; False when it was not ours."""
         reply = scripts.load("finish_job")(client, self.keys, [self.job_id, self.token, 0])
         return bool(reply and int(reply[0]) == 1)
 
-    def lost(self) -> LeaseLost:
+    def lost(self, what: str = "outcome discarded (fenced finish)") -> LeaseLost:
         logger.warning(
-            "job %s on queue %s: lease lost, outcome discarded (fenced finish)",
+            "job %s on queue %s: lease lost, %s",
             self.job_id,
             self.queue,
+            what,
             extra={"job_id": self.job_id, "queue": self.queue},
         )
         return LeaseLost(self.queue, self.job_id)
 
 
 class _Session:
-    """One fenced finish: its first transaction is the outcome; later ones follow it."""
+    """One fenced block: its first transaction is checked (and, for a finish, releases the
+    lease); later ones follow it."""
 
-    def __init__(self, fence: Fence) -> None:
+    def __init__(self, fence: Fence, release: bool) -> None:
         self.fence = fence
+        self.release = release
         self.committed = False
         self.refused = False
+
+    def refuse(self) -> LeaseLost:
+        self.refused = True
+        if self.release:
+            return self.fence.lost()
+        return self.fence.lost("its bookkeeping discarded (guarded write)")
 
 
 class _FencedPipelineMixin:
@@ -95,28 +108,31 @@ class _FencedPipelineMixin:
             raise LeaseLost(fence.queue, fence.job_id)
         if any(_command_name(args) in _NOT_IN_SCRIPTS for args, _ in commands):
             return self._execute_checked(commands, raise_on_error)
-        packed: list[Any] = [fence.job_id, fence.token, len(commands)]
+        if session.release:
+            script, keys = scripts.load("finish_job"), fence.keys
+            packed: list[Any] = [fence.job_id, fence.token, len(commands)]
+        else:
+            script, keys = scripts.load("guard_job_write"), fence.guard_keys
+            packed = [fence.token, len(commands)]
         for args, _options in commands:
             words = _split_name(args)
             packed.append(len(words))
             packed.extend(words)
-        script = scripts.load("finish_job")
         watching = bool(pipe.watching)
         for attempt in (1, 2):
             pipe.command_stack = []
-            pipe.pipeline_execute_command("EVALSHA", script.sha, 5, *fence.keys, *packed)
+            pipe.pipeline_execute_command("EVALSHA", script.sha, len(keys), *keys, *packed)
             (reply,) = super().execute(raise_on_error=False)  # type: ignore[misc]
             if not scripts.is_noscript(reply) or attempt == 2:
                 break
             script.load(Redis(connection_pool=pipe.connection_pool))
             if watching:
                 # The WATCH was spent by that EXEC; RQ's retry loop starts over.
-                raise WatchError("finish_job script was not loaded; retry")
+                raise WatchError(f"{script.name} script was not loaded; retry")
         if isinstance(reply, Exception):
             raise reply
         if int(reply[0]) != 1:
-            session.refused = True
-            raise fence.lost()
+            raise session.refuse()
         session.committed = True
         return self._apply_callbacks(commands, list(reply[1]), raise_on_error)
 
@@ -130,11 +146,11 @@ class _FencedPipelineMixin:
         owner = client.hget(job_key(fence.job_id), "emq_token")
         if owner is None or (owner.decode() if isinstance(owner, bytes) else owner) != fence.token:
             pipe.reset()
-            session.refused = True
-            raise fence.lost()
+            raise session.refuse()
         result = super().execute(raise_on_error)  # type: ignore[misc]
         session.committed = True
-        fence.release(client)
+        if session.release:
+            fence.release(client)
         return list(result)
 
     def _apply_callbacks(self, commands: list[Any], replies: list[Any], raise_on_error: bool) -> list[Any]:
@@ -188,12 +204,12 @@ def prepare(connection: Redis) -> None:
 
 
 @contextmanager
-def fenced(connection: Redis, fence: Fence) -> Iterator[None]:
+def fenced(connection: Redis, fence: Fence, release: bool = True) -> Iterator[None]:
     """Within this block, the first transaction opened on ``connection`` commits only
-    while ``fence`` holds the lease, and releases it; transactions after a refused one
-    are refused too, and those after a committed one run unchanged."""
+    while ``fence`` holds the lease, and (``release``) releases it; transactions after a
+    refused one are refused too, and those after a committed one run unchanged."""
     original = connection.pipeline
-    session = _Session(fence)
+    session = _Session(fence, release)
 
     def pipeline(*args: Any, **kwargs: Any) -> Pipeline:
         pipe = original(*args, **kwargs)

@@ -22,8 +22,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
@@ -38,8 +36,9 @@ from rq.queue import Queue
 from rq.utils import now
 
 from . import compat, fencing, scripts
-from .blips import through_blips, wait_for_redis
+from .blips import wait_for_redis
 from .fencing import LeaseLost, fenced
+from .job_writes import JobWritesMixin, LeaseJobInterrupted
 from .keys import QueueKeys, job_key
 from .lease import Lease, LockManager
 from .settings import LeaseSettings
@@ -58,11 +57,7 @@ _PR_SET_PDEATHSIG = 1
 HEARTBEAT_REPEAT_S = 1.0
 
 
-class LeaseJobInterrupted(Exception):
-    """Raised inside a SimpleLeaseWorker's job when its lease was lost."""
-
-
-class LeaseMixin:
+class LeaseMixin(JobWritesMixin):
     """The lease behaviour shared by both worker kinds (put before the RQ worker class)."""
 
     # Settings as class attributes; None means "environment variable, else default".
@@ -228,16 +223,11 @@ class LeaseMixin:
             pass
 
     # -- run -----------------------------------------------------------------------------
-    def prepare_execution(self, job: Job) -> Any:
-        execution = super().prepare_execution(job)  # type: ignore[misc]
-        lease = self.lock_manager.get(job.id) if self.lock_manager else None
-        if lease is not None:
-            lease.execution = execution
-        return execution
-
     def execute_job(self, job: Job, queue: Queue) -> Any:
         try:
             return super().execute_job(job, queue)  # type: ignore[misc]
+        except LeaseLost:
+            return None  # its execution record was refused: the job is someone else's now
         except (RedisConnectionError, RedisTimeoutError) as error:
             # RQ's work loop quits on this; a worker that lost Redis for a moment around a
             # job waits for it instead, as RQ does while it dequeues. Whatever outcome this
@@ -304,60 +294,6 @@ class LeaseMixin:
 
     def _stop_lost_job(self, lease: Lease) -> None:
         raise NotImplementedError
-
-    # -- finish (fenced) -----------------------------------------------------------------
-    @contextmanager
-    def _fenced_finish(self, job: Job) -> Iterator[None]:
-        lease = self.lock_manager.get(job.id) if self.lock_manager is not None else None
-        if lease is None or "pipeline" in vars(self.connection):
-            yield  # not a job we leased, or already inside a fenced finish
-            return
-        try:
-            with fenced(self.connection, lease.fence):
-                yield
-        except LeaseLost:
-            pass  # logged where it was refused; nothing was written
-
-    def _through_blips(self, job: Job, step: Callable[[], Any], what: str) -> Any:
-        """One of the horse's Redis steps around a job, tried again through a connection
-        blip for up to a lease. The steps are idempotent, and a finish tried again is safe
-        because of the fence: a commit that went through before its reply was lost is
-        refused the second time, and nothing is written twice."""
-        return through_blips(step, job.id, self.lease_settings.lease_ms / 1000, what)
-
-    def _finish(self, job: Job, finish: Callable[[], Any]) -> Any:
-        def fenced_finish() -> Any:
-            with self._fenced_finish(job):
-                return finish()
-
-        return self._through_blips(job, fenced_finish, "write its outcome")
-
-    def prepare_job_execution(self, job: Job, *args: Any, **kwargs: Any) -> Any:
-        """The horse's first writes (status started, heartbeats; idempotent): a blip here
-        would otherwise fail the job with the ConnectionError, before it ever ran."""
-        parent: Any = super()
-        return self._through_blips(
-            job, lambda: parent.prepare_job_execution(job, *args, **kwargs), "prepare its run"
-        )
-
-    def handle_execution_ended(self, job: Job, *args: Any, **kwargs: Any) -> Any:
-        """RQ stamps the job's end with a heartbeat before finishing it (idempotent)."""
-        parent: Any = super()
-        return self._through_blips(
-            job, lambda: parent.handle_execution_ended(job, *args, **kwargs), "record its end"
-        )
-
-    def handle_job_success(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> Any:
-        parent: Any = super()
-        return self._finish(job, lambda: parent.handle_job_success(job, queue, *args, **kwargs))
-
-    def handle_job_failure(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> Any:
-        parent: Any = super()
-        return self._finish(job, lambda: parent.handle_job_failure(job, queue, *args, **kwargs))
-
-    def handle_job_retry(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> Any:
-        parent: Any = super()
-        return self._finish(job, lambda: parent.handle_job_retry(job, queue, *args, **kwargs))
 
     # -- maintenance -----------------------------------------------------------------------
     def clean_registries(self) -> None:

@@ -274,6 +274,27 @@ def test_a_late_finish_by_a_worker_that_lost_its_lease_changes_nothing(
     assert int(r.hget(QueueKeys("q").stats, "fenced")) == 1
 
 
+def test_a_guarded_start_commits_only_for_the_holder_and_keeps_the_lease(r: redis.Redis) -> None:
+    job, lease = _leased(r)
+    q = QueueKeys("q")
+    with fenced(r, lease.fence, release=False):
+        pipe = r.pipeline()
+        pipe.hset(job_key(job.id), "status", "started")
+        assert pipe.execute() == [0]  # the field existed: RQ's reply, parsed as RQ expects
+    assert r.hget(job_key(job.id), "status") == b"started"
+    assert r.get(q.lock(job.id)) == lease.token.encode() and r.zscore(q.leases, job.id) is not None
+    assert r.hget(job_key(job.id), "emq_token") == lease.token.encode()
+    # recovered and finished elsewhere: a late start writes nothing
+    r.hset(job_key(job.id), mapping={"emq_token": "someone-else", "status": "finished"})
+    with fenced(r, lease.fence, release=False):
+        pipe = r.pipeline()
+        pipe.hset(job_key(job.id), "status", "started")
+        with pytest.raises(LeaseLost):
+            pipe.execute()
+    assert r.hget(job_key(job.id), "status") == b"finished"
+    assert int(r.hget(q.stats, "fenced")) == 1
+
+
 def test_transactions_after_the_outcome_run_unfenced(r: redis.Redis) -> None:
     job, lease = _leased(r)
     with fenced(r, lease.fence):

@@ -201,3 +201,34 @@ def test_a_redis_stall_longer_than_the_lease_does_not_reclaim_a_live_workers_job
     assert worker.wait(timeout=20) == 0, procs.log(worker)
     assert status(r, job.id) == "finished" and len(starts(log)) == 1
     assert stat(r, "default", "recovered") == 0 and stat(r, "default", "lease_lost") == 0
+
+
+def test_a_horse_that_wakes_after_its_job_was_finished_elsewhere_writes_nothing_to_it(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
+) -> None:
+    """Found by the soak: a horse held up just before it marks its job started (here a
+    sleep, there a partition) while its worker is frozen. The job is recovered and
+    finished by another worker; the horse then wakes. Its start must be refused."""
+    log, marker = str(tmp_path / "runs.log"), tmp_path / "horse.pid"
+    job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 0.2, job_timeout=30)
+    slow = procs.worker(
+        redis_url,
+        worker_class="worker_classes.SlowStartLeaseWorker",
+        name="worker-slow",
+        EMQ_TEST_START_MARKER=str(marker),
+        EMQ_TEST_START_DELAY="4",
+        **FAST,
+    )
+    horse = int(wait_for(lambda: marker.exists() and marker.read_text(), what="the horse to begin"))  # type: ignore[arg-type]
+    os.kill(slow.pid, signal.SIGSTOP)  # no renewals: the lease lapses
+    other = procs.worker(redis_url, name="worker-b", **FAST)
+    wait_status(r, job.id, "finished", timeout=15)
+    wait_for(lambda: not pid_alive(horse), timeout=10, what="the slow horse to wake and end")
+    os.kill(slow.pid, signal.SIGCONT)
+    time.sleep(1.0)  # the woken worker's tick and its monitor of the ended horse
+    assert r.hget(job_key(job.id), "status") == b"finished"
+    assert r.hget(job_key(job.id), "worker_name") == b"worker-b"
+    assert Job.fetch(job.id, connection=r).get_status() == "finished"
+    assert len(starts(log)) == 1
+    assert stat(r, "default", "fenced") >= 1
+    assert slow.poll() is None and other.poll() is None

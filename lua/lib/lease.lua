@@ -44,6 +44,19 @@ local function grant_lease(job_key, lock_key, leases_key, stats_key, job_id, tok
   return attempts
 end
 
+-- Run the `count` commands packed in ARGV from position `pos` (per command: its argument
+-- count, then its arguments), as RQ queued them for one transaction. An error reply takes
+-- its command's place, as EXEC would report it. Returns the replies.
+local function run_packed(pos, count)
+  local replies = {}
+  for i = 1, count do
+    local argc = tonumber(ARGV[pos])
+    replies[i] = redis.pcall(unpack(ARGV, pos + 1, pos + argc))
+    pos = pos + argc + 1
+  end
+  return replies
+end
+
 -- Forget the lease on job_id: lock, index entry and stall mark. The owner token is
 -- replaced by `settled` (so the holder's next renewal learns the job ended normally
 -- rather than being taken from it), or removed when `settled` is false. Returns whether

@@ -1,0 +1,120 @@
+"""Every write a lease worker makes to a job it leased, checked against its lease.
+
+RQ's own code does the writing; this mixin wraps RQ's seams so that:
+
+- the writes that start a run (the worker's execution record, the horse's "started")
+  commit only while the worker still holds the lease, and keep it (``guard_job_write``);
+- the outcome (success, failure, ``Retry``, stop, timeout) commits only while the worker
+  holds the lease, and releases it in the same step (``finish_job``);
+- each of those steps is tried again through a Redis connection blip for as long as the
+  lease could still be alive (:mod:`rq_emq.blips`), which the fence makes safe.
+
+A worker or horse that was frozen or cut off past its lease and wakes after the job was
+recovered (and perhaps finished elsewhere) therefore writes nothing to it: a refused start
+ends the run before the job is called, a refused outcome is discarded.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from redis import Redis
+from rq.job import Job
+from rq.queue import Queue
+
+from .blips import through_blips
+from .fencing import LeaseLost, fenced
+from .lease import LockManager
+from .settings import LeaseSettings
+
+
+class LeaseJobInterrupted(Exception):
+    """Raised inside a SimpleLeaseWorker's job when its lease was lost."""
+
+
+class JobWritesMixin:
+    """Guarded starts, fenced finishes, both through connection blips."""
+
+    connection: Redis
+    lock_manager: LockManager | None
+    lease_settings: LeaseSettings
+
+    @contextmanager
+    def _fenced(self, job: Job, release: bool = True) -> Iterator[None]:
+        """Fence the first transaction opened in this block. A refused finish is
+        swallowed (logged where refused; nothing written); a refused start is raised."""
+        lease = self.lock_manager.get(job.id) if self.lock_manager is not None else None
+        if lease is None or "pipeline" in vars(self.connection):
+            yield  # not a job we leased, or already inside a fenced block
+            return
+        try:
+            with fenced(self.connection, lease.fence, release=release):
+                yield
+        except LeaseLost:
+            if not release:
+                raise
+
+    def _through_blips(self, job: Job, step: Callable[[], Any], what: str) -> Any:
+        return through_blips(step, job.id, self.lease_settings.lease_ms / 1000, what)
+
+    def _guarded(self, job: Job, step: Callable[[], Any], what: str) -> Any:
+        def guarded() -> Any:
+            with self._fenced(job, release=False):
+                return step()
+
+        return self._through_blips(job, guarded, what)
+
+    def _finish(self, job: Job, finish: Callable[[], Any]) -> Any:
+        def fenced_finish() -> Any:
+            with self._fenced(job):
+                return finish()
+
+        return self._through_blips(job, fenced_finish, "write its outcome")
+
+    # -- start ---------------------------------------------------------------------------
+    def prepare_execution(self, job: Job) -> Any:
+        """The worker's execution record (started registry, worker busy), guarded; the
+        lock manager heartbeats the execution from then on."""
+        parent: Any = super()
+        execution = self._guarded(job, lambda: parent.prepare_execution(job), "record its execution")
+        lease = self.lock_manager.get(job.id) if self.lock_manager else None
+        if lease is not None:
+            lease.execution = execution
+        return execution
+
+    def prepare_job_execution(self, job: Job, *args: Any, **kwargs: Any) -> Any:
+        """The horse's first writes (status started, heartbeats), guarded: a horse that
+        wakes after its job was recovered ends here, before the job is called."""
+        parent: Any = super()
+        me: Any = self
+        try:
+            return self._guarded(
+                job, lambda: parent.prepare_job_execution(job, *args, **kwargs), "prepare its run"
+            )
+        except LeaseLost:
+            if me.is_horse:
+                os._exit(0)  # nothing written; the worker's own finish is fenced too
+            raise LeaseJobInterrupted(f"job {job.id}: lease lost before it started") from None
+
+    def handle_execution_ended(self, job: Job, *args: Any, **kwargs: Any) -> Any:
+        """RQ stamps the job's end with a heartbeat before finishing it (idempotent)."""
+        parent: Any = super()
+        return self._through_blips(
+            job, lambda: parent.handle_execution_ended(job, *args, **kwargs), "record its end"
+        )
+
+    # -- finish --------------------------------------------------------------------------
+    def handle_job_success(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> Any:
+        parent: Any = super()
+        return self._finish(job, lambda: parent.handle_job_success(job, queue, *args, **kwargs))
+
+    def handle_job_failure(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> Any:
+        parent: Any = super()
+        return self._finish(job, lambda: parent.handle_job_failure(job, queue, *args, **kwargs))
+
+    def handle_job_retry(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> Any:
+        parent: Any = super()
+        return self._finish(job, lambda: parent.handle_job_retry(job, queue, *args, **kwargs))

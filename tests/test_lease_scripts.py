@@ -48,6 +48,17 @@ def test_pop_leases_the_job_in_the_same_step(r: redis.Redis) -> None:
     assert (taken.raw[b"emq_attempts"], taken.raw[b"emq_max_attempts"]) == (b"1", b"3")
 
 
+def test_a_job_hash_with_many_fields_is_taken_again_with_its_attempts_counted(r: redis.Redis) -> None:
+    """Found by the long soak: with emq_attempts far down a big job hash, the take read its
+    position as a number base and failed, crashing the worker."""
+    job = Queue("q", connection=r).enqueue("jobs.noop")
+    r.hset(job_key(job.id), mapping={f"field_{i}": "x" for i in range(40)})
+    r.hset(job_key(job.id), "emq_attempts", "2")  # taken twice before, lease lapsed
+    taken = taker(r).pop(["q"])
+    assert taken is not None and taken.attempts == 3
+    assert r.hget(job_key(job.id), "emq_attempts") == b"3"
+
+
 def test_tokens_carry_128_random_bits_and_the_worker_name(r: redis.Redis) -> None:
     queue = Queue("q", connection=r)
     tokens = set()

@@ -24,7 +24,8 @@ local function grant_lease(job_key, lock_key, leases_key, stats_key, job_id, tok
   local now = now_ms()
   redis.call('SET', lock_key, token, 'PX', lease_ms)
   redis.call('ZADD', leases_key, now + lease_ms, job_id)
-  local attempts = (tonumber(hash_field(hash, 'emq_attempts')) or 0) + 1
+  -- one value only: tonumber's second argument is a base
+  local attempts = (tonumber((hash_field(hash, 'emq_attempts'))) or 0) + 1
   local fields = {'emq_attempts', tostring(attempts), 'emq_token', token, 'emq_worker', worker}
   if hash_field(hash, 'emq_max_attempts') == nil then
     fields[#fields + 1] = 'emq_max_attempts'

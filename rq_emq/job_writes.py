@@ -16,6 +16,7 @@ ends the run before the job is called, a refused outcome is discarded.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,10 +26,12 @@ from redis import Redis
 from rq.job import Job
 from rq.queue import Queue
 
-from .blips import through_blips
+from .blips import BLIPS, through_blips
 from .fencing import LeaseLost, fenced
 from .lease import LockManager
 from .settings import LeaseSettings
+
+logger = logging.getLogger("rq_emq.lease")
 
 
 class LeaseJobInterrupted(Exception):
@@ -95,9 +98,30 @@ class JobWritesMixin:
                 job, lambda: parent.prepare_job_execution(job, *args, **kwargs), "prepare its run"
             )
         except LeaseLost:
-            if me.is_horse:
-                os._exit(0)  # nothing written; the worker's own finish is fenced too
-            raise LeaseJobInterrupted(f"job {job.id}: lease lost before it started") from None
+            reason = "lease lost before it started"
+        except BLIPS:
+            # Redis stayed out of reach for a whole lease before the job began: it did not
+            # run, so it is not failed. Hand it back if Redis is back, else the sweep will.
+            reason = "Redis unreachable as it started; handed back"
+            self._hand_back_unstarted(job)
+        if me.is_horse:
+            os._exit(0)  # nothing of this run written; the worker's own finish is fenced too
+        raise LeaseJobInterrupted(f"job {job.id}: {reason}")
+
+    def _hand_back_unstarted(self, job: Job) -> None:
+        lease = self.lock_manager.get(job.id) if self.lock_manager is not None else None
+        if lease is None:
+            return
+        try:
+            if lease.hand_back(self.connection):
+                logger.warning(
+                    "job %s handed back to the front of queue %s: Redis was out of reach as it started",
+                    job.id,
+                    lease.queue,
+                    extra={"job_id": job.id, "queue": lease.queue},
+                )
+        except BLIPS:
+            pass  # still out of reach: the lease lapses and the sweep recovers the job
 
     def handle_execution_ended(self, job: Job, *args: Any, **kwargs: Any) -> Any:
         """RQ stamps the job's end with a heartbeat before finishing it (idempotent)."""

@@ -24,7 +24,7 @@ from rq.utils import now, utcformat
 from . import events, scripts
 from .background import BackgroundLoop
 from .fencing import Fence
-from .keys import QueueKeys
+from .keys import QueueKeys, job_key
 
 logger = logging.getLogger("rq_emq.lease")
 
@@ -55,6 +55,22 @@ class Lease:
     @property
     def fence(self) -> Fence:
         return Fence(self.queue, self.job_id, self.token)
+
+    def hand_back(self, client: Redis) -> bool:
+        """Put the job back at the front of its queue, attempt refunded, if this lease
+        still owns it (``return_job_to_queue``); False when it was not ours any more."""
+        q = QueueKeys(self.queue)
+        keys = [
+            job_key(self.job_id),
+            q.lock(self.job_id),
+            q.leases,
+            q.stalled,
+            q.stats,
+            q.rq_queue,
+            q.intermediate,
+            q.started,
+        ]
+        return bool(scripts.load("return_job_to_queue")(client, keys, [self.job_id, self.token]))
 
 
 class LockManager(BackgroundLoop):

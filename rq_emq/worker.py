@@ -324,21 +324,8 @@ class LeaseMixin(JobWritesMixin):
         if self.lock_manager is None:
             return
         for lease in self.lock_manager.held():
-            q = QueueKeys(lease.queue)
-            keys = [
-                job_key(lease.job_id),
-                q.lock(lease.job_id),
-                q.leases,
-                q.stalled,
-                q.stats,
-                q.rq_queue,
-                q.intermediate,
-                q.started,
-            ]
             try:
-                returned = scripts.load("return_job_to_queue")(
-                    self.connection, keys, [lease.job_id, lease.token]
-                )
+                returned = lease.hand_back(self.connection)
             except Exception:
                 logger.exception("job %s: could not hand it back to queue %s", lease.job_id, lease.queue)
                 continue

@@ -302,6 +302,11 @@ def _check_attempts(ev: Any, v: Verdict) -> None:
         if fault.kind == "kill_horse" and fault.horse_pids and not set(fault.horse_pids) & started_by:
             total_takes += 1
             skipped += 1
+    # a take handed back before its job began (a horse that could not reach Redis for a
+    # whole lease) had its attempt refunded: it too shows in no run
+    returned = ev.stats.get("returned", 0)
+    total_takes += returned
+    skipped += returned
     taken = ev.stats.get("taken", 0)
     if taken != total_takes:
         v.violations.append(

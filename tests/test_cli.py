@@ -303,7 +303,8 @@ def test_the_console_script_watches_status_as_json_lines_until_interrupted(
         # a refresh may have read before the second lease, not the last of three
         assert refreshes[-1]["queues"][0]["in_flight"] == 2
         watcher.send_signal(signal.SIGINT)
-        assert watcher.wait(timeout=10) == 0
+        _, errors = watcher.communicate(timeout=10)  # drained, so a full pipe cannot block it
+        assert watcher.returncode == 0, errors
     finally:
         if watcher.poll() is None:
             watcher.kill()

@@ -50,22 +50,30 @@ def test_a_job_that_ends_while_its_worker_is_cut_off_for_a_moment_finishes_once_
     assert "unhandled exception" not in procs.log(worker)
 
 
-def test_a_horse_that_cannot_reach_redis_for_a_moment_as_it_starts_runs_the_job_once(
-    r: redis.Redis, procs: Processes, tmp_path: Path, proxy: TcpProxy
+def _horse_cut_off_as_it_starts(
+    r: redis.Redis, procs: Processes, proxy: TcpProxy, log: str, cut_s: float, **lease_env: str
 ) -> None:
-    log = str(tmp_path / "runs.log")
-    worker = procs.worker(proxy.url, **STEADY)
+    """A worker whose horse gets no connection to Redis for ``cut_s`` as its job starts;
+    the job must end finished, run once, and the worker live on."""
+    worker = procs.worker(proxy.url, **lease_env)
     wait_for(lambda: r.scard("rq:workers") == 1, timeout=15, what="the worker to register")
     time.sleep(0.5)  # its connections are open: the lock manager has ticked
     proxy.cut("new")  # the worker keeps its connections; the horse it forks gets none
     job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 0.2, job_timeout=30)
     wait_for(lambda: r.hget(f"rq:job:{job.id}", "emq_attempts") == b"1", timeout=10, what="the take")
-    time.sleep(0.5)
+    time.sleep(cut_s)
     proxy.heal()
-    wait_for(lambda: status(r, job.id) in ("finished", "failed"), timeout=15, what="the job to end")
-    assert status(r, job.id) == "finished"  # not failed with the horse's ConnectionError
+    wait_for(lambda: status(r, job.id) in ("finished", "failed"), timeout=20, what="the job to end")
+    # not failed with the horse's ConnectionError
+    assert status(r, job.id) == "finished", r.hget(f"rq:job:{job.id}", "exc_info")
     assert [line.split()[0] for line in runs(log)] == ["start", "end"]
     assert worker.poll() is None, procs.log(worker)
+
+
+def test_a_horse_that_cannot_reach_redis_for_a_moment_as_it_starts_runs_the_job_once(
+    r: redis.Redis, procs: Processes, tmp_path: Path, proxy: TcpProxy
+) -> None:
+    _horse_cut_off_as_it_starts(r, procs, proxy, str(tmp_path / "runs.log"), 0.5, **STEADY)
 
 
 def test_a_horse_cut_off_for_longer_than_its_lease_as_it_starts_hands_the_job_back_unfailed(
@@ -73,20 +81,9 @@ def test_a_horse_cut_off_for_longer_than_its_lease_as_it_starts_hands_the_job_ba
 ) -> None:
     """Found by the long soak: the horse gave up preparing after a lease of trying, RQ
     failed the job with the ConnectionError, and a job that never ran was failed."""
-    log = str(tmp_path / "runs.log")
     short = {"RQ_EMQ_LEASE_MS": "1000", "RQ_EMQ_RENEW_INTERVAL_MS": "200", "RQ_EMQ_SWEEP_INTERVAL_MS": "250"}
-    worker = procs.worker(proxy.url, **short)
-    wait_for(lambda: r.scard("rq:workers") == 1, timeout=15, what="the worker to register")
-    time.sleep(0.5)  # its connections are open: the lock manager has ticked
-    proxy.cut("new")  # the worker keeps its connections; the horse it forks gets none
-    job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 0.2, job_timeout=30)
-    wait_for(lambda: r.hget(f"rq:job:{job.id}", "emq_attempts") == b"1", timeout=10, what="the take")
-    time.sleep(1.6)  # past the horse's lease of trying
-    proxy.heal()
-    wait_for(lambda: status(r, job.id) in ("finished", "failed"), timeout=20, what="the job to end")
-    assert status(r, job.id) == "finished", r.hget(f"rq:job:{job.id}", "exc_info")
-    assert [line.split()[0] for line in runs(log)] == ["start", "end"]
-    assert worker.poll() is None, procs.log(worker)
+    # 1.6 s: past the horse's lease of trying
+    _horse_cut_off_as_it_starts(r, procs, proxy, str(tmp_path / "runs.log"), 1.6, **short)
 
 
 def test_a_finish_keeps_trying_for_as_long_as_the_lease_would_last(

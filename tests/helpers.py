@@ -52,3 +52,16 @@ def lease_state(r: redis.Redis, queue: str, job_id: str) -> dict[str, object]:
 
 def now() -> float:
     return time.time()
+
+
+def count_pipelines(monkeypatch: object) -> list[int]:
+    """From now on in this test, the size of every pipeline sent (one entry per round trip)."""
+    sent: list[int] = []
+    original = redis.client.Pipeline.execute
+
+    def counting(self: redis.client.Pipeline, *args: object, **kwargs: object) -> object:
+        sent.append(len(self))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.client.Pipeline, "execute", counting)  # type: ignore[attr-defined]
+    return sent

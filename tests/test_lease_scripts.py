@@ -6,6 +6,7 @@ import logging
 
 import pytest
 import redis
+from helpers import count_pipelines
 from rq import Queue
 from rq.job import Job
 
@@ -184,7 +185,9 @@ def test_a_recovered_job_is_reported_lost_to_its_old_holder(r: redis.Redis) -> N
     assert int(r.hget(QueueKeys("q").stats, "lease_lost")) == 1
 
 
-def test_a_tick_is_one_round_trip_for_any_number_of_leases(r: redis.Redis) -> None:
+def test_a_tick_is_one_round_trip_for_any_number_of_leases(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
     queue_a, queue_b = Queue("a", connection=r), Queue("b", connection=r)
     m = manager(r, [])
     for i in range(60):
@@ -193,20 +196,10 @@ def test_a_tick_is_one_round_trip_for_any_number_of_leases(r: redis.Redis) -> No
         assert taken is not None
         m.add(Lease("b" if taken.queue_index else "a", taken.job_id, taken.token))
     scripts.load_all(r)  # as a worker does at startup
-    sent: list[int] = []
-    original = redis.client.Pipeline.execute
-
-    def counting(self: redis.client.Pipeline, *args: object, **kwargs: object) -> object:
-        sent.append(len(self))
-        return original(self, *args, **kwargs)
-
-    redis.client.Pipeline.execute = counting  # type: ignore[method-assign]
-    try:
-        r.config_resetstat()
-        m.tick()
-        stats = r.info("commandstats")
-    finally:
-        redis.client.Pipeline.execute = original  # type: ignore[method-assign]
+    sent = count_pipelines(monkeypatch)
+    r.config_resetstat()
+    m.tick()
+    stats = r.info("commandstats")
     assert sent == [2]  # one pipeline: one renew script per queue
     assert stats["cmdstat_evalsha"]["calls"] == 2
     assert int(r.hget(QueueKeys("a").stats, "renewed")) + int(r.hget(QueueKeys("b").stats, "renewed")) == 60
@@ -227,14 +220,7 @@ def test_a_tick_splits_many_leases_into_bounded_script_calls_in_one_round_trip(
     stolen = m.held()[-1]  # its call is the last of three
     r.hset(job_key(stolen.job_id), "emq_token", "someone-else")
     scripts.load_all(r)
-    sent: list[int] = []
-    original = redis.client.Pipeline.execute
-
-    def counting(self: redis.client.Pipeline, *args: object, **kwargs: object) -> object:
-        sent.append(len(self))
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(redis.client.Pipeline, "execute", counting)
+    sent = count_pipelines(monkeypatch)
     assert m.tick() == [stolen.job_id]
     assert sent == [3]  # one pipeline holding ceil(10 / 4) renew calls
     assert int(r.hget(QueueKeys("q").stats, "renewed")) == 9

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import redis
+from helpers import count_pipelines
 from rq import Worker
 
 from rq_emq import LeaseWorker, compat
@@ -27,14 +28,7 @@ def test_a_heartbeat_sent_alone_is_one_round_trip_and_a_repeat_within_a_second_i
     worker = LeaseWorker(["q"], connection=r, name="hb")
     worker.register_birth()
     size = stock_heartbeat_size(r, worker)
-    sent: list[int] = []
-    original = redis.client.Pipeline.execute
-
-    def counting(self: redis.client.Pipeline, *args: object, **kwargs: object) -> object:
-        sent.append(len(self))
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(redis.client.Pipeline, "execute", counting)
+    sent = count_pipelines(monkeypatch)
     r.config_resetstat()
     worker.heartbeat()
     assert sent == [size]  # RQ's heartbeat commands, all in one round trip

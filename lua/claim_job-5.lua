@@ -10,7 +10,7 @@ KEYS:
   4  emq:{<q>}:leases
   5  emq:{<q>}:stats
 ARGV:
-  1 job id  2 token  3 worker name  4 lease_ms  5 worker-wide default max attempts
+  1 job id  2 token  3 worker name  4 lease_ms
 Returns:
   {-1}  the job is no longer in the intermediate list (someone else handled it)
   {0}   the job hash no longer exists (the id is dropped, as RQ does)
@@ -19,11 +19,17 @@ Returns:
 -- @include lib/lease.lua
 
 local job_id = ARGV[1]
-if redis.call('LREM', KEYS[1], 1, job_id) == 0 then return {-1} end
+-- the intermediate list is short (a job stays there between BLMOVE and this call), so LPOS
+-- is cheap; the lease is written before the job leaves the list, so a failing write loses nothing
+if redis.call('LPOS', KEYS[1], job_id) == false then return {-1} end
 local hash = redis.call('HGETALL', KEYS[2])
-if #hash == 0 then return {0} end
+if #hash == 0 then
+  redis.call('LREM', KEYS[1], 1, job_id)
+  return {0}
+end
 local attempts = grant_lease(KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, ARGV[2], ARGV[3],
-  tonumber(ARGV[4]), ARGV[5], hash)
+  tonumber(ARGV[4]), hash)
+redis.call('LREM', KEYS[1], 1, job_id)
 local reply = {1, attempts}
 for k = 1, #hash do reply[2 + k] = hash[k] end
 return reply

@@ -14,22 +14,33 @@ KEYS:
 ARGV:
   1  job id
   2  token
-  3  number of commands; then per command: its argument count, then the arguments
+  3  the counter in emq:{<q>}:stats this outcome counts in (`finished` for a lease
+     holder's outcome, `outbox_completed`, `unreadable`)
+  4  number of commands; then per command: its argument count, then the arguments
 Returns:
   {0}               fenced out: the lease is not ours, nothing was written
   {1, replies}      replies[i] is the i-th command's reply (an error reply in place)
+  {2, status}       RQ ended or moved the job while it ran (canceled, failed or requeued
+                    by stock cleanup, ...): nothing was written, the job is left as RQ put
+                    it, and the lease is released
 ]]
 -- @include lib/lease.lua
 
 local job_id, token = ARGV[1], ARGV[2]
-if redis.call('HGET', KEYS[1], 'emq_token') ~= token then
+local state = lease_state(KEYS[1], token)
+if state == 'lost' then
   redis.call('HINCRBY', KEYS[5], 'fenced', 1)
   return {0}
 end
-local replies = run_packed(4, tonumber(ARGV[3]))
+if state == 'ended' then
+  drop_lease(KEYS[1], KEYS[2], KEYS[3], KEYS[4], job_id, 'done:' .. token)
+  redis.call('HINCRBY', KEYS[5], 'ended_by_rq', 1)
+  return {2, redis.call('HGET', KEYS[1], 'status') or ''}
+end
+local replies = run_packed(5, tonumber(ARGV[4]))
 if drop_lease(KEYS[1], KEYS[2], KEYS[3], KEYS[4], job_id, 'done:' .. token) then
   -- attempts count consecutive takes that did not end normally; this one did
-  redis.call('HDEL', KEYS[1], 'emq_attempts')
+  redis.call('HDEL', KEYS[1], 'emq_attempts', 'emq_status')
 end
-redis.call('HINCRBY', KEYS[5], 'finished', 1)
+redis.call('HINCRBY', KEYS[5], ARGV[3], 1)
 return {1, replies}

@@ -9,10 +9,14 @@ after a Redis stall that let every lease lapse at once.
 
 Phase 2 (recover): each job marked at least `grace_ms` ago
   - lock back, or no longer in flight: unmarked;
+  - ended by RQ since the take (its owner token is no longer a lease's, or its RQ status
+    is no longer the one our last write left: canceled, failed or requeued by stock
+    cleanup, ...): only our lease entry goes, and the job is left as RQ put it;
   - else recovered: out of the started registry, the intermediate list and the lease
     index; then back to the front of its queue (status queued) or, when its attempts have
     reached its max attempts, to RQ's failed registry (status failed) with an outbox entry
-    so that a worker writes RQ's Result and runs the failure callback exactly once.
+    (owner `outbox`) so that a worker writes RQ's Result and runs the failure callback
+    exactly once.
 Phase 1 (mark): leased jobs whose deadline passed and whose lock is gone, and lock-less
 entries of the intermediate list (a worker died between BLMOVE and its lease). Jobs that
 never held a lease (stock RQ workers in the same fleet) are left alone.
@@ -32,8 +36,9 @@ ARGV:
   8 grace_ms: how long a mark must stand before phase 2 may recover the job
 Returns:
   {0} when another sweeper ran this round; else
-  {1, marked, requeued, failed, unmarked, dropped, more, outbox_due} where marked,
-  requeued, failed and dropped (index entries of deleted jobs) are lists of job ids.
+  {1, marked, requeued, failed, unmarked, dropped, more, outbox_due, ended} where marked,
+  requeued, failed, dropped (index entries of deleted jobs) and ended (jobs RQ ended
+  while they were leased, left as RQ put them) are lists of job ids.
 ]]
 -- @include lib/lease.lua
 
@@ -49,7 +54,7 @@ if mode == 'round' and not redis.call('SET', sweep_key, '1', 'NX', 'PX', window_
 end
 
 local now = now_ms()
-local marked, requeued, failed, dropped = {}, {}, {}, {}
+local marked, requeued, failed, dropped, ended = {}, {}, {}, {}, {}
 local unmarked, more = 0, 0
 
 local function in_intermediate(job_id)
@@ -60,6 +65,18 @@ end
 -- between its BLMOVE and the lease (a stock worker's job there has an execution)
 local function orphaned_in_intermediate(job_id)
   return in_intermediate(job_id) and redis.call('EXISTS', 'rq:executions:' .. job_id) == 0
+end
+
+-- Whether a marked job is still in flight as we left it. Leased: its owner is a lease
+-- token (not `done:` after a finish, nor `outbox` after a stall failure) and RQ has not
+-- changed its status since our last write. Found lock-less in the intermediate list (its
+-- worker died between BLMOVE and the lease): RQ still has it queued.
+local function still_in_flight(job_key, leased)
+  local found = redis.call('HMGET', job_key, 'emq_token', 'status', 'emq_status')
+  local owner, status, expected = found[1], found[2] or '', found[3]
+  if not leased then return status == 'queued' end
+  if not owner or owner:sub(1, 5) == 'done:' or owner:sub(1, 6) == 'outbox' then return false end
+  return not expected or status == expected
 end
 
 -- Phase 2: recover what an earlier round marked and is still without a lock.
@@ -79,10 +96,20 @@ for _, job_id in ipairs(due_marks) do
       redis.call('LREM', intermediate_key, 0, job_id)
     end
     dropped[#dropped + 1] = job_id
+  elseif not still_in_flight(job_key, leased) then
+    if not dry then
+      redis.call('ZREM', stalled_key, job_id)
+      redis.call('ZREM', leases_key, job_id)
+      redis.call('DEL', lock_key)
+      if not leased then redis.call('LREM', intermediate_key, 0, job_id) end
+    end
+    ended[#ended + 1] = job_id
   else
-    local attempts = tonumber(redis.call('HGET', job_key, 'emq_attempts') or '0') or 0
-    local max_attempts = tonumber(redis.call('HGET', job_key, 'emq_max_attempts') or '') or default_max
-    if attempts >= max_attempts and attempts > 0 then
+    local counts = redis.call('HMGET', job_key, 'emq_attempts', 'emq_max_attempts', 'failure_ttl')
+    local attempts = count_value(counts[1]) or 0
+    local max_attempts = count_value(counts[2]) or default_max
+    local exhausted = attempts >= max_attempts and attempts > 0
+    if exhausted then
       failed[#failed + 1] = job_id
     else
       requeued[#requeued + 1] = job_id
@@ -91,10 +118,11 @@ for _, job_id in ipairs(due_marks) do
       remove_executions(started_key, job_id)
       redis.call('LREM', intermediate_key, 0, job_id)
       drop_lease(job_key, lock_key, leases_key, stalled_key, job_id, false)
-      if attempts >= max_attempts and attempts > 0 then
-        local ttl = tonumber(redis.call('HGET', job_key, 'failure_ttl') or '') or default_failure_ttl
-        redis.call('HSET', job_key, 'status', 'failed', 'ended_at', ended_at,
-          'emq_failure', 'stalled on attempt ' .. attempts .. ' of ' .. max_attempts)
+      if exhausted then
+        local ttl = tonumber(string.match(counts[3] or '', '^-?%d+$') or '') or default_failure_ttl
+        -- owner `outbox`: only the outbox drain may complete this failure
+        redis.call('HSET', job_key, 'status', 'failed', 'ended_at', ended_at, 'emq_token', 'outbox',
+          'emq_status', 'failed', 'emq_failure', 'stalled on attempt ' .. attempts .. ' of ' .. max_attempts)
         if ttl < 0 then
           redis.call('ZADD', failed_key, '+inf', job_id)
           redis.call('PERSIST', job_key)
@@ -106,6 +134,7 @@ for _, job_id in ipairs(due_marks) do
       else
         -- an in-flight job is not in its queue: no LREM, whose cost grows with the queue
         redis.call('HSET', job_key, 'status', 'queued')
+        redis.call('HDEL', job_key, 'emq_status')
         redis.call('LPUSH', queue_key, job_id)
       end
     end
@@ -153,6 +182,7 @@ if not dry then
   if #requeued > 0 then redis.call('HINCRBY', stats_key, 'recovered', #requeued) end
   if #failed > 0 then redis.call('HINCRBY', stats_key, 'failed', #failed) end
   if unmarked > 0 then redis.call('HINCRBY', stats_key, 'unmarked', unmarked) end
+  if #ended > 0 then redis.call('HINCRBY', stats_key, 'ended_by_rq', #ended) end
 end
 local outbox_due = redis.call('ZCOUNT', outbox_key, '-inf', now)
-return {1, marked, requeued, failed, unmarked, dropped, more, outbox_due}
+return {1, marked, requeued, failed, unmarked, dropped, more, outbox_due, ended}

@@ -1,7 +1,9 @@
 --[[ pop_job: take the first job waiting on the given queues, in order, and lease it.
 
 One atomic step replaces RQ's BLPOP/BLMOVE + fetch: there is no moment at which the job
-is out of its queue without a lease, so no crash can lose it.
+is out of its queue without a lease, so no crash can lose it. The lease is written before
+the job leaves its queue, so a write that fails (a bad argument, a full server) leaves
+the job where it was.
 
 KEYS (3 per queue i = 1..n, in priority order):
   3i-2  rq:queue:<q>        the queue list
@@ -11,9 +13,8 @@ ARGV:
   1  token (>= 128 random bits + worker name)
   2  worker name
   3  lease_ms
-  4  worker-wide default max attempts
-  5  how many ids of deleted jobs to skip in this call
-  5+i  lease key prefix of queue i, `emq:{<q>}:`
+  4  how many ids of deleted jobs to skip in this call
+  4+i  lease key prefix of queue i, `emq:{<q>}:`
 Returns:
   {}                            every queue is empty
   {0, skipped}                  only deleted jobs were found; call again
@@ -22,25 +23,27 @@ Returns:
 ]]
 -- @include lib/lease.lua
 
-local token, worker, lease_ms, default_max = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
-local skip_budget = tonumber(ARGV[5])
+local token, worker, lease_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local skip_budget = tonumber(ARGV[4])
 local skipped = {}
 local n = #KEYS / 3
 for i = 1, n do
   local queue_key, leases_key, stats_key = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   while true do
-    local job_id = redis.call('LPOP', queue_key)
+    local job_id = redis.call('LINDEX', queue_key, 0)
     if not job_id then break end
     local job_key = 'rq:job:' .. job_id
     local hash = redis.call('HGETALL', job_key)
     if #hash > 0 then
-      local lock_key = ARGV[5 + i] .. job_id .. ':lock'
+      local lock_key = ARGV[4 + i] .. job_id .. ':lock'
       local attempts = grant_lease(job_key, lock_key, leases_key, stats_key, job_id, token, worker,
-        lease_ms, default_max, hash)
+        lease_ms, hash)
+      redis.call('LPOP', queue_key)
       local reply = {i, job_id, attempts, skipped}
       for k = 1, #hash do reply[4 + k] = hash[k] end
       return reply
     end
+    redis.call('LPOP', queue_key)
     skipped[#skipped + 1] = job_id
     if #skipped >= skip_budget then return {0, skipped} end
   end

@@ -14,8 +14,10 @@ ARGV:
   2  lease key prefix `emq:{<q>}:`
   3  heartbeat timestamp for the job hash's `last_heartbeat` (RQ's format)
   4.. pairs: job id, token
-Returns: {lost, settled}: ids whose lease is lost (the job was taken from this holder or
-deleted), and ids whose job this holder already finished (a tick raced the finish).
+Returns: {lost, settled}: ids whose lease is lost (the job was taken from this holder, or
+deleted while it ran), and ids whose job this holder already finished (a tick raced the
+finish; a finish that deleted the job hash, as `result_ttl=0` does, counts too: the
+finish also removed the index entry, which a deletion during the run leaves).
 ]]
 -- @include lib/lease.lua
 
@@ -28,13 +30,14 @@ for i = 4, #ARGV, 2 do
   local job_id, token = ARGV[i], ARGV[i + 1]
   local job_key = 'rq:job:' .. job_id
   local owner = redis.call('HGET', job_key, 'emq_token')
-  if owner == token and redis.call('ZSCORE', KEYS[1], job_id) then
+  local indexed = redis.call('ZSCORE', KEYS[1], job_id)
+  if owner == token and indexed then
     redis.call('SET', prefix .. job_id .. ':lock', token, 'PX', lease_ms)
     redis.call('ZADD', KEYS[1], deadline, job_id)
     redis.call('ZREM', KEYS[2], job_id)
     redis.call('HSET', job_key, 'last_heartbeat', heartbeat)
     renewed = renewed + 1
-  elseif owner == 'done:' .. token then
+  elseif owner == 'done:' .. token or (not owner and not indexed and redis.call('EXISTS', job_key) == 0) then
     settled[#settled + 1] = job_id
   else
     lost[#lost + 1] = job_id

@@ -1,7 +1,8 @@
 --[[ return_job_to_queue: a worker told to stop now hands its in-flight job back to the
 front of its queue and releases the lease, if it still holds it.
 
-The attempt is refunded: the job did not stall, its worker was stopped.
+The attempt is refunded: the job did not stall, its worker was stopped. A job that RQ
+ended or moved since the take (canceled, requeued, ...) is left as RQ put it.
 
 KEYS:
   1  rq:job:<id>
@@ -15,23 +16,33 @@ KEYS:
 ARGV:
   1  job id
   2  token
-Returns: 1 when the job went back to its queue, 0 when the lease was no longer ours.
+Returns: 1 when the job went back to its queue, 0 when the lease was no longer ours
+(or RQ had ended the job; its lease is then released).
 ]]
 -- @include lib/lease.lua
 
 local job_id, token = ARGV[1], ARGV[2]
-if redis.call('HGET', KEYS[1], 'emq_token') ~= token then
-  redis.call('HINCRBY', KEYS[5], 'fenced', 1)
+local state = lease_state(KEYS[1], token)
+if state ~= 'held' then
+  if state == 'ended' then
+    drop_lease(KEYS[1], KEYS[2], KEYS[3], KEYS[4], job_id, 'done:' .. token)
+    redis.call('HINCRBY', KEYS[5], 'ended_by_rq', 1)
+  else
+    redis.call('HINCRBY', KEYS[5], 'fenced', 1)
+  end
   return 0
 end
 remove_executions(KEYS[8], job_id)
-redis.call('LREM', KEYS[7], 0, job_id)
+redis.call('LREM', KEYS[7], 0, job_id)  -- the intermediate list is short by construction
 drop_lease(KEYS[1], KEYS[2], KEYS[3], KEYS[4], job_id, false)
-if tonumber(redis.call('HGET', KEYS[1], 'emq_attempts') or '0') > 0 then
-  redis.call('HINCRBY', KEYS[1], 'emq_attempts', -1)
+local attempts = count_value(redis.call('HGET', KEYS[1], 'emq_attempts'))
+if attempts and attempts > 0 then
+  redis.call('HSET', KEYS[1], 'emq_attempts', tostring(attempts - 1))
 end
+-- a job held under this lease is in no queue list (RQ has not moved it: checked above),
+-- so no LREM over the queue, whose cost would grow with its length
 redis.call('HSET', KEYS[1], 'status', 'queued')
-redis.call('LREM', KEYS[6], 0, job_id)
+redis.call('HDEL', KEYS[1], 'emq_status')
 redis.call('LPUSH', KEYS[6], job_id)
 redis.call('HINCRBY', KEYS[5], 'returned', 1)
 return 1

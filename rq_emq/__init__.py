@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .events import LeaseEvent, subscribe, unsubscribe
 from .fencing import LeaseLost
-from .settings import LeaseSettings, SettingsError
+from .settings import MAX_ATTEMPTS_LIMIT, LeaseSettings, SettingsError, job_max_attempts
 from .worker import META_MAX_ATTEMPTS, LeaseJobInterrupted, LeaseWorker, SimpleLeaseWorker
 
 __version__ = "0.1.0"
@@ -16,8 +16,8 @@ __version__ = "0.1.0"
 def max_attempts(n: int, meta: dict | None = None) -> dict:
     """``meta`` for ``queue.enqueue(..., meta=max_attempts(5))``: this job may be taken at
     most ``n`` times before a stall fails it (the worker-wide default applies otherwise)."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise SettingsError(f"max_attempts must be a whole number of at least 1, got {n!r}")
+    if job_max_attempts(n) is None:
+        raise SettingsError(f"max_attempts must be a whole number from 1 to {MAX_ATTEMPTS_LIMIT}, got {n!r}")
     return {**(meta or {}), META_MAX_ATTEMPTS: n}
 
 

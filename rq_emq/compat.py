@@ -82,6 +82,28 @@ def resolve_driver_info_once(pool: Any) -> None:
     kwargs["driver_info"] = resolve_driver_info()
 
 
+def execution_ids(worker: Any) -> set[str]:
+    """Ids of the executions ``worker`` keeps (RQ 3: a dict ``executions``; RQ 2: one
+    ``execution``)."""
+    executions = getattr(worker, "executions", None)
+    if isinstance(executions, dict):
+        return set(executions)
+    execution = getattr(worker, "execution", None)
+    return {execution.id} if execution is not None else set()
+
+
+def forget_executions(worker: Any, keep: set[str]) -> None:
+    """Drop the executions ``worker`` registered beyond ``keep`` (a try that failed)."""
+    executions = getattr(worker, "executions", None)
+    if isinstance(executions, dict):
+        for execution_id in set(executions) - keep:
+            executions.pop(execution_id, None)
+        return
+    execution = getattr(worker, "execution", None)
+    if execution is not None and execution.id not in keep:
+        worker.execution = None
+
+
 def is_repeated_stop_signal(worker: Any) -> bool:
     """True when RQ ignores this cold-stop signal as a duplicate (within 1 s of the first).
 
@@ -95,6 +117,8 @@ def is_repeated_stop_signal(worker: Any) -> bool:
 __all__ = [
     "StopRequested",
     "WorkerStatus",
+    "execution_ids",
+    "forget_executions",
     "is_repeated_stop_signal",
     "resolve_driver_info_once",
     "resp2_callbacks",

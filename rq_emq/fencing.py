@@ -7,6 +7,12 @@ checks the lease owner, runs them and releases the lease, atomically. RQ's seman
 kept to the command, and a worker that lost its lease writes nothing at all. A WATCH
 that RQ set (dependents) still guards the transaction, since the EVALSHA is sent inside
 MULTI/EXEC on the watched connection.
+
+Only a transaction that writes is the outcome: RQ reads inside transactions too (RQ 3
+fetches a job's dependents with a MULTI/EXEC of ``HGETALL`` commands before its outcome), and
+such a read passes through unfenced. Once a fenced transaction has failed (a connection
+blip), no later transaction of the block may stand in for it: each raises the same error,
+and the block's owner retries the whole finish.
 """
 
 from __future__ import annotations
@@ -30,6 +36,36 @@ logger = logging.getLogger("rq_emq.lease")
 # Commands Lua cannot run inside a script; a batch holding one is committed the slow way.
 _NOT_IN_SCRIPTS = frozenset({"EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO", "SCRIPT", "FCALL", "MULTI", "EXEC"})
 
+# Commands that only read: a transaction of nothing else is not an outcome. Anything not
+# listed counts as a write, so an unknown command is fenced rather than let through.
+_READ_ONLY = frozenset(
+    """GET MGET STRLEN GETRANGE EXISTS TYPE TTL PTTL HGET HGETALL HMGET HEXISTS HLEN HKEYS HVALS
+    HSTRLEN SMEMBERS SISMEMBER SMISMEMBER SCARD ZSCORE ZMSCORE ZRANGE ZRANGEBYSCORE ZREVRANGE
+    ZREVRANGEBYSCORE ZCARD ZCOUNT ZRANK ZREVRANK LRANGE LLEN LINDEX LPOS XRANGE XREVRANGE XLEN
+    SCAN HSCAN SSCAN ZSCAN PING TIME DBSIZE""".split()
+)
+
+# A packed command's arguments reach redis.call through Lua's unpack, which fails past
+# about 8000 values (after the commands before it ran: a half-run outcome). Longer
+# variadic commands are sent as several of at most this many arguments each.
+MAX_PACKED_ARGS = 1000
+
+# Variadic commands that split into several of the same: words before the repeated part
+# (the name included), the size of one repeated item, and how the replies combine.
+_SPLITTABLE: dict[str, tuple[int, int, str]] = {
+    "DEL": (1, 1, "sum"),
+    "UNLINK": (1, 1, "sum"),
+    "SADD": (2, 1, "sum"),
+    "SREM": (2, 1, "sum"),
+    "ZREM": (2, 1, "sum"),
+    "HDEL": (2, 1, "sum"),
+    "HSET": (2, 2, "sum"),
+    "LPUSH": (2, 1, "last"),
+    "RPUSH": (2, 1, "last"),
+    "ZADD": (2, 2, "sum"),
+}
+_ZADD_FLAGS = frozenset({"NX", "XX", "GT", "LT", "CH"})
+
 
 class LeaseLost(Exception):
     """A finish was refused because the worker no longer holds the job's lease."""
@@ -47,19 +83,19 @@ class Fence:
     queue: str
     job_id: str
     token: str
+    #: The stats counter an outcome written under this fence counts in.
+    counter: str = "finished"
+    #: The job's own max attempts, recorded by the first guarded write ("" for none).
+    max_attempts: str = ""
 
     @property
     def keys(self) -> list[str]:
         q = QueueKeys(self.queue)
         return [job_key(self.job_id), q.lock(self.job_id), q.leases, q.stalled, q.stats]
 
-    @property
-    def guard_keys(self) -> list[str]:
-        return [job_key(self.job_id), QueueKeys(self.queue).stats]
-
     def release(self, client: Redis) -> bool:
         """Release the lease without writing anything else; False when it was not ours."""
-        reply = scripts.load("finish_job")(client, self.keys, [self.job_id, self.token, 0])
+        reply = scripts.load("finish_job")(client, self.keys, [self.job_id, self.token, self.counter, 0])
         return bool(reply and int(reply[0]) == 1)
 
     def lost(self, what: str = "outcome discarded (fenced finish)") -> LeaseLost:
@@ -72,52 +108,93 @@ class Fence:
         )
         return LeaseLost(self.queue, self.job_id)
 
+    def ended(self, status: str) -> LeaseLost:
+        logger.warning(
+            "job %s on queue %s: RQ ended it while it was leased (status %s); left as RQ put it, "
+            "this worker's writes discarded",
+            self.job_id,
+            self.queue,
+            status or "unknown",
+            extra={"job_id": self.job_id, "queue": self.queue},
+        )
+        return LeaseLost(self.queue, self.job_id)
 
-class _Session:
-    """One fenced block: its first transaction is checked (and, for a finish, releases the
-    lease); later ones follow it."""
+
+class FencedSession:
+    """One fenced block: its first writing transaction is checked (and, for a finish,
+    releases the lease); later ones follow it. What happened is kept here, because RQ's
+    code may swallow what the fence raised (RQ 3's ``handle_job_failure`` logs and goes on)."""
 
     def __init__(self, fence: Fence, release: bool) -> None:
         self.fence = fence
         self.release = release
         self.committed = False
         self.refused = False
+        #: The error that failed the fenced transaction (a blip); later ones raise it too.
+        self.error: BaseException | None = None
+        #: Exceptions the fence raised into RQ's code in this block.
+        self.raised: list[BaseException] = []
 
-    def refuse(self) -> LeaseLost:
+    def refuse(self, ended_status: str | None = None) -> LeaseLost:
         self.refused = True
+        if ended_status is not None:
+            return self._raise(self.fence.ended(ended_status))
         if self.release:
-            return self.fence.lost()
-        return self.fence.lost("its bookkeeping discarded (guarded write)")
+            return self._raise(self.fence.lost())
+        return self._raise(self.fence.lost("its bookkeeping discarded (guarded write)"))
+
+    def _raise(self, error: LeaseLost) -> LeaseLost:
+        self.raised.append(error)
+        return error
 
 
 class _FencedPipelineMixin:
     """Turns a transaction's queued commands into one fenced ``finish_job`` call."""
 
-    _emq_session: _Session
+    _emq_session: FencedSession
 
     def execute(self, raise_on_error: bool = True) -> list[Any]:
         pipe: Any = self
         commands = list(pipe.command_stack)
         session = self._emq_session
-        if not pipe.transaction or not commands or session.committed:
-            # RQ's steps after the outcome (enqueueing dependents) run as they would
+        if not pipe.transaction or not commands or session.committed or _reads_only(commands):
+            # reads, and RQ's steps after the outcome (enqueueing dependents), run as they would
             return super().execute(raise_on_error)  # type: ignore[misc]
         fence = session.fence
         if session.refused:
             pipe.reset()
-            raise LeaseLost(fence.queue, fence.job_id)
-        if any(_command_name(args) in _NOT_IN_SCRIPTS for args, _ in commands):
+            raise session._raise(LeaseLost(fence.queue, fence.job_id))
+        if session.error is not None:
+            pipe.reset()
+            raise session.error
+        try:
+            return self._execute_fenced(commands, raise_on_error)
+        except LeaseLost:
+            raise
+        except Exception as error:
+            session.error = error
+            session.raised.append(error)
+            raise
+
+    def _execute_fenced(self, commands: list[Any], raise_on_error: bool) -> list[Any]:
+        pipe: Any = self
+        session = self._emq_session
+        fence = session.fence
+        pieces = [_split(args) for args, _ in commands]
+        if any(_command_name(args) in _NOT_IN_SCRIPTS for args, _ in commands) or any(
+            len(words) > MAX_PACKED_ARGS for parts, _ in pieces for words in parts
+        ):
             return self._execute_checked(commands, raise_on_error)
+        script, keys = scripts.load("finish_job" if session.release else "guard_job_write"), fence.keys
         if session.release:
-            script, keys = scripts.load("finish_job"), fence.keys
-            packed: list[Any] = [fence.job_id, fence.token, len(commands)]
+            packed: list[Any] = [fence.job_id, fence.token, fence.counter]
         else:
-            script, keys = scripts.load("guard_job_write"), fence.guard_keys
-            packed = [fence.token, len(commands)]
-        for args, _options in commands:
-            words = _split_name(args)
-            packed.append(len(words))
-            packed.extend(words)
+            packed = [fence.job_id, fence.token, fence.max_attempts]
+        packed.append(sum(len(parts) for parts, _ in pieces))
+        for parts, _ in pieces:
+            for words in parts:
+                packed.append(len(words))
+                packed.extend(words)
         watching = bool(pipe.watching)
         for attempt in (1, 2):
             pipe.command_stack = []
@@ -131,10 +208,14 @@ class _FencedPipelineMixin:
                 raise WatchError(f"{script.name} script was not loaded; retry")
         if isinstance(reply, Exception):
             raise reply
-        if int(reply[0]) != 1:
+        outcome = int(reply[0])
+        if outcome == 2:
+            raise session.refuse(ended_status=_text(reply[1]))
+        if outcome != 1:
             raise session.refuse()
         session.committed = True
-        return self._apply_callbacks(commands, list(reply[1]), raise_on_error)
+        replies = _merge_replies(pieces, list(reply[1]))
+        return self._apply_callbacks(commands, replies, raise_on_error)
 
     def _execute_checked(self, commands: list[Any], raise_on_error: bool) -> list[Any]:
         # Scripting commands cannot be nested in our script: check, commit, then release.
@@ -171,6 +252,49 @@ class _FencedPipelineMixin:
         return data
 
 
+def _reads_only(commands: list[Any]) -> bool:
+    return all(_command_name(args) in _READ_ONLY for args, _ in commands)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _split(args: tuple[Any, ...]) -> tuple[list[list[Any]], str]:
+    """One queued command as the packed commands that carry it, and how their replies
+    combine ("one": a single command)."""
+    words = _split_name(args)
+    name = _text(words[0]).upper()
+    rule = _SPLITTABLE.get(name)
+    if rule is None or len(words) <= MAX_PACKED_ARGS:
+        return [words], "one"
+    head_len, item, combine = rule
+    if name == "ZADD":
+        while head_len < len(words) and _text(words[head_len]).upper() in _ZADD_FLAGS:
+            head_len += 1
+    head, body = words[:head_len], words[head_len:]
+    step = max(item, (MAX_PACKED_ARGS - head_len) // item * item)
+    return [[*head, *body[i : i + step]] for i in range(0, len(body), step)], combine
+
+
+def _merge_replies(pieces: list[tuple[list[list[Any]], str]], replies: list[Any]) -> list[Any]:
+    merged: list[Any] = []
+    at = 0
+    for parts, combine in pieces:
+        mine = replies[at : at + len(parts)]
+        at += len(parts)
+        errors = [reply for reply in mine if isinstance(reply, ResponseError)]
+        if combine == "one":
+            merged.append(mine[0])
+        elif errors:
+            merged.append(errors[0])
+        elif combine == "sum":
+            merged.append(sum(int(reply) for reply in mine))
+        else:
+            merged.append(mine[-1])
+    return merged
+
+
 def _command_name(args: tuple[Any, ...], words: int = 1) -> str:
     first = args[0]
     text = first.decode() if isinstance(first, bytes) else str(first)
@@ -204,12 +328,13 @@ def prepare(connection: Redis) -> None:
 
 
 @contextmanager
-def fenced(connection: Redis, fence: Fence, release: bool = True) -> Iterator[None]:
-    """Within this block, the first transaction opened on ``connection`` commits only
-    while ``fence`` holds the lease, and (``release``) releases it; transactions after a
-    refused one are refused too, and those after a committed one run unchanged."""
+def fenced(connection: Redis, fence: Fence, release: bool = True) -> Iterator[FencedSession]:
+    """Within this block, the first transaction that writes, opened on ``connection``,
+    commits only while ``fence`` holds the lease, and (``release``) releases it;
+    transactions after a refused or failed one are refused too, and those after a
+    committed one run unchanged."""
     original = connection.pipeline
-    session = _Session(fence, release)
+    session = FencedSession(fence, release)
 
     def pipeline(*args: Any, **kwargs: Any) -> Pipeline:
         pipe = original(*args, **kwargs)
@@ -220,6 +345,6 @@ def fenced(connection: Redis, fence: Fence, release: bool = True) -> Iterator[No
 
     connection.pipeline = pipeline  # type: ignore[method-assign]
     try:
-        yield
+        yield session
     finally:
         del connection.pipeline

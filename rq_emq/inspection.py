@@ -38,6 +38,9 @@ COUNTERS = (
     "recovered",
     "failed",
     "returned",
+    "ended_by_rq",
+    "outbox_completed",
+    "unreadable",
 )
 #: Upper bounds (seconds of lease left) of the remaining-time buckets after "overdue".
 REMAINING_BOUNDS_S = (5, 15, 60)

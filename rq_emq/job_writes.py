@@ -26,8 +26,9 @@ from redis import Redis
 from rq.job import Job
 from rq.queue import Queue
 
+from . import compat
 from .blips import BLIPS, through_blips
-from .fencing import LeaseLost, fenced
+from .fencing import FencedSession, LeaseLost, fenced
 from .lease import LockManager
 from .settings import LeaseSettings
 
@@ -44,21 +45,33 @@ class JobWritesMixin:
     connection: Redis
     lock_manager: LockManager | None
     lease_settings: LeaseSettings
+    #: The job whose own code runs now in this process (between its guarded start and its
+    #: end): the only time a lost lease may interrupt it in place.
+    _running_job_id: str | None = None
 
     @contextmanager
     def _fenced(self, job: Job, release: bool = True) -> Iterator[None]:
-        """Fence the first transaction opened in this block. A refused finish is
-        swallowed (logged where refused; nothing written); a refused start is raised."""
+        """Fence the first writing transaction opened in this block. A refused finish is
+        swallowed (logged where refused, one line; nothing written); a refused start is
+        raised. A blip that failed the fenced transaction is raised after the block even
+        where RQ's code swallowed it (RQ 3's failure handler logs and goes on), so that
+        the caller's blip retry writes the outcome instead of dropping it."""
         lease = self.lock_manager.get(job.id) if self.lock_manager is not None else None
         if lease is None or "pipeline" in vars(self.connection):
             yield  # not a job we leased, or already inside a fenced block
             return
         try:
-            with fenced(self.connection, lease.fence, release=release):
-                yield
+            with fenced(self.connection, lease.fence, release=release) as session:
+                with _hide_swallowed(session, getattr(self, "log", None)):
+                    yield
         except LeaseLost:
             if not release:
                 raise
+            return
+        if session.error is not None and not session.committed:
+            raise session.error
+        if session.refused and not release:
+            raise LeaseLost(lease.queue, job.id)
 
     def _through_blips(self, job: Job, step: Callable[[], Any], what: str) -> Any:
         return through_blips(step, job.id, self.lease_settings.lease_ms / 1000, what)
@@ -80,9 +93,20 @@ class JobWritesMixin:
     # -- start ---------------------------------------------------------------------------
     def prepare_execution(self, job: Job) -> Any:
         """The worker's execution record (started registry, worker busy), guarded; the
-        lock manager heartbeats the execution from then on."""
+        lock manager heartbeats the execution from then on. RQ registers the execution on
+        the worker before its transaction runs: a refused or retried try forgets it again,
+        so no stale execution is later cleaned up in place of a live one."""
         parent: Any = super()
-        execution = self._guarded(job, lambda: parent.prepare_execution(job), "record its execution")
+        known = compat.execution_ids(self)
+
+        def record() -> Any:
+            try:
+                return parent.prepare_execution(job)
+            except BaseException:
+                compat.forget_executions(self, known)
+                raise
+
+        execution = self._guarded(job, record, "record its execution")
         lease = self.lock_manager.get(job.id) if self.lock_manager else None
         if lease is not None:
             lease.execution = execution
@@ -94,9 +118,11 @@ class JobWritesMixin:
         parent: Any = super()
         me: Any = self
         try:
-            return self._guarded(
+            started = self._guarded(
                 job, lambda: parent.prepare_job_execution(job, *args, **kwargs), "prepare its run"
             )
+            self._running_job_id = job.id
+            return started
         except LeaseLost:
             reason = "lease lost before it started"
         except BLIPS:
@@ -125,6 +151,7 @@ class JobWritesMixin:
 
     def handle_execution_ended(self, job: Job, *args: Any, **kwargs: Any) -> Any:
         """RQ stamps the job's end with a heartbeat before finishing it (idempotent)."""
+        self._running_job_id = None
         parent: Any = super()
         return self._through_blips(
             job, lambda: parent.handle_execution_ended(job, *args, **kwargs), "record its end"
@@ -142,3 +169,29 @@ class JobWritesMixin:
     def handle_job_retry(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> Any:
         parent: Any = super()
         return self._finish(job, lambda: parent.handle_job_retry(job, queue, *args, **kwargs))
+
+
+class _SwallowedFilter(logging.Filter):
+    """Drops RQ's log records of exceptions the fence raised into RQ's code, which RQ
+    swallowed: the fence already said it in one line, or the finish is retried."""
+
+    def __init__(self, session: FencedSession) -> None:
+        super().__init__()
+        self.session = session
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return error is None or not any(error is raised for raised in self.session.raised)
+
+
+@contextmanager
+def _hide_swallowed(session: FencedSession, log: Any) -> Iterator[None]:
+    if not isinstance(log, logging.Logger):
+        yield
+        return
+    filter_ = _SwallowedFilter(session)
+    log.addFilter(filter_)
+    try:
+        yield
+    finally:
+        log.removeFilter(filter_)

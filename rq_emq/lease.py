@@ -47,6 +47,8 @@ class Lease:
     token: str
     job: Any = None
     execution: Any = None
+    #: The job's own max attempts (from its meta), recorded with its start.
+    max_attempts: int | None = None
     #: Renewal found the lease taken from us (recovered, or the job deleted).
     lost: bool = field(default=False)
     #: Renewal found the job already finished by us (a tick raced the finish).
@@ -54,7 +56,8 @@ class Lease:
 
     @property
     def fence(self) -> Fence:
-        return Fence(self.queue, self.job_id, self.token)
+        own_max = "" if self.max_attempts is None else str(self.max_attempts)
+        return Fence(self.queue, self.job_id, self.token, max_attempts=own_max)
 
     def hand_back(self, client: Redis) -> bool:
         """Put the job back at the front of its queue, attempt refunded, if this lease

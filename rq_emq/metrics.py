@@ -17,7 +17,10 @@ from .inspection import QueueStatus, remaining_buckets
 COUNTER_METRICS: dict[str, tuple[str, str]] = {
     "taken": ("rq_emq_jobs_taken", "Jobs taken from a queue under a lease (every attempt counts)."),
     "renewed": ("rq_emq_lease_renewals", "Lease renewals by worker lock managers."),
-    "finished": ("rq_emq_jobs_finished", "Jobs whose outcome was written while their worker held the lease."),
+    "finished": (
+        "rq_emq_jobs_finished",
+        "Outcomes (success, failure, Retry, stop) a lease holder wrote while it held the lease.",
+    ),
     "lease_lost": (
         "rq_emq_leases_lost",
         "Renewals that found the lease taken away (job recovered or deleted).",
@@ -35,7 +38,20 @@ COUNTER_METRICS: dict[str, tuple[str, str]] = {
     ),
     "returned": (
         "rq_emq_jobs_returned",
-        "In-flight jobs handed back to their queue by a worker's cold stop.",
+        "In-flight jobs handed back to their queue by a stopping worker (attempt refunded).",
+    ),
+    "ended_by_rq": (
+        "rq_emq_leases_ended_by_rq",
+        "Leases dropped because RQ ended or moved the job while it was leased (cancel, stock "
+        "cleanup, requeue); the job was left as RQ put it.",
+    ),
+    "outbox_completed": (
+        "rq_emq_outbox_failures_completed",
+        "Stall failures whose RQ Result and failure callback the outbox drain completed.",
+    ),
+    "unreadable": (
+        "rq_emq_jobs_failed_unreadable",
+        "Jobs moved to failed because their hash could not be read as a job.",
     ),
 }
 GAUGE_HELP: dict[str, str] = {

@@ -17,6 +17,12 @@ from . import events
 
 ENV_PREFIX = "RQ_EMQ_"
 
+#: Upper bound of every interval setting: a day. Longer leases are not leases; and every
+#: value must fit the arithmetic of Redis (ms timestamps) and of the scripts.
+MAX_INTERVAL_MS = 86_400_000
+#: Upper bound of max attempts, worker-wide or per job.
+MAX_ATTEMPTS_LIMIT = 1000
+
 
 class SettingsError(ValueError):
     """A lease setting is missing, malformed or inconsistent with another one."""
@@ -48,11 +54,11 @@ class LeaseSettings:
     event_hooks: str = ""
 
     def __post_init__(self) -> None:
-        _require_int(self, "lease_ms", minimum=100)
-        _require_int(self, "renew_interval_ms", minimum=10)
-        _require_int(self, "sweep_interval_ms", minimum=10)
+        _require_int(self, "lease_ms", minimum=100, maximum=MAX_INTERVAL_MS)
+        _require_int(self, "renew_interval_ms", minimum=10, maximum=MAX_INTERVAL_MS)
+        _require_int(self, "sweep_interval_ms", minimum=10, maximum=MAX_INTERVAL_MS)
         _require_int(self, "sweep_batch", minimum=1, maximum=10_000)
-        _require_int(self, "max_attempts", minimum=1)
+        _require_int(self, "max_attempts", minimum=1, maximum=MAX_ATTEMPTS_LIMIT)
         _require_int(self, "idle_poll_ms", minimum=10, maximum=60_000)
         if not isinstance(self.stop_on_lease_lost, bool):
             raise SettingsError(_msg("stop_on_lease_lost", "must be true or false", self.stop_on_lease_lost))
@@ -101,6 +107,14 @@ class LeaseSettings:
         if unknown:
             raise SettingsError(f"unknown lease setting(s): {', '.join(sorted(unknown))}")
         return cls(**values)
+
+
+def job_max_attempts(value: object) -> int | None:
+    """A per-job max attempts (``job.meta["emq_max_attempts"]``) if it is valid: a whole
+    number from 1 to :data:`MAX_ATTEMPTS_LIMIT` (not a bool, string or float); else None."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if 1 <= value <= MAX_ATTEMPTS_LIMIT else None
 
 
 def _msg(name: str, rule: str, value: object) -> str:

@@ -36,7 +36,12 @@ logger = logging.getLogger("rq_emq.sweep")
 
 DEFAULT_FAILURE_TTL = 365 * 24 * 3600  # RQ's own default
 MAX_CALLS_PER_ROUND = 100
+#: Shortest outbox claim; a claim lasts at least the job's failure callback timeout plus
+#: OUTBOX_MARGIN_MS, so another drainer never runs a callback that is still running.
 OUTBOX_CLAIM_MS = 60_000
+OUTBOX_MARGIN_MS = 30_000
+#: RQ's default callback timeout (seconds), for a job hash that names none.
+DEFAULT_CALLBACK_TIMEOUT_S = 60
 OUTBOX_BATCH = 20
 
 
@@ -54,6 +59,9 @@ class SweepReport:
     requeued: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
+    #: Jobs RQ ended while they were leased (canceled, failed or requeued by stock cleanup,
+    #: ...): their lease entry went, the job was left as RQ put it.
+    ended: list[str] = field(default_factory=list)
     unmarked: int = 0
     calls: int = 0
     outbox_due: int = 0
@@ -147,6 +155,7 @@ class Sweeper(BackgroundLoop):
             report.unmarked += int(reply[4])
             report.dropped += _ids(reply[5])
             report.outbox_due = int(reply[7])
+            report.ended += _ids(reply[8])
             if mode == "dry-run" or not int(reply[6]):
                 break
             call_mode, reply = "continue", None
@@ -181,6 +190,7 @@ class Sweeper(BackgroundLoop):
             (logging.WARNING, report.requeued, "job %s on queue %s %s recovered to the front of its queue"),
             (logging.WARNING, report.failed, "job %s on queue %s %s failed at max attempts"),
             (logging.WARNING, report.dropped, "lease entry %s on queue %s names a deleted job; %s dropped"),
+            (logging.INFO, report.ended, "job %s on queue %s: RQ ended it while leased; lease %s dropped"),
         ):
             for job_id in job_ids:
                 logger.log(
@@ -192,8 +202,10 @@ class Sweeper(BackgroundLoop):
         """Write RQ's Result (once) and run the failure callback for jobs failed at max
         attempts; returns how many were completed here."""
         q = QueueKeys(queue)
-        tokens = [new_token(self.name) for _ in range(OUTBOX_BATCH)]
-        claimed = _ids(scripts.load("claim_outbox")(self.client, [q.outbox], [OUTBOX_CLAIM_MS, *tokens]))
+        tokens = ["outbox:" + new_token(self.name) for _ in range(OUTBOX_BATCH)]
+        prefix = self.job_class.redis_job_namespace_prefix
+        args = [OUTBOX_CLAIM_MS, OUTBOX_MARGIN_MS, DEFAULT_CALLBACK_TIMEOUT_S, prefix]
+        claimed = _ids(scripts.load("claim_outbox")(self.client, [q.outbox], [*args, *tokens]))
         done = 0
         for job_id, token in zip(claimed[0::2], claimed[1::2], strict=True):
             try:
@@ -218,7 +230,7 @@ class Sweeper(BackgroundLoop):
         compat.run_failure_callback(job, JobStalled(exc_string))
         ttl = job.failure_ttl if job.failure_ttl is not None else DEFAULT_FAILURE_TTL
         try:
-            with fenced(self.client, Fence(queue, job_id, token)):
+            with fenced(self.client, Fence(queue, job_id, token, counter="outbox_completed")):
                 pipe = self.client.pipeline()
                 Result.create_failure(job, ttl, exc_string=exc_string, pipeline=pipe)
                 pipe.zrem(QueueKeys(queue).outbox, job_id)

@@ -14,8 +14,11 @@ server refuses those, block on the first queue for ``idle_poll_ms`` at a time.
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +34,25 @@ logger = logging.getLogger("rq_emq.lease")
 
 # Ids of deleted jobs one pop may skip before it returns (bounds the script's run time).
 SKIP_BUDGET = 100
+
+#: Signals that stop a worker; held back while a take is granted and registered.
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+
+
+@contextmanager
+def stop_signals_deferred() -> Iterator[None]:
+    """Hold SIGTERM/SIGINT back for the block: a stop that lands between the lease grant
+    and the worker recording it would leave a leased job nobody holds (stranded for a
+    lease, and charged an attempt). Delivered as the block ends, the stop then finds the
+    lease recorded, and the worker hands the job back."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 @dataclass(frozen=True)
@@ -73,7 +95,7 @@ class Taker:
             prefixes.append(q.prefix)
         while True:
             token = new_token(self.worker_name)
-            args = [token, self.worker_name, self.settings.lease_ms, self.settings.max_attempts, SKIP_BUDGET]
+            args = [token, self.worker_name, self.settings.lease_ms, SKIP_BUDGET]
             reply = script(self.connection, keys, [*args, *prefixes])
             if not reply:
                 return None
@@ -95,7 +117,7 @@ class Taker:
         q = QueueKeys(queue_name)
         token = new_token(self.worker_name)
         keys = [q.intermediate, f"rq:job:{job_id}", q.lock(job_id), q.leases, q.stats]
-        args = [job_id, token, self.worker_name, self.settings.lease_ms, self.settings.max_attempts]
+        args = [job_id, token, self.worker_name, self.settings.lease_ms]
         reply = scripts.load("claim_job")(self.connection, keys, args)
         status = int(reply[0])
         if status == 0:
@@ -109,15 +131,25 @@ class Taker:
             return None
         return Taken(0, job_id, token, int(reply[1]), _as_hash(reply[2:]))
 
-    def take(self, queue_names: Sequence[str], timeout: float | None) -> Taken | None:
-        """Take a job, waiting up to ``timeout`` seconds (None: do not wait, as in burst)."""
+    def take(
+        self,
+        queue_names: Sequence[str],
+        timeout: float | None,
+        record: Callable[[Taken], None] = lambda taken: None,
+    ) -> Taken | None:
+        """Take a job, waiting up to ``timeout`` seconds (None: do not wait, as in burst).
+        ``record`` registers the lease with its holder; the grant and ``record`` run with
+        stop signals held back (:func:`stop_signals_deferred`)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         first = QueueKeys(queue_names[0])
         watch = self._watch(queue_names) if len(queue_names) > 1 and timeout is not None else None
         while True:
             if watch is not None:
                 watch.drain()
-            taken = self.pop(queue_names)
+            with stop_signals_deferred():
+                taken = self.pop(queue_names)
+                if taken is not None:
+                    record(taken)
             if taken is not None or deadline is None:
                 return taken
             remaining = deadline - time.monotonic()
@@ -131,7 +163,10 @@ class Taker:
             block = max(wait, 0.001)  # Redis reads 0 as "forever"
             job_id = self.connection.blmove(first.rq_queue, first.intermediate, block, "LEFT", "RIGHT")  # type: ignore[arg-type]
             if job_id is not None:
-                taken = self.claim(queue_names[0], _text(job_id))
+                with stop_signals_deferred():
+                    taken = self.claim(queue_names[0], _text(job_id))
+                    if taken is not None:
+                        record(taken)
                 if taken is not None:
                     return taken
 

@@ -15,6 +15,7 @@ Operators switch with ``rq worker -w rq_emq.LeaseWorker`` (forking) or
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import logging
 import math
@@ -41,7 +42,7 @@ from .fencing import LeaseLost, fenced
 from .job_writes import JobWritesMixin, LeaseJobInterrupted
 from .keys import QueueKeys, job_key
 from .lease import Lease, LockManager
-from .settings import LeaseSettings
+from .settings import LeaseSettings, job_max_attempts
 from .sweep import Sweeper
 from .take import Taken, Taker
 
@@ -117,6 +118,8 @@ class LeaseMixin(JobWritesMixin):
 
     def teardown(self) -> None:
         if not self.is_horse:  # type: ignore[attr-defined]
+            # a stop between the take and the job's start: nothing ran, hand it back now
+            self._hand_back_leases(unstarted_only=True)
             for timer in (self.sweeper, self.lock_manager):
                 if timer is not None:
                     timer.stop()
@@ -162,14 +165,21 @@ class LeaseMixin(JobWritesMixin):
     def _take(self, timeout: float | None) -> tuple[Job, Queue] | None:
         me: Any = self
         assert self._taker is not None and self.lock_manager is not None
+        lock_manager = self.lock_manager
         queues: list[Queue] = list(me._ordered_queues)
+        leases: dict[str, Lease] = {}
+
+        def record(taken: Taken) -> None:
+            lease = Lease(queues[taken.queue_index].name, taken.job_id, taken.token)
+            lock_manager.add(lease)
+            leases[taken.token] = lease
+
         while True:  # an unreadable job is moved to failed; the worker takes the next one
-            taken = self._taker.take([q.name for q in queues], timeout)
+            taken = self._taker.take([q.name for q in queues], timeout, record)
             if taken is None:
                 return None
             queue = queues[taken.queue_index]
-            lease = Lease(queue.name, taken.job_id, taken.token)
-            self.lock_manager.add(lease)
+            lease = leases[taken.token]
             job = self._job_from(taken, queue, lease)
             if job is not None:
                 break
@@ -186,7 +196,8 @@ class LeaseMixin(JobWritesMixin):
         return job, queue
 
     def _job_from(self, taken: Taken, queue: Queue, lease: Lease) -> Job | None:
-        """Build the Job from the hash the take returned; a malformed one goes to failed."""
+        """Build the Job from the hash the take returned; a malformed one goes to failed.
+        The job's own max attempts (its meta) rides along with its guarded start."""
         me: Any = self
         job = me.job_class(taken.job_id, connection=self.connection, serializer=me.serializer)
         try:
@@ -195,9 +206,18 @@ class LeaseMixin(JobWritesMixin):
         except Exception as error:
             self._fail_unreadable(queue, lease, error)
             return None
-        recorded = taken.raw.get(b"emq_max_attempts")
-        if isinstance(wanted, int) and wanted >= 1 and str(wanted).encode() != recorded:
-            self.connection.hset(job_key(job.id), "emq_max_attempts", wanted)
+        if wanted is not None:
+            lease.max_attempts = job_max_attempts(wanted)
+            if lease.max_attempts is None:
+                logger.warning(
+                    "job %s on queue %s: meta %s=%r is not a whole number from 1 to 1000; "
+                    "the worker's max_attempts applies",
+                    job.id,
+                    queue.name,
+                    META_MAX_ATTEMPTS,
+                    wanted,
+                    extra={"job_id": job.id, "queue": queue.name},
+                )
         return job
 
     def _fail_unreadable(self, queue: Queue, lease: Lease, error: Exception) -> None:
@@ -211,7 +231,7 @@ class LeaseMixin(JobWritesMixin):
         assert self.lock_manager is not None
         self.lock_manager.remove(lease.job_id)
         try:
-            with fenced(self.connection, lease.fence):
+            with fenced(self.connection, dataclasses.replace(lease.fence, counter="unreadable")):
                 pipe = self.connection.pipeline()
                 pipe.zadd(QueueKeys(queue.name).failed, {lease.job_id: now().timestamp() + 365 * 86400})
                 pipe.hset(
@@ -320,10 +340,12 @@ class LeaseMixin(JobWritesMixin):
     def _stop_running_job(self) -> None:
         """Fork mode kills the horse first; in simple mode the job is in this very thread."""
 
-    def _hand_back_leases(self) -> None:
+    def _hand_back_leases(self, unstarted_only: bool = False) -> None:
         if self.lock_manager is None:
             return
         for lease in self.lock_manager.held():
+            if unstarted_only and lease.execution is not None:
+                continue  # it may be running: its lease lapses and the sweep recovers it
             try:
                 returned = lease.hand_back(self.connection)
             except Exception:
@@ -333,7 +355,7 @@ class LeaseMixin(JobWritesMixin):
             lease.lost = True
             if returned:
                 logger.warning(
-                    "job %s handed back to the front of queue %s (cold stop)",
+                    "job %s handed back to the front of queue %s (the worker is stopping)",
                     lease.job_id,
                     lease.queue,
                     extra={"job_id": lease.job_id, "queue": lease.queue},
@@ -390,7 +412,9 @@ class SimpleLeaseWorker(LeaseMixin, SimpleWorker):
 
     def _interrupt_lost_job(self, signum: int, frame: FrameType | None) -> None:
         job_id, self._interrupt_job_id = self._interrupt_job_id, None
-        if job_id is not None:
+        # only the job's own code is interrupted: once it has ended (its outcome is being
+        # written, or RQ's bookkeeping runs) the interrupt would hit RQ's code instead
+        if job_id is not None and job_id == self._running_job_id:
             raise LeaseJobInterrupted(f"job {job_id}: lease lost, job stopped")
 
 

@@ -43,10 +43,13 @@ def test_pop_leases_the_job_in_the_same_step(r: redis.Redis) -> None:
     fields = r.hgetall(job_key(job.id))
     assert fields[b"emq_attempts"] == b"1"
     assert fields[b"emq_token"].decode() == taken.token
-    assert fields[b"emq_max_attempts"] == b"3"
+    # the worker-wide default is not copied in: a job without its own max reads as "default"
+    assert b"emq_max_attempts" not in fields
+    # the RQ status at the take: anything else later means RQ changed the job, not us
+    assert fields[b"emq_status"] == b"queued"
     assert taken.raw[b"origin"] == b"q"  # the job's hash comes back with the take, as leased
     assert taken.raw[b"emq_token"].decode() == taken.token
-    assert (taken.raw[b"emq_attempts"], taken.raw[b"emq_max_attempts"]) == (b"1", b"3")
+    assert taken.raw[b"emq_attempts"] == b"1"
 
 
 def test_a_job_hash_with_many_fields_is_taken_again_with_its_attempts_counted(r: redis.Redis) -> None:

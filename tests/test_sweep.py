@@ -139,7 +139,9 @@ def test_a_drainer_that_dies_after_claiming_is_taken_over_once(r: redis.Redis) -
     s.sweep("q")
     next_round(s)
     assert s.sweep("q").failed == [job_id]
-    claimed = scripts.load("claim_outbox")(r, [Q.outbox], [1, "t" * 32 + ":dead-drainer"])
+    # a 1 ms claim (no callback timeout, no margin), then this drainer dies
+    claim = [1, 0, 0, "rq:job:", "outbox:" + "t" * 32 + ":dead-drainer"]
+    claimed = scripts.load("claim_outbox")(r, [Q.outbox], claim)
     assert claimed[0] == job_id.encode()  # this drainer dies here
     time.sleep(0.01)
     assert s.drain_outbox("q") == 1

@@ -15,22 +15,39 @@ local function hash_field(hash, field)
   return nil, nil
 end
 
+-- A count our scripts stored (attempts, max attempts): digits only, else nil. Anything
+-- else (a float, "nan", "1e3", a negative number) reads as absent, the same way in every
+-- script and in Python, so a malformed value can neither crash a script nor exempt a job.
+local function count_value(value)
+  if type(value) ~= 'string' or #value > 15 or not string.match(value, '^%d+$') then return nil end
+  return tonumber(value)
+end
+
+-- Whether `token` still holds job_key: 'held' when it owns the job and nothing RQ did has
+-- changed the job's status since our own last write (`emq_status`); 'ended' when it owns
+-- it but RQ (cancel, stock cleanup, a requeue, ...) has ended or moved it since; 'lost'
+-- when the job is someone else's, or gone.
+local function lease_state(job_key, token)
+  local found = redis.call('HMGET', job_key, 'emq_token', 'status', 'emq_status')
+  if found[1] ~= token then return 'lost' end
+  if found[3] and (found[2] or '') ~= found[3] then return 'ended' end
+  return 'held'
+end
+
 -- Grant job_id to the holder of `token`: lock with a PX expiry, deadline in the index,
--- one more attempt counted, the owner recorded on the job hash (the fence). `hash` is the
--- job's hash as HGETALL gave it (the caller's existence check); it is updated to match,
--- so the caller can return it without reading the job again.
-local function grant_lease(job_key, lock_key, leases_key, stats_key, job_id, token, worker, lease_ms,
-    default_max, hash)
+-- one more attempt counted, the owner and the job's RQ status at the take recorded on
+-- the job hash (the fence). `hash` is the job's hash as HGETALL gave it (the caller's
+-- existence check); it is updated to match, so the caller can return it without
+-- reading the job again. The max attempts is not written here: a job without its own
+-- keeps "the configured default", which the sweep and `rq-emq leases` read as such.
+local function grant_lease(job_key, lock_key, leases_key, stats_key, job_id, token, worker, lease_ms, hash)
   local now = now_ms()
   redis.call('SET', lock_key, token, 'PX', lease_ms)
   redis.call('ZADD', leases_key, now + lease_ms, job_id)
-  -- one value only: tonumber's second argument is a base
-  local attempts = (tonumber((hash_field(hash, 'emq_attempts'))) or 0) + 1
-  local fields = {'emq_attempts', tostring(attempts), 'emq_token', token, 'emq_worker', worker}
-  if hash_field(hash, 'emq_max_attempts') == nil then
-    fields[#fields + 1] = 'emq_max_attempts'
-    fields[#fields + 1] = tostring(default_max)
-  end
+  -- one value only: hash_field's second return value is a position
+  local attempts = (count_value((hash_field(hash, 'emq_attempts'))) or 0) + 1
+  local fields = {'emq_attempts', tostring(attempts), 'emq_token', token, 'emq_worker', worker,
+    'emq_status', (hash_field(hash, 'status')) or ''}
   redis.call('HSET', job_key, unpack(fields))
   for i = 1, #fields, 2 do
     local _, at = hash_field(hash, fields[i])

@@ -1,0 +1,50 @@
+--[[ guard_job_write: run a worker's bookkeeping for a job only while it holds the lease,
+and keep the lease.
+
+A worker writes to a job before its outcome too: as a run starts, RQ marks it started
+and records its execution. A worker (or horse) that was frozen or cut off past its
+lease may wake after the job was recovered and even finished elsewhere; unguarded, those
+writes would turn the job back to `started` under a worker that no longer runs it. This
+packs RQ's transaction here unchanged, like finish_job, but leaves the lease in place.
+
+After RQ's commands, the job's RQ status is recorded as ours (`emq_status`): from then on
+a status that differs means RQ (or an operator) changed the job, not us.
+
+KEYS:
+  1  rq:job:<id>
+  2  emq:{<q>}:<id>:lock
+  3  emq:{<q>}:leases
+  4  emq:{<q>}:stalled
+  5  emq:{<q>}:stats
+ARGV:
+  1  job id
+  2  token
+  3  the job's own max attempts to record ('' for none)
+  4  number of commands; then per command: its argument count, then the arguments
+Returns:
+  {0}               fenced out: the lease is not ours (or RQ ended the job since the
+                    take, which also releases the lease), nothing was written
+  {1, replies}      replies[i] is the i-th command's reply (an error reply in place)
+]]
+-- @include lib/lease.lua
+
+local job_id, token = ARGV[1], ARGV[2]
+local state = lease_state(KEYS[1], token)
+if state ~= 'held' then
+  if state == 'ended' then
+    -- the job is RQ's again; the lock manager's next tick reads the lease as settled
+    drop_lease(KEYS[1], KEYS[2], KEYS[3], KEYS[4], job_id, 'done:' .. token)
+    redis.call('HINCRBY', KEYS[5], 'ended_by_rq', 1)
+  else
+    redis.call('HINCRBY', KEYS[5], 'fenced', 1)
+  end
+  return {0}
+end
+local replies = run_packed(5, tonumber(ARGV[4]))
+local record = {'emq_status', redis.call('HGET', KEYS[1], 'status') or ''}
+if ARGV[3] ~= '' then
+  record[3] = 'emq_max_attempts'
+  record[4] = ARGV[3]
+end
+redis.call('HSET', KEYS[1], unpack(record))
+return {1, replies}

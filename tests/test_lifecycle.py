@@ -1,0 +1,396 @@
+"""Leases across RQ's whole job lifecycle, driven directly against a real Redis.
+
+A lease is in flight only while its holder owns the job *and* nothing RQ did has changed
+the job since the lease's own last write. Whatever RQ ends or moves (cancel, stock
+cleanup failing or requeueing it, delete, a requeue from failed) is left as RQ put it:
+never recovered, never run again, never overwritten by a late outcome. (Real worker
+processes for the same promises: ``test_lifecycle_processes.py``.)
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+from rq import Queue
+from rq.job import Job
+from rq.registry import FailedJobRegistry
+
+import rq_emq
+from rq_emq import scripts
+from rq_emq.fencing import MAX_PACKED_ARGS, Fence, LeaseLost, fenced
+from rq_emq.keys import QueueKeys, job_key
+from rq_emq.lease import Lease, LockManager
+from rq_emq.settings import MAX_INTERVAL_MS, LeaseSettings, SettingsError
+from rq_emq.sweep import Sweeper
+from rq_emq.take import Taker
+
+SETTINGS = LeaseSettings(lease_ms=1_000, renew_interval_ms=200, sweep_interval_ms=100, sweep_batch=50)
+Q = QueueKeys("q")
+
+
+def take(r: redis.Redis, worker: str = "w1") -> Lease:
+    taken = Taker(r, worker, SETTINGS).pop(["q"])
+    assert taken is not None
+    return Lease("q", taken.job_id, taken.token)
+
+
+def lapse(r: redis.Redis, job_id: str) -> None:
+    """What time does to a dead holder's lease: the lock is gone, the deadline passed."""
+    r.delete(Q.lock(job_id))
+    r.zadd(Q.leases, {job_id: 0})
+
+
+def sweep_twice(r: redis.Redis) -> tuple[Sweeper, list[object]]:
+    """A marking round, then (past the grace) the round that may recover."""
+    s = Sweeper(r, ["q"], SETTINGS)
+    first = s.sweep("q")
+    time.sleep(s.grace_ms / 1000 + 0.01)
+    return s, [first, s.sweep("q")]
+
+
+def start(r: redis.Redis, lease: Lease) -> None:
+    """The horse's guarded start: RQ marks the job started, under the lease."""
+    with fenced(r, lease.fence, release=False):
+        pipe = r.pipeline()
+        pipe.hset(job_key(lease.job_id), mapping={"status": "started", "worker_name": "w1"})
+        pipe.execute()
+
+
+def finish(r: redis.Redis, lease: Lease, status: str = "finished") -> None:
+    with fenced(r, lease.fence):
+        pipe = r.pipeline()
+        pipe.hset(job_key(lease.job_id), "status", status)
+        pipe.execute()
+
+
+def queued_ids(r: redis.Redis) -> list[str]:
+    return [v.decode() for v in r.lrange(Q.rq_queue, 0, -1)]
+
+
+def status(r: redis.Redis, job_id: str) -> str | None:
+    value = r.hget(job_key(job_id), "status")
+    return value.decode() if value else None
+
+
+# -- the fence is spent only by the outcome -----------------------------------------------
+def test_a_read_only_transaction_inside_the_finish_does_not_spend_the_fence(r: redis.Redis) -> None:
+    queue = Queue("q", connection=r)
+    parent = queue.enqueue("jobs.noop")
+    dependent = queue.enqueue("jobs.noop", depends_on=parent)
+    lease = take(r)
+    start(r, lease)
+    with fenced(r, lease.fence):
+        # RQ 3 reads the dependents with a MULTI/EXEC of HGETALLs before its outcome
+        (fetched,) = Job.fetch_many([dependent.id], connection=r)
+        assert fetched is not None and fetched.id == dependent.id
+        assert r.hget(job_key(parent.id), "emq_token").decode() == lease.token  # still ours
+        assert r.exists(Q.lock(parent.id))
+        pipe = r.pipeline()
+        pipe.hset(job_key(parent.id), "status", "finished")
+        pipe.execute()
+    assert status(r, parent.id) == "finished"
+    assert r.hget(job_key(parent.id), "emq_token").decode() == "done:" + lease.token
+    assert r.zscore(Q.leases, parent.id) is None
+
+
+def test_a_stale_holders_outcome_with_dependents_is_fenced_out(r: redis.Redis) -> None:
+    queue = Queue("q", connection=r)
+    parent = queue.enqueue("jobs.noop")
+    dependent = queue.enqueue("jobs.noop", depends_on=parent)
+    stale = take(r)
+    start(r, stale)
+    lapse(r, parent.id)
+    _, (_, recovery) = sweep_twice(r)
+    assert recovery.requeued == [parent.id]  # type: ignore[attr-defined]
+    with pytest.raises(LeaseLost), fenced(r, stale.fence):
+        Job.fetch_many([dependent.id], connection=r)  # a read first, as RQ 3 does
+        pipe = r.pipeline()
+        pipe.hset(job_key(parent.id), "status", "finished")
+        pipe.srem(parent.dependents_key, dependent.id)
+        pipe.execute()  # refused: nothing written
+    assert status(r, parent.id) == "queued"
+    assert r.smembers(parent.dependents_key) == {dependent.id.encode()}
+
+
+def test_a_finish_with_a_command_longer_than_luas_unpack_limit_commits_whole(r: redis.Redis) -> None:
+    Queue("q", connection=r).enqueue("jobs.noop")
+    lease = take(r)
+    ids = [f"dependent-{i}" for i in range(10_000)]
+    r.sadd("fan-in:dependents", *ids, "keeps-waiting")
+    r.zadd("ready", {"existing": 1})
+    with fenced(r, lease.fence):
+        pipe = r.pipeline()
+        pipe.srem("fan-in:dependents", *ids)
+        pipe.zadd("ready", {job_id: 2 for job_id in ids})
+        pipe.rpush("ready-list", *ids)
+        pipe.hset(job_key(lease.job_id), "status", "finished")
+        replies = pipe.execute()
+    assert len(ids) + 2 > MAX_PACKED_ARGS
+    assert replies[:3] == [10_000, 10_000, 10_000]  # each command's reply, as EXEC gives it
+    assert r.smembers("fan-in:dependents") == {b"keeps-waiting"}
+    assert r.zcard("ready") == 10_001 and r.llen("ready-list") == 10_000
+    assert r.lindex("ready-list", 0) == b"dependent-0" and r.lindex("ready-list", -1) == b"dependent-9999"
+    assert r.hget(job_key(lease.job_id), "emq_token").decode() == "done:" + lease.token
+
+
+def test_once_the_fenced_outcome_failed_no_later_transaction_of_the_block_releases_the_lease(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RQ 2 runs its failure pipeline twice, the first under suppress(ConnectionError):
+    the second batch (worker stats) must not pass as the outcome."""
+    Queue("q", connection=r).enqueue("jobs.noop")
+    lease = take(r)
+    start(r, lease)
+    original = redis.client.Pipeline.execute
+    calls = {"n": 0}
+
+    def blip_once(self: redis.client.Pipeline, *args: object, **kwargs: object) -> object:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise redis.exceptions.ConnectionError("blip")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.client.Pipeline, "execute", blip_once)
+    with pytest.raises(redis.exceptions.ConnectionError), fenced(r, lease.fence) as session:
+        first = r.pipeline()
+        first.hset(job_key(lease.job_id), "status", "failed")
+        try:
+            first.execute()
+        except redis.exceptions.ConnectionError:
+            pass  # what RQ 2's suppress does
+        second = r.pipeline()
+        second.hincrby("rq:worker:w1", "failed_job_count", 1)
+        second.execute()
+    assert session.error is not None and not session.committed
+    assert r.hget(job_key(lease.job_id), "emq_token").decode() == lease.token  # the lease lives on
+    assert r.exists(Q.lock(lease.job_id)) and status(r, lease.job_id) == "started"
+
+
+# -- the sweep leaves what RQ ended -------------------------------------------------------
+@pytest.mark.parametrize("ended_as", ["canceled", "failed", "stopped", "finished"])
+def test_the_sweep_never_recovers_a_job_rq_ended_while_it_was_leased(r: redis.Redis, ended_as: str) -> None:
+    job = Queue("q", connection=r).enqueue("jobs.noop")
+    lease = take(r)
+    start(r, lease)
+    r.hset(job_key(job.id), "status", ended_as)  # job.cancel(), stock cleanup, an operator...
+    lapse(r, job.id)  # ...then its worker dies
+    _, (first, second) = sweep_twice(r)
+    assert second.requeued == [] and second.failed == []  # type: ignore[attr-defined]
+    assert job.id in first.ended + second.ended  # type: ignore[attr-defined]
+    assert status(r, job.id) == ended_as and queued_ids(r) == []
+    assert r.zscore(Q.leases, job.id) is None and r.zscore(Q.stalled, job.id) is None
+    assert r.zcard(Q.outbox) == 0
+
+
+def test_a_job_stock_cleanup_requeued_is_not_queued_twice(r: redis.Redis) -> None:
+    job = Queue("q", connection=r).enqueue("jobs.noop")
+    lease = take(r)
+    start(r, lease)
+    # stock cleanup through Retry: status queued, back in its queue
+    r.hset(job_key(job.id), "status", "queued")
+    r.rpush(Q.rq_queue, job.id)
+    lapse(r, job.id)
+    sweep_twice(r)
+    assert queued_ids(r) == [job.id]
+
+
+def test_a_worker_that_dies_between_the_take_and_the_start_still_has_its_job_recovered(
+    r: redis.Redis,
+) -> None:
+    job = Queue("q", connection=r).enqueue("jobs.noop")
+    take(r)  # RQ's status is still `queued` here: that is not "RQ requeued it"
+    lapse(r, job.id)
+    _, (_, second) = sweep_twice(r)
+    assert second.requeued == [job.id]  # type: ignore[attr-defined]
+    assert queued_ids(r) == [job.id] and status(r, job.id) == "queued"
+
+
+def test_a_job_canceled_while_in_the_intermediate_list_is_not_recovered(r: redis.Redis) -> None:
+    job = Queue("q", connection=r).enqueue("jobs.noop")
+    r.lmove(Q.rq_queue, Q.intermediate)  # a worker's BLMOVE, then it died
+    r.hset(job_key(job.id), "status", "canceled")
+    _, (first, second) = sweep_twice(r)
+    assert first.marked == [job.id] and second.ended == [job.id]  # type: ignore[attr-defined]
+    assert queued_ids(r) == [] and r.llen(Q.intermediate) == 0 and status(r, job.id) == "canceled"
+
+
+def test_a_late_outcome_for_a_job_rq_ended_is_discarded_and_releases_the_lease(r: redis.Redis) -> None:
+    job = Queue("q", connection=r).enqueue("jobs.noop")
+    lease = take(r)
+    start(r, lease)
+    r.hset(job_key(job.id), "status", "canceled")  # canceled while it ran
+    with pytest.raises(LeaseLost):
+        finish(r, lease, "finished")  # its worker lives and finishes: RQ's cancel stands
+    assert status(r, job.id) == "canceled"
+    assert r.zscore(Q.leases, job.id) is None and not r.exists(Q.lock(job.id))
+    assert int(r.hget(Q.stats, "ended_by_rq") or 0) == 1
+    manager = LockManager(r, SETTINGS.lease_ms, SETTINGS.renew_interval_ms, on_lost=lambda lease: None)
+    manager.add(lease)
+    assert manager.tick() == [] and lease.settled  # no lease_lost for a job RQ ended
+
+
+def test_a_start_refused_because_rq_ended_the_job_releases_the_lease(r: redis.Redis) -> None:
+    job = Queue("q", connection=r).enqueue("jobs.noop")
+    lease = take(r)
+    r.hset(job_key(job.id), "status", "canceled")  # canceled between the take and the start
+    with pytest.raises(LeaseLost):
+        start(r, lease)
+    assert status(r, job.id) == "canceled"
+    assert r.zscore(Q.leases, job.id) is None and not r.exists(Q.lock(job.id))
+
+
+def test_a_cold_stop_does_not_hand_back_a_job_rq_ended(r: redis.Redis) -> None:
+    job = Queue("q", connection=r).enqueue("jobs.noop")
+    lease = take(r)
+    r.hset(job_key(job.id), "status", "canceled")
+    assert lease.hand_back(r) is False
+    assert queued_ids(r) == [] and status(r, job.id) == "canceled"
+
+
+def test_a_cold_stop_hands_back_without_scanning_the_queue(r: redis.Redis) -> None:
+    queue = Queue("q", connection=r)
+    job = queue.enqueue("jobs.noop")
+    lease = take(r)
+    for _ in range(3):
+        queue.enqueue("jobs.noop")
+    assert lease.hand_back(r) is True
+    assert queued_ids(r)[0] == job.id and len(queued_ids(r)) == 4
+    assert r.hget(job_key(job.id), "emq_attempts") == b"0"
+
+
+# -- the failure outbox ---------------------------------------------------------------------
+def _fail_at_max_attempts(r: redis.Redis, **enqueue: object) -> tuple[Job, Sweeper]:
+    job = Queue("q", connection=r).enqueue("jobs.noop", **enqueue)  # type: ignore[arg-type]
+    take(r)
+    r.hset(job_key(job.id), "emq_max_attempts", 1)
+    lapse(r, job.id)
+    s, (_, second) = sweep_twice(r)
+    assert second.failed == [job.id]  # type: ignore[attr-defined]
+    return job, s
+
+
+def test_the_outbox_drain_never_takes_a_lease_from_a_job_requeued_since(r: redis.Redis) -> None:
+    job, s = _fail_at_max_attempts(r)
+    FailedJobRegistry("q", connection=r).requeue(job.id)  # an operator's `rq requeue`
+    worker_b = take(r, "worker-b")
+    assert worker_b.job_id == job.id
+    assert s.drain_outbox("q") == 0
+    assert r.hget(job_key(job.id), "emq_token").decode() == worker_b.token
+    assert r.zcard(Q.outbox) == 0 and Job.fetch(job.id, connection=r).results() == []
+    manager = LockManager(r, SETTINGS.lease_ms, SETTINGS.renew_interval_ms, on_lost=lambda lease: None)
+    manager.add(worker_b)
+    assert manager.tick() == []  # worker B still holds it
+
+
+def test_the_outbox_drain_skips_a_job_failed_again_by_its_own_run(r: redis.Redis) -> None:
+    job, s = _fail_at_max_attempts(r)
+    FailedJobRegistry("q", connection=r).requeue(job.id)
+    worker_b = take(r, "worker-b")
+    start(r, worker_b)
+    finish(r, worker_b, "failed")  # B's own run failed, with its own Result
+    assert s.drain_outbox("q") == 0
+    assert Job.fetch(job.id, connection=r).results() == []
+
+
+def test_a_completed_stall_failure_counts_as_an_outbox_completion_not_a_finish(r: redis.Redis) -> None:
+    job, s = _fail_at_max_attempts(r)
+    assert s.drain_outbox("q") == 1
+    stats = {k.decode(): int(v) for k, v in r.hgetall(Q.stats).items()}
+    assert stats.get("outbox_completed") == 1 and stats.get("finished", 0) == 0
+    assert len(Job.fetch(job.id, connection=r).results()) == 1
+
+
+def test_an_outbox_claim_outlives_the_jobs_failure_callback(r: redis.Redis) -> None:
+    job, _ = _fail_at_max_attempts(r, on_failure=rq_emq_failure_callback(timeout=300))
+    before = time.time() * 1000
+    claim = [1_000, 30_000, 60, "rq:job:", "outbox:claim-token"]
+    assert scripts.load("claim_outbox")(r, [Q.outbox], claim)[0] == job.id.encode()
+    due = r.zscore(Q.outbox, job.id)
+    assert due is not None and due >= before + 300_000 + 30_000 - 1_000
+
+
+def rq_emq_failure_callback(timeout: int) -> object:
+    from rq import Callback
+
+    return Callback("jobs.on_failure_record", timeout=timeout)
+
+
+# -- result_ttl=0 and other finishes that delete the job ---------------------------------
+def test_a_renewal_racing_a_finish_that_deleted_the_job_reads_settled_not_lost(r: redis.Redis) -> None:
+    Queue("q", connection=r).enqueue("jobs.noop", result_ttl=0)
+    lease = take(r)
+    lost: list[Lease] = []
+    manager = LockManager(r, SETTINGS.lease_ms, SETTINGS.renew_interval_ms, on_lost=lost.append)
+    manager.add(lease)
+    with fenced(r, lease.fence):
+        pipe = r.pipeline()
+        pipe.delete(job_key(lease.job_id))  # what RQ's finish does with result_ttl=0
+        pipe.execute()
+    assert manager.tick() == [] and lost == [] and lease.settled
+    assert int(r.hget(Q.stats, "lease_lost") or 0) == 0
+
+
+def test_a_job_deleted_while_it_runs_is_a_lost_lease(r: redis.Redis) -> None:
+    Queue("q", connection=r).enqueue("jobs.noop")
+    lease = take(r)
+    lost: list[Lease] = []
+    manager = LockManager(r, SETTINGS.lease_ms, SETTINGS.renew_interval_ms, on_lost=lost.append)
+    manager.add(lease)
+    Job.fetch(lease.job_id, connection=r).delete()
+    assert manager.tick() == [lease.job_id] and lost == [lease]
+
+
+# -- bad input never crashes a worker, never loses a job ----------------------------------
+@pytest.mark.parametrize("value", [True, "5", 5.0, 0, -1, 10**9, None])
+def test_max_attempts_helper_rejects_anything_but_a_sane_whole_number(value: object) -> None:
+    with pytest.raises(SettingsError, match="max_attempts"):
+        rq_emq.max_attempts(value)  # type: ignore[arg-type]
+
+
+def test_settings_have_upper_bounds() -> None:
+    with pytest.raises(SettingsError, match="lease_ms"):
+        LeaseSettings(lease_ms=100_000_000_000_000_000)
+    with pytest.raises(SettingsError, match="max_attempts"):
+        LeaseSettings(max_attempts=10**6)
+    assert LeaseSettings(lease_ms=MAX_INTERVAL_MS, renew_interval_ms=1_000).lease_ms == MAX_INTERVAL_MS
+
+
+def test_a_take_whose_lease_cannot_be_written_leaves_the_job_in_its_queue(r: redis.Redis) -> None:
+    job = Queue("q", connection=r).enqueue("jobs.noop")
+    args = ["token", "w1", 100_000_000_000_000_000, 100, Q.prefix]  # a lease Redis refuses
+    with pytest.raises(redis.ResponseError):
+        scripts.load("pop_job")(r, [Q.rq_queue, Q.leases, Q.stats], args)
+    assert queued_ids(r) == [job.id]
+
+
+@pytest.mark.parametrize("raw", ["nan", "1e3", "-4", "2.5", "inf", " 7", "x"])
+def test_malformed_attempt_counts_read_as_absent_everywhere(r: redis.Redis, raw: str) -> None:
+    job = Queue("q", connection=r).enqueue("jobs.noop")
+    r.hset(job_key(job.id), mapping={"emq_attempts": raw, "emq_max_attempts": raw})
+    taken = Taker(r, "w1", SETTINGS).pop(["q"])
+    assert taken is not None and taken.attempts == 1
+    r.hset(job_key(job.id), "emq_max_attempts", raw)
+    lapse(r, job.id)
+    _, (_, second) = sweep_twice(r)
+    # attempt 1 of the default 3: requeued, neither exempt from max attempts nor failed early
+    assert second.requeued == [job.id]  # type: ignore[attr-defined]
+    assert r.hget(job_key(job.id), "emq_attempts") == b"1"
+
+
+def test_a_fenced_finish_records_the_jobs_own_max_attempts_with_its_start(r: redis.Redis) -> None:
+    Queue("q", connection=r).enqueue("jobs.noop")
+    lease = take(r)
+    lease.max_attempts = 7
+    start(r, lease)
+    assert r.hget(job_key(lease.job_id), "emq_max_attempts") == b"7"
+    assert r.hget(job_key(lease.job_id), "emq_status") == b"started"
+
+
+def test_fence_counters_name_what_was_written(r: redis.Redis) -> None:
+    Queue("q", connection=r).enqueue("jobs.noop")
+    lease = take(r)
+    fence = Fence("q", lease.job_id, lease.token, counter="unreadable")
+    assert fence.release(r) is True
+    assert int(r.hget(Q.stats, "unreadable") or 0) == 1 and r.hget(Q.stats, "finished") is None

@@ -55,3 +55,22 @@ def record_event(event: object) -> None:
     the file named by EMQ_TEST_EVENT_LOG."""
     with open(os.environ["EMQ_TEST_EVENT_LOG"], "a") as out:
         out.write(f"{event.kind} {event.job_id} {event.queue} {os.getpid()}\n")  # type: ignore[attr-defined]
+
+
+def sleep_record_and_fail(log: str, seconds: float) -> None:
+    record(log, "start")
+    time.sleep(seconds)
+    record(log, "end")
+    raise ValueError("planned failure")
+
+
+def lose_lease_and_fail(log: str) -> None:
+    """A job whose lease is taken away while it runs (as a recovery would), then raises:
+    its worker's failure outcome must be fenced out."""
+    from rq import get_current_job
+
+    job = get_current_job()
+    assert job is not None
+    record(log, "start")
+    job.connection.hset(job.key, "emq_token", "someone-else")
+    raise ValueError("planned failure")

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 import redis
-from helpers import status
+from helpers import FAST, status
 from jobs import runs
 from procs import Processes, wait_for
 from rq import Queue
+from rq.job import Job
 
 from soak.faults import redis_addresses
 from soak.proxy import TcpProxy
@@ -124,3 +125,29 @@ def test_a_worker_that_loses_redis_for_a_moment_after_a_job_keeps_working(
     wait_for(lambda: status(r, second.id) in ("finished", "failed"), timeout=15, what="the next job")
     assert status(r, second.id) == "finished"
     assert worker.poll() is None and "unhandled exception" not in procs.log(worker), procs.log(worker)
+
+
+def test_a_failure_whose_outcome_meets_a_blip_is_written_once_not_dropped(
+    r: redis.Redis, procs: Processes, tmp_path: Path
+) -> None:
+    """RQ 3's failure handler swallows errors of its pipeline and RQ 2 runs it twice, the
+    first under suppress(ConnectionError): either way the blip must reach the retry, and
+    the job must end failed with its own exception, having run once."""
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("jobs.sleep_record_and_fail", log, 0.1, job_timeout=30)
+    url = r.connection_pool.connection_kwargs
+    worker = procs.worker(
+        f"redis://{url['host']}:{url['port']}/0",
+        burst=True,
+        worker_class="worker_classes.BlipAtFailureLeaseWorker",
+        EMQ_TEST_BLIP_MARKER=str(tmp_path / "blips"),
+        **FAST,
+    )
+    assert worker.wait(timeout=20) == 0, procs.log(worker)
+    time.sleep(1.5)  # a dropped outcome would let the lease lapse and the job be recovered
+    assert status(r, job.id) == "failed"
+    assert any("planned failure" in (res.exc_string or "") for res in Job.fetch(job.id, connection=r).results())
+    assert [line.split()[0] for line in runs(log)] == ["start", "end"]
+    assert r.zscore("emq:{default}:leases", job.id) is None and r.llen("rq:queue:default") == 0
+    assert (tmp_path / "blips").read_text() == "blip\n"  # the blip happened, once
+    assert "failed to persist" not in procs.log(worker)  # RQ's swallowed traceback, hidden

@@ -342,3 +342,16 @@ def test_an_unreadable_job_hash_goes_to_failed_with_a_reason_and_the_worker_goes
     assert "mangled" in procs.log(worker)
     assert r.zcard(QueueKeys("default").leases) == 0 and not r.exists(QueueKeys("default").lock("mangled"))
     assert after.latest_result().return_value == 3  # type: ignore[union-attr]
+
+
+def test_a_fenced_failure_is_one_warning_line_not_rqs_traceback(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
+) -> None:
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("jobs.lose_lease_and_fail", log)
+    worker = procs.worker(redis_url, burst=True, RQ_EMQ_STOP_ON_LEASE_LOST="false", **FAST)
+    assert worker.wait(timeout=15) == 0, procs.log(worker)
+    text = procs.log(worker)
+    assert r.hget(job_key(job.id), "status") != b"failed"  # nothing written by the fenced failure
+    assert f"job {job.id} on queue default: lease lost, outcome discarded" in text
+    assert "failed to persist" not in text and "LeaseLost" not in text, text

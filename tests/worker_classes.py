@@ -21,3 +21,29 @@ class SlowStartLeaseWorker(LeaseWorker):
         Path(os.environ["EMQ_TEST_START_MARKER"]).write_text(str(os.getpid()))
         time.sleep(float(os.environ["EMQ_TEST_START_DELAY"]))
         return super().prepare_job_execution(job, *args, **kwargs)
+
+
+class BlipAtFailureLeaseWorker(LeaseWorker):
+    """A LeaseWorker whose first attempt to write a failure outcome meets a connection
+    error, exactly at RQ's failure transaction (a blip too narrow to aim a proxy cut at)."""
+
+    def handle_job_failure(self, job: Job, queue: Any, *args: Any, **kwargs: Any) -> Any:
+        import redis
+
+        original = redis.client.Pipeline.execute
+        blipped: list[bool] = []
+
+        def execute(pipe: Any, *a: Any, **kw: Any) -> Any:
+            if pipe.transaction and pipe.command_stack and not blipped:
+                blipped.append(True)
+                with open(os.environ["EMQ_TEST_BLIP_MARKER"], "a") as marker:
+                    marker.write("blip\n")
+                pipe.reset()
+                raise redis.exceptions.ConnectionError("a blip as the failure is written")
+            return original(pipe, *a, **kw)
+
+        redis.client.Pipeline.execute = execute  # type: ignore[method-assign]
+        try:
+            return super().handle_job_failure(job, queue, *args, **kwargs)
+        finally:
+            redis.client.Pipeline.execute = original  # type: ignore[method-assign]

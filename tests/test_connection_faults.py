@@ -146,7 +146,8 @@ def test_a_failure_whose_outcome_meets_a_blip_is_written_once_not_dropped(
     assert worker.wait(timeout=20) == 0, procs.log(worker)
     time.sleep(1.5)  # a dropped outcome would let the lease lapse and the job be recovered
     assert status(r, job.id) == "failed"
-    assert any("planned failure" in (res.exc_string or "") for res in Job.fetch(job.id, connection=r).results())
+    results = Job.fetch(job.id, connection=r).results()
+    assert any("planned failure" in (result.exc_string or "") for result in results)
     assert [line.split()[0] for line in runs(log)] == ["start", "end"]
     assert r.zscore("emq:{default}:leases", job.id) is None and r.llen("rq:queue:default") == 0
     assert (tmp_path / "blips").read_text() == "blip\n"  # the blip happened, once

@@ -1,0 +1,455 @@
+"""A model-based test of leases against RQ's whole job lifecycle, on a real Redis.
+
+Hypothesis drives two holders (take, guarded start, renew, finish with success, failure,
+``Retry`` or stop, lapse, death, warm and cold stops) and RQ itself (enqueue with
+dependents in chains and fan-in, ``result_ttl=0``, ``Retry``; ``job.cancel()``,
+``job.delete()``, stock ``StartedJobRegistry.cleanup``, ``FailedJobRegistry.requeue``)
+and the sweep, in any order, with RQ's own APIs doing RQ's part. After every step:
+
+- nothing is lost: each job stands where its RQ status says (queue, in flight under a
+  lease, a registry), and no id is queued twice;
+- a job RQ ended is never started again (until RQ itself requeues it);
+- no outcome is written by a holder that does not hold the lease as RQ left it.
+
+The transitions that carry the risk are counted, and the test fails if a run reached
+them too rarely to mean anything.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pytest
+import redis
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
+from rq import Queue, Retry
+from rq.exceptions import InvalidJobOperation, NoSuchJobError
+from rq.executions import Execution
+from rq.job import Job, JobStatus
+from rq.registry import FailedJobRegistry, StartedJobRegistry
+
+from rq_emq.fencing import LeaseLost, fenced
+from rq_emq.keys import QueueKeys, job_key
+from rq_emq.lease import Lease, LockManager
+from rq_emq.settings import LeaseSettings
+from rq_emq.sweep import Sweeper
+from rq_emq.take import Taker
+
+SETTINGS = LeaseSettings(lease_ms=60_000, renew_interval_ms=10, sweep_interval_ms=10, max_attempts=3)
+Q = QueueKeys("q")
+HOLDERS = ["h1", "h2"]
+MAX_JOBS = 8
+KINDS = ["result_ttl=0", "retry", "chain", "fan-in", "plain"]
+
+#: How often each risky transition happened, over the whole run (all examples).
+REACHED: Counter[str] = Counter()
+#: The least each must happen in a run for the run to count as a check of it.
+MINIMUM = {
+    "cancel while leased": 5,
+    "delete while leased": 5,
+    "stock cleanup ended a leased job": 5,
+    "late outcome refused: RQ ended the job": 5,
+    "start refused: RQ ended the job": 3,
+    "sweep left a job RQ ended": 5,
+    "requeued from failed": 3,
+    "dependents enqueued by a fenced finish": 5,
+    "result_ttl=0 finish": 5,
+    "Retry by the holder": 3,
+    "warm stop handed back": 3,
+    "cold stop handed back": 3,
+    "recovered by the sweep": 5,
+}
+
+
+def reached(what: str) -> None:
+    REACHED[what] += 1
+    event(what)
+
+
+class _Fixed:
+    """Stands in for Hypothesis' data when a rule calls another with a chosen job."""
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+    def draw(self, strategy: object) -> str:
+        return self.value
+
+
+@dataclass
+class Holder:
+    name: str
+    alive: bool = True
+    stopping: bool = False
+    leases: dict[str, Lease] = field(default_factory=dict)
+    executions: dict[str, Execution] = field(default_factory=dict)
+
+
+class Lifecycle(RuleBasedStateMachine):
+    client: redis.Redis
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.r = self.client
+        self.r.flushdb()
+        self.queue = Queue("q", connection=self.r)
+        self.holders = {name: Holder(name) for name in HOLDERS}
+        self.jobs: list[str] = []
+        self.gone: set[str] = set()  # deleted by RQ, or finished with result_ttl=0
+        #: jobs RQ ended (cancel, delete, stock cleanup's failure): never to start again
+        self.ended_by_rq: set[str] = set()
+        self.sweeper = Sweeper(self.r, ["q"], SETTINGS)
+
+    @initialize()
+    def busy_start(self) -> None:
+        """Every run starts with work in flight: a job of each kind (the chain and the fan-in
+        waiting on the job with a Retry), each holder running one (h1 the result_ttl=0 job, whose
+        finish deletes it; h2 the job with a Retry, whose failure requeues it and whose
+        success enqueues the chain)."""
+        for kind in KINDS:
+            self.enqueue(kind)
+        for name in HOLDERS:
+            self.take(name)
+            self._start(self.holders[name], self._ordered(self.holders[name].leases)[:1])
+
+    def _ordered(self, job_ids: object) -> list[str]:
+        """Ids in the order they were enqueued: the same from run to run (ids are random),
+        so that Hypothesis can replay and shrink a run."""
+        wanted = set(job_ids)  # type: ignore[call-overload]
+        return [job_id for job_id in self.jobs if job_id in wanted]
+
+    # -- RQ's producers ------------------------------------------------------------------
+    @rule(kind=st.sampled_from(KINDS))
+    def enqueue(self, kind: str) -> None:
+        if len(self.jobs) >= MAX_JOBS:
+            return
+        live = [j for j in self.jobs if j not in self.gone]
+        options: dict[str, object] = {}
+        if kind == "result_ttl=0":
+            options["result_ttl"] = 0
+        elif kind == "retry":
+            options["retry"] = Retry(max=1)
+        elif kind == "chain" and live:
+            options["depends_on"] = live[-1]
+        elif kind == "fan-in" and len(live) >= 2:
+            options["depends_on"] = live[-2:]
+        self.jobs.append(self.queue.enqueue("jobs.noop", **options).id)  # type: ignore[arg-type]
+
+    # -- the holders ---------------------------------------------------------------------
+    def _holder(self, name: str) -> Holder | None:
+        holder = self.holders[name]
+        return holder if holder.alive else None
+
+    @rule(name=st.sampled_from(HOLDERS))
+    def take(self, name: str) -> None:
+        holder = self._holder(name)
+        if holder is None or holder.stopping:
+            return
+        taken = Taker(self.r, name, SETTINGS).pop(["q"])
+        if taken is not None:
+            holder.leases[taken.job_id] = Lease("q", taken.job_id, taken.token)
+
+    @rule(name=st.sampled_from(HOLDERS), data=st.data())
+    def take_and_start(self, name: str, data: st.DataObject) -> None:
+        """A take, then the worker's execution record and the horse's "started", guarded,
+        as RQ writes them (of this job or of one taken earlier)."""
+        holder = self._holder(name)
+        if holder is None:
+            return
+        self.take(name)
+        unstarted = self._ordered(set(holder.leases) - set(holder.executions))
+        if unstarted:
+            self._start(holder, [data.draw(st.sampled_from(unstarted))])
+
+    def _start(self, holder: Holder, job_ids: list[str]) -> None:
+        if not job_ids or not holder.alive:
+            return
+        job_id, name = job_ids[0], holder.name
+        lease = holder.leases[job_id]
+        try:
+            job = Job.fetch(job_id, connection=self.r)
+        except NoSuchJobError:
+            return
+        try:
+            with fenced(self.r, lease.fence, release=False):
+                pipe = self.r.pipeline()
+                execution = Execution.create(job, 600, pipe)
+                job.prepare_for_execution(name, pipe)
+                pipe.execute()
+        except LeaseLost:
+            if job_id in self.ended_by_rq:
+                reached("start refused: RQ ended the job")
+            holder.leases.pop(job_id)
+            return
+        assert job_id not in self.ended_by_rq, "a job RQ ended was started again"
+        holder.executions[job_id] = execution
+
+    @rule(name=st.sampled_from(HOLDERS), data=st.data(), outcome=st.sampled_from(["ok", "ok", "fail", "stop"]))
+    def finish(self, name: str, data: st.DataObject, outcome: str) -> None:
+        holder = self._holder(name)
+        if holder is None or not holder.executions:
+            return
+        job_id = data.draw(st.sampled_from(self._ordered(holder.executions)))
+        lease = holder.leases.pop(job_id)
+        execution = holder.executions.pop(job_id)
+        before = self.r.hgetall(job_key(job_id))
+        held = before.get(b"emq_token") == lease.token.encode() and before.get(b"status") == before.get(
+            b"emq_status"
+        )
+        try:
+            job = Job.fetch(job_id, connection=self.r)
+        except NoSuchJobError:
+            return
+        committed = False
+        retrying = outcome == "fail" and bool(job.retries_left)
+        try:
+            with fenced(self.r, lease.fence):
+                pipe = self.r.pipeline()
+                execution.delete(job, pipe)
+                if outcome == "ok":
+                    job.set_status(JobStatus.FINISHED, pipeline=pipe)
+                    if job.result_ttl == 0:
+                        job.cleanup(0, pipeline=pipe, remove_from_queue=False)
+                    else:
+                        self.queue.finished_job_registry.add(job, 600, pipeline=pipe)
+                elif retrying:
+                    job.retry(self.queue, pipe)
+                else:
+                    job.set_status(JobStatus.STOPPED if outcome == "stop" else JobStatus.FAILED, pipeline=pipe)
+                    FailedJobRegistry("q", connection=self.r).add(job, 600, exc_string=outcome, pipeline=pipe)
+                pipe.execute()
+                committed = True
+        except LeaseLost:
+            pass
+        if not committed:
+            if before.get(b"emq_token") == lease.token.encode() and not held:
+                reached("late outcome refused: RQ ended the job")
+            assert not held, "the lease holder's outcome was refused"
+            return
+        assert held, "an outcome was written by a holder that did not hold the lease"
+        if outcome == "ok" and job.result_ttl == 0:
+            self.gone.add(job_id)
+            reached("result_ttl=0 finish")
+        if retrying:
+            reached("Retry by the holder")
+        elif outcome == "ok" or outcome == "fail":
+            waiting = self.r.smembers(job.dependents_key)
+            self.queue.enqueue_dependents(job)
+            if any(self.r.hget(job_key(d.decode()), "status") == b"queued" for d in waiting):
+                reached("dependents enqueued by a fenced finish")
+
+    @rule(name=st.sampled_from(HOLDERS), data=st.data())
+    def fail_first_job(self, name: str, data: st.DataObject) -> None:
+        """The job a holder took first raises (for h2's first job: its Retry requeues it)."""
+        holder = self._holder(name)
+        if holder is not None and holder.executions:
+            first = self._ordered(holder.executions)[0]
+            self.finish(name, _Fixed(first), "fail")
+
+    @rule(name=st.sampled_from(HOLDERS))
+    def renew(self, name: str) -> None:
+        holder = self._holder(name)
+        if holder is None or not holder.leases:
+            return
+        manager = LockManager(self.r, SETTINGS.lease_ms, SETTINGS.renew_interval_ms, on_lost=lambda lease: None)
+        for lease in holder.leases.values():
+            manager.add(lease)
+        manager.tick()
+        for lease in list(holder.leases.values()):
+            if lease.lost or lease.settled:
+                holder.leases.pop(lease.job_id)
+                holder.executions.pop(lease.job_id, None)
+
+    @rule(name=st.sampled_from(HOLDERS))
+    def die(self, name: str) -> None:
+        holder = self.holders[name]
+        holder.alive = False
+        for job_id, lease in holder.leases.items():
+            if self.r.get(Q.lock(job_id)) == lease.token.encode():  # its locks lapse
+                self.r.delete(Q.lock(job_id))
+                self.r.zadd(Q.leases, {job_id: 0}, xx=True)
+
+    @rule(name=st.sampled_from(HOLDERS), how=st.sampled_from(["cancel", "delete"]))
+    def rq_ends_a_job_between_take_and_start(self, name: str, how: str) -> None:
+        holder = self._holder(name)
+        if holder is None or holder.stopping:
+            return
+        before = set(holder.leases)
+        self.take(name)
+        taken = self._ordered(set(holder.leases) - before)
+        if not taken:
+            return
+        job = Job.fetch(taken[0], connection=self.r)
+        if how == "cancel":
+            job.cancel()
+        else:
+            job.delete()
+            self.gone.add(job.id)
+        self.ended_by_rq.add(job.id)
+        self._start(holder, taken)
+
+    @rule(name=st.sampled_from(HOLDERS), cold=st.booleans())
+    def stop(self, name: str, cold: bool) -> None:
+        """Warm: jobs not started yet go back; cold: the running job is killed, all go back.
+        A stop often lands right after a take, before the job starts: taken here first."""
+        holder = self._holder(name)
+        if holder is None:
+            return
+        self.take(name)
+        for job_id, lease in list(holder.leases.items()):
+            if cold or job_id not in holder.executions:
+                if lease.hand_back(self.r):
+                    reached("cold stop handed back" if cold else "warm stop handed back")
+                holder.leases.pop(job_id)
+                holder.executions.pop(job_id, None)
+        holder.stopping = True
+        if cold:
+            holder.alive = False
+
+    @rule()
+    def respawn(self) -> None:
+        for name, holder in self.holders.items():
+            if not holder.alive and not holder.leases:
+                self.holders[name] = Holder(name)
+
+    # -- RQ and operators ----------------------------------------------------------------
+    def _leased(self) -> list[str]:
+        return self._ordered(v.decode() for v in self.r.zrange(Q.leases, 0, -1))
+
+    def _target(self, data: st.DataObject) -> str | None:
+        """A job for RQ to act on; half the time one that is leased, where the risk is."""
+        candidates = [j for j in self.jobs if j not in self.gone]
+        leased = [j for j in self._leased() if j in candidates]
+        pool = leased if leased and data.draw(st.booleans()) else candidates
+        return data.draw(st.sampled_from(pool)) if pool else None
+
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        job_id = self._target(data)
+        if job_id is None:
+            return
+        leased = job_id in self._leased()
+        try:
+            Job.fetch(job_id, connection=self.r).cancel()
+        except (InvalidJobOperation, NoSuchJobError):
+            return
+        self.ended_by_rq.add(job_id)
+        if leased:
+            reached("cancel while leased")
+
+    @rule(data=st.data())
+    def delete(self, data: st.DataObject) -> None:
+        job_id = self._target(data)
+        if job_id is None:
+            return
+        if job_id in self._leased():
+            reached("delete while leased")
+        try:
+            Job.fetch(job_id, connection=self.r).delete()
+        except NoSuchJobError:
+            return
+        self.gone.add(job_id)
+        self.ended_by_rq.add(job_id)
+
+    @rule(data=st.data())
+    def stock_cleanup(self, data: st.DataObject) -> None:
+        """What `rq info` or a stock worker does once a started entry falls due (here, one
+        job's): it fails the job, or requeues it through its `Retry`."""
+        started = [j for j in self.jobs if self.r.hget(job_key(j), "status") == b"started"]
+        if not started:
+            return
+        job_id = data.draw(st.sampled_from(started))
+        registry = StartedJobRegistry("q", connection=self.r)
+        for member in self.r.zrange(registry.key, 0, -1):
+            if member.decode().split(":")[0] == job_id:
+                self.r.zadd(registry.key, {member: 1})  # fallen due long ago
+        registry.cleanup()
+        now_status = self.r.hget(job_key(job_id), "status")
+        if now_status != b"started":
+            reached("stock cleanup ended a leased job")
+            if now_status == b"failed":
+                self.ended_by_rq.add(job_id)
+
+    @rule(data=st.data())
+    def requeue_from_failed(self, data: st.DataObject) -> None:
+        registry = FailedJobRegistry("q", connection=self.r)
+        failed = self._ordered(registry.get_job_ids())
+        if not failed:
+            return
+        job_id = data.draw(st.sampled_from(failed))
+        try:
+            registry.requeue(job_id)
+        except (InvalidJobOperation, NoSuchJobError):
+            return
+        self.ended_by_rq.discard(job_id)  # RQ itself brought it back
+        reached("requeued from failed")
+
+    @rule()
+    def sweep(self) -> None:
+        for _ in range(2):
+            time.sleep(self.sweeper.grace_ms / 1000 + 0.002)
+            report = self.sweeper.sweep("q", mode="force")
+            assert not set(report.requeued + report.failed) & self.ended_by_rq, "a job RQ ended was recovered"
+            if report.ended:
+                reached("sweep left a job RQ ended")
+            if report.requeued:
+                reached("recovered by the sweep")
+            self.ended_by_rq -= set(report.requeued)  # none, by the assertion above
+
+    # -- invariants ----------------------------------------------------------------------
+    @invariant()
+    def every_job_stands_where_its_status_says(self) -> None:
+        queued = [v.decode() for v in self.r.lrange(Q.rq_queue, 0, -1)]
+        assert len(queued) == len(set(queued)), f"queued twice: {queued}"
+        leased = set(self._leased())
+        registries = {
+            "finished": self.queue.finished_job_registry,
+            "failed": FailedJobRegistry("q", connection=self.r),
+            "stopped": FailedJobRegistry("q", connection=self.r),
+            "canceled": self.queue.canceled_job_registry,
+            "deferred": self.queue.deferred_job_registry,
+        }
+        for job_id in self.jobs:
+            fields = self.r.hmget(job_key(job_id), "status", "emq_status", "emq_token")
+            raw_status, expected, owner = (v.decode() if v else None for v in fields)
+            if raw_status is None:
+                assert job_id in self.gone, f"job {job_id} lost: its hash is gone"
+                continue
+            in_flight = job_id in leased and owner is not None and owner.count(":") and expected == raw_status
+            if raw_status == "queued":
+                assert (job_id in queued) != bool(in_flight), (job_id, queued, leased, owner)
+            elif raw_status == "started":
+                assert job_id in leased, f"job {job_id} started with no lease"
+            elif raw_status in registries:
+                assert job_id in registries[raw_status], (job_id, raw_status)
+                assert job_id not in queued, (job_id, raw_status, queued)
+
+
+@pytest.mark.slow
+def test_leases_hold_across_rqs_job_lifecycle(r: redis.Redis) -> None:
+    REACHED.clear()
+    Lifecycle.client = r
+    run_state_machine_as_test(
+        Lifecycle,
+        settings=settings(
+            max_examples=200,
+            stateful_step_count=40,
+            deadline=None,
+            derandomize=True,  # the same runs each time: the reach counts below are stable
+            database=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+        ),
+    )
+    print("\nlifecycle transitions reached:", dict(sorted(REACHED.items())))
+    rare = {what: REACHED[what] for what, least in MINIMUM.items() if REACHED[what] < least}
+    assert not rare, f"transitions reached too rarely to be checked: {rare} (all: {dict(REACHED)})"

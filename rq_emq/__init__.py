@@ -7,6 +7,14 @@ from __future__ import annotations
 
 from .events import LeaseEvent, subscribe, unsubscribe
 from .fencing import LeaseLost
+from .registries import (
+    LeasedJobRegistry,
+    LeaseQueue,
+    LeaseQueueMixin,
+    LeaseStartedJobRegistry,
+    StalledJobRegistry,
+    lease_queue_class,
+)
 from .settings import LeaseSettings, SettingsError
 from .worker import META_MAX_ATTEMPTS, LeaseJobInterrupted, LeaseWorker, SimpleLeaseWorker
 
@@ -26,11 +34,17 @@ __all__ = [
     "LeaseEvent",
     "LeaseJobInterrupted",
     "LeaseLost",
+    "LeaseQueue",
+    "LeaseQueueMixin",
+    "LeaseStartedJobRegistry",
     "LeaseSettings",
     "LeaseWorker",
+    "LeasedJobRegistry",
     "SettingsError",
     "SimpleLeaseWorker",
+    "StalledJobRegistry",
     "__version__",
+    "lease_queue_class",
     "max_attempts",
     "subscribe",
     "unsubscribe",

@@ -14,6 +14,7 @@ from .registries import (
     LeaseStartedJobRegistry,
     StalledJobRegistry,
     lease_queue_class,
+    patch_stock_started_registry,
 )
 from .settings import LeaseSettings, SettingsError
 from .worker import META_MAX_ATTEMPTS, LeaseJobInterrupted, LeaseWorker, SimpleLeaseWorker
@@ -46,6 +47,7 @@ __all__ = [
     "__version__",
     "lease_queue_class",
     "max_attempts",
+    "patch_stock_started_registry",
     "subscribe",
     "unsubscribe",
 ]

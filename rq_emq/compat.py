@@ -86,8 +86,7 @@ def started_entry_ids(registry: Any, members: list[str]) -> list[str]:
     """What ``StartedJobRegistry.get_expired_job_ids`` returns for these registry members.
 
     RQ 2.2 and later parse ``<job_id>:<execution_id>`` into the job id; earlier 2.x return
-    the member as stored (so their stock cleanup finds no job under that name, and just
-    drops the entry).
+    the member as stored (their ``Job.fetch`` parses it).
     """
     parse = getattr(registry, "parse_job_id", None)
     return [parse(member) for member in members] if parse is not None else list(members)

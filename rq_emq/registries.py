@@ -10,7 +10,9 @@ django-rq's pages, rq-dashboard, every stock worker's maintenance. This module o
 - :class:`LeasedJobRegistry` and :class:`StalledJobRegistry`: read-only views, in RQ's
   registry API, of the lease index and of the jobs a sweep has marked;
 - :class:`LeaseQueueMixin`, :class:`LeaseQueue` and :func:`lease_queue_class`: a queue
-  class serving those registries, composable with a user's own queue class.
+  class serving those registries, composable with a user's own queue class;
+- :func:`patch_stock_started_registry`: the same cleanup for RQ's own registry class,
+  which RQ's ``clean_registries()`` and some tools build themselves.
 """
 
 from __future__ import annotations
@@ -144,7 +146,14 @@ class StalledJobRegistry(_LeaseStateRegistry):
 
 class LeaseQueueMixin:
     """Put before a ``Queue`` class: its started registry leaves leased jobs to the sweep,
-    and it serves the lease state as registries. Adds no state of its own."""
+    and it serves the lease state as registries. Adds no state of its own.
+
+    RQ's own ``clean_registries()``, which ``rq info``, django-rq's statistics page and every
+    worker's maintenance run, builds RQ's ``StartedJobRegistry`` itself instead of asking
+    the queue: so a process that creates a lease queue gives RQ's class the same cleanup
+    (:func:`patch_stock_started_registry`). That is what makes ``--queue-class`` and
+    django-rq's ``QUEUE_CLASS`` enough.
+    """
 
     name: str
     connection: Redis
@@ -164,18 +173,9 @@ class LeaseQueueMixin:
     def stalled_job_registry(self) -> StalledJobRegistry:
         return StalledJobRegistry(queue=cast(Queue, self), job_class=self.job_class)
 
-    def acquire_maintenance_lock(self) -> bool:
-        """RQ's lock; once held, leased entries about to fall due are kept first.
-
-        A worker's maintenance takes this lock and then runs RQ's ``clean_registries``,
-        which builds a stock ``StartedJobRegistry`` itself: this is the queue class's only
-        say before it. Every leased entry due within :data:`KEEP_FOR_S` is moved past it,
-        so the stock cleanup that follows within that time finds none of them due.
-        """
-        acquired = bool(super().acquire_maintenance_lock())  # type: ignore[misc]
-        if acquired:
-            self.started_job_registry.keep_leased(current_timestamp() + KEEP_FOR_S)
-        return acquired
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        patch_stock_started_registry()
 
 
 class LeaseQueue(LeaseQueueMixin, Queue):
@@ -199,6 +199,31 @@ def lease_queue_class(queue_class: type[Queue]) -> type[Queue]:
     return _composed[queue_class]
 
 
+_PATCHED = ("keep_leased", "get_expired_job_ids")
+_STOCK = {name: StartedJobRegistry.__dict__.get(name) for name in _PATCHED}
+
+
+def patch_stock_started_registry() -> None:
+    """Give RQ's own ``StartedJobRegistry`` the lease-aware cleanup, in this process.
+
+    For tools that build RQ's registry class themselves instead of asking the queue;
+    creating a lease queue does it too. Entries of jobs without a lease keep RQ's
+    handling. Calling it again changes nothing.
+    """
+    for name in _PATCHED:
+        setattr(StartedJobRegistry, name, LeaseStartedJobRegistry.__dict__[name])
+
+
+def unpatch_stock_started_registry() -> None:
+    """Undo :func:`patch_stock_started_registry` (for tests)."""
+    for name in _PATCHED:
+        if _STOCK[name] is None:
+            if name in StartedJobRegistry.__dict__:
+                delattr(StartedJobRegistry, name)
+        else:
+            setattr(StartedJobRegistry, name, _STOCK[name])
+
+
 def as_lease_queue(queue: Queue) -> Queue:
     """``queue`` if it has the lease registries, else a copy of it as an instance of
     :func:`lease_queue_class` of its class (same name, connection, job class, options)."""
@@ -206,6 +231,7 @@ def as_lease_queue(queue: Queue) -> Queue:
         return queue
     leased = copy.copy(queue)
     leased.__class__ = lease_queue_class(type(queue))
+    patch_stock_started_registry()
     return leased
 
 
@@ -217,4 +243,5 @@ __all__ = [
     "StalledJobRegistry",
     "as_lease_queue",
     "lease_queue_class",
+    "patch_stock_started_registry",
 ]

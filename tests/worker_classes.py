@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rq import Queue
 from rq.job import Job
 
 from rq_emq import LeaseWorker
@@ -21,3 +22,14 @@ class SlowStartLeaseWorker(LeaseWorker):
         Path(os.environ["EMQ_TEST_START_MARKER"]).write_text(str(os.getpid()))
         time.sleep(float(os.environ["EMQ_TEST_START_DELAY"]))
         return super().prepare_job_execution(job, *args, **kwargs)
+
+
+class RecordingQueue(Queue):
+    """A user's own queue class: one line in the file named by EMQ_TEST_QUEUE_LOG each time
+    a worker takes its maintenance lock, naming the class that served it."""
+
+    def acquire_maintenance_lock(self) -> bool:
+        acquired = bool(super().acquire_maintenance_lock())
+        with open(os.environ["EMQ_TEST_QUEUE_LOG"], "a") as out:
+            out.write(f"maintenance {self.name} {type(self).__name__} {acquired}\n")
+        return acquired

@@ -7,6 +7,15 @@ from __future__ import annotations
 
 from .events import LeaseEvent, subscribe, unsubscribe
 from .fencing import LeaseLost
+from .registries import (
+    LeasedJobRegistry,
+    LeaseQueue,
+    LeaseQueueMixin,
+    LeaseStartedJobRegistry,
+    StalledJobRegistry,
+    lease_queue_class,
+    patch_stock_started_registry,
+)
 from .settings import MAX_ATTEMPTS_LIMIT, LeaseSettings, SettingsError, job_max_attempts
 from .worker import META_MAX_ATTEMPTS, LeaseJobInterrupted, LeaseWorker, SimpleLeaseWorker
 
@@ -26,12 +35,19 @@ __all__ = [
     "LeaseEvent",
     "LeaseJobInterrupted",
     "LeaseLost",
+    "LeaseQueue",
+    "LeaseQueueMixin",
+    "LeaseStartedJobRegistry",
     "LeaseSettings",
     "LeaseWorker",
+    "LeasedJobRegistry",
     "SettingsError",
     "SimpleLeaseWorker",
+    "StalledJobRegistry",
     "__version__",
+    "lease_queue_class",
     "max_attempts",
+    "patch_stock_started_registry",
     "subscribe",
     "unsubscribe",
 ]

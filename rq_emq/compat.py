@@ -104,6 +104,16 @@ def forget_executions(worker: Any, keep: set[str]) -> None:
         worker.execution = None
 
 
+def started_entry_ids(registry: Any, members: list[str]) -> list[str]:
+    """What ``StartedJobRegistry.get_expired_job_ids`` returns for these registry members.
+
+    RQ 2.2 and later parse ``<job_id>:<execution_id>`` into the job id; earlier 2.x return
+    the member as stored (their ``Job.fetch`` parses it).
+    """
+    parse = getattr(registry, "parse_job_id", None)
+    return [parse(member) for member in members] if parse is not None else list(members)
+
+
 def is_repeated_stop_signal(worker: Any) -> bool:
     """True when RQ ignores this cold-stop signal as a duplicate (within 1 s of the first).
 
@@ -123,4 +133,5 @@ __all__ = [
     "resolve_driver_info_once",
     "resp2_callbacks",
     "run_failure_callback",
+    "started_entry_ids",
 ]

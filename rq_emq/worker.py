@@ -42,6 +42,7 @@ from .fencing import LeaseLost, fenced
 from .job_writes import JobWritesMixin, LeaseJobInterrupted
 from .keys import QueueKeys, job_key
 from .lease import Lease, LockManager
+from .registries import as_lease_queue, lease_queue_class
 from .settings import LeaseSettings, job_max_attempts
 from .sweep import Sweeper
 from .take import Taken, Taker
@@ -82,6 +83,11 @@ class LeaseMixin(JobWritesMixin):
         defaults = {name: getattr(type(self), name, None) for name in names}
         self.lease_settings = LeaseSettings.resolve(overrides, defaults)
         super().__init__(*args, **kwargs)
+        # whatever queue class the worker was given (--queue-class), with the lease registries
+        me: Any = self
+        me.queue_class = lease_queue_class(me.queue_class)
+        me.queues = [as_lease_queue(queue) for queue in me.queues]
+        me._ordered_queues = me.queues[:]
         self.lock_manager: LockManager | None = None
         self.sweeper: Sweeper | None = None
         self._taker: Taker | None = None
@@ -318,7 +324,9 @@ class LeaseMixin(JobWritesMixin):
     # -- maintenance -----------------------------------------------------------------------
     def clean_registries(self) -> None:
         """RQ's registry maintenance, minus its intermediate-list cleanup: that one fails a
-        job found there, where our sweep puts it back in its queue."""
+        job found there, where our sweep puts it back in its queue. The queues are lease
+        queues (:mod:`rq_emq.registries`): taking the maintenance lock keeps leased jobs'
+        started-registry entries from RQ's cleanup."""
         from rq import worker_registration
         from rq.registry import clean_registries
 

@@ -51,6 +51,16 @@ def own_server() -> Iterator[RedisServer]:
     server.stop()
 
 
+@pytest.fixture(autouse=True)
+def stock_started_registry() -> Iterator[None]:
+    """Each test starts with RQ's own StartedJobRegistry (a lease queue patches it)."""
+    from rq_emq.registries import unpatch_stock_started_registry
+
+    unpatch_stock_started_registry()
+    yield
+    unpatch_stock_started_registry()
+
+
 @pytest.fixture
 def procs(tmp_path: object) -> Iterator[Processes]:
     processes = Processes(str(tmp_path))

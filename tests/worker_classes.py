@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rq import Queue
 from rq.job import Job
 
 from rq_emq import LeaseWorker
@@ -47,3 +48,14 @@ class BlipAtFailureLeaseWorker(LeaseWorker):
             return super().handle_job_failure(job, queue, *args, **kwargs)
         finally:
             redis.client.Pipeline.execute = original  # type: ignore[method-assign]
+
+
+class RecordingQueue(Queue):
+    """A user's own queue class: one line in the file named by EMQ_TEST_QUEUE_LOG each time
+    a worker takes its maintenance lock, naming the class that served it."""
+
+    def acquire_maintenance_lock(self) -> bool:
+        acquired = bool(super().acquire_maintenance_lock())
+        with open(os.environ["EMQ_TEST_QUEUE_LOG"], "a") as out:
+            out.write(f"maintenance {self.name} {type(self).__name__} {acquired}\n")
+        return acquired

@@ -1,0 +1,247 @@
+"""Registry and queue classes that let leases, not timeouts, decide about in-flight jobs.
+
+Stock ``StartedJobRegistry.cleanup`` fails (or retries through ``Retry``) every entry of
+``rq:wip:<q>`` whose score fell due, and it runs wherever the registry is read: ``rq info``,
+django-rq's pages, rq-dashboard, every stock worker's maintenance. This module owns:
+
+- :class:`LeaseStartedJobRegistry`: the same registry, whose cleanup leaves every entry
+  whose job holds a lease to the sweep (which recovers it exactly once) and gives all
+  other entries, those of stock workers in a mixed fleet, RQ's own handling;
+- :class:`LeasedJobRegistry` and :class:`StalledJobRegistry`: read-only views, in RQ's
+  registry API, of the lease index and of the jobs a sweep has marked;
+- :class:`LeaseQueueMixin`, :class:`LeaseQueue` and :func:`lease_queue_class`: a queue
+  class serving those registries, composable with a user's own queue class;
+- :func:`patch_stock_started_registry`: the same cleanup for RQ's own registry class,
+  which RQ's ``clean_registries()`` and some tools build themselves.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any, cast
+
+from rq.job import Job
+from rq.queue import Queue
+from rq.registry import StartedJobRegistry
+from rq.utils import current_timestamp
+
+from . import compat, scripts
+from .keys import QueueKeys
+
+if TYPE_CHECKING:
+    from redis import Redis
+
+#: Due entries one ``keep_leased_started`` call looks at (bounds each script's run time).
+KEEP_BATCH = 500
+
+#: Seconds past the cutoff that a kept entry's score is moved to. A live holder moves it
+#: on at every renewal anyway; for a dead holder's job, this is when cleanup looks again
+#: (and keeps it again, until the sweep has recovered the job).
+KEEP_FOR_S = 60
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class LeaseStartedJobRegistry(StartedJobRegistry):
+    """RQ's started registry (``rq:wip:<q>``) whose cleanup never fails nor requeues a job
+    that holds a lease; ``count``, ``get_job_ids`` and the rest are RQ's own."""
+
+    def get_expired_job_ids(self, timestamp: float | None = None) -> list[str]:
+        """RQ's due entries minus those of leased jobs, which are kept past the cutoff.
+
+        Stock cleanup fails what this returns and then removes the whole due range; the
+        kept entries are out of that range by then, so they survive both steps.
+        """
+        cutoff = timestamp if timestamp is not None else current_timestamp()
+        return compat.started_entry_ids(self, self.keep_leased(cutoff))
+
+    def keep_leased(self, cutoff: float) -> list[str]:
+        """Move every entry due by ``cutoff`` whose job holds a lease past the cutoff, in one
+        script call per :data:`KEEP_BATCH` due entries; returns the others' members."""
+        q = QueueKeys(self.name)
+        script = scripts.load("keep_leased_started")
+        keep_until = max(cutoff, current_timestamp()) + KEEP_FOR_S
+        left: list[str] = []
+        offset = 0
+        while True:
+            args = [cutoff, keep_until, q.prefix, offset, KEEP_BATCH]
+            reply = script(self.connection, [self.key, q.leases], args)
+            scanned, others = int(reply[0]), [_text(m) for m in reply[1:]]
+            left += others
+            if scanned < KEEP_BATCH:
+                return left
+            offset += len(others)  # kept entries left the due range; the others did not
+
+
+class _LeaseStateRegistry:
+    """A read-only view, in RQ's registry API, of one of the sweep's sorted sets.
+
+    Nothing here cleans up or moves a job: the sets change only inside the lease scripts.
+    """
+
+    def __init__(
+        self,
+        name: str = "default",
+        connection: Redis | None = None,
+        job_class: type[Job] | None = None,
+        queue: Queue | None = None,
+        serializer: Any = None,
+    ) -> None:
+        if queue is not None:
+            name, connection, serializer = queue.name, queue.connection, queue.serializer
+        self.name = name
+        self.connection = cast("Redis", connection)
+        self.job_class = job_class or Job
+        self.serializer = serializer
+        self.key = self._key(QueueKeys(name))
+
+    @staticmethod
+    def _key(keys: QueueKeys) -> str:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __contains__(self, item: object) -> bool:
+        job_id = item.id if isinstance(item, Job) else item
+        return self.connection.zscore(self.key, cast(str, job_id)) is not None
+
+    @property
+    def count(self) -> int:
+        return self.get_job_count()
+
+    def get_job_count(self, cleanup: bool = True) -> int:
+        return int(self.connection.zcard(self.key))
+
+    def get_job_ids(
+        self, start: int = 0, end: int = -1, desc: bool = False, cleanup: bool = True
+    ) -> list[str]:
+        return [_text(m) for m in self.connection.zrange(self.key, start, end, desc=desc)]
+
+    def cleanup(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing to clean: the sweep owns this set."""
+
+    def get_queue(self) -> Queue:
+        return Queue(self.name, connection=self.connection, serializer=self.serializer)
+
+
+class LeasedJobRegistry(_LeaseStateRegistry):
+    """Jobs in flight under a lease (``emq:{<q>}:leases``, scored by lease deadline in ms)."""
+
+    @staticmethod
+    def _key(keys: QueueKeys) -> str:
+        return keys.leases
+
+
+class StalledJobRegistry(_LeaseStateRegistry):
+    """Jobs a sweep marked stalled, awaiting recovery (``emq:{<q>}:stalled``, scored by the
+    time of the mark in ms); a holder that renews in time leaves it again."""
+
+    @staticmethod
+    def _key(keys: QueueKeys) -> str:
+        return keys.stalled
+
+
+class LeaseQueueMixin:
+    """Put before a ``Queue`` class: its started registry leaves leased jobs to the sweep,
+    and it serves the lease state as registries. Adds no state of its own.
+
+    RQ's own ``clean_registries()``, which ``rq info``, django-rq's statistics page and every
+    worker's maintenance run, builds RQ's ``StartedJobRegistry`` itself instead of asking
+    the queue: so a process that creates a lease queue gives RQ's class the same cleanup
+    (:func:`patch_stock_started_registry`). That is what makes ``--queue-class`` and
+    django-rq's ``QUEUE_CLASS`` enough.
+    """
+
+    name: str
+    connection: Redis
+    job_class: type[Job]
+    serializer: Any
+
+    @property
+    def started_job_registry(self) -> LeaseStartedJobRegistry:
+        queue = cast(Queue, self)
+        return LeaseStartedJobRegistry(queue=queue, job_class=self.job_class, serializer=self.serializer)
+
+    @property
+    def leased_job_registry(self) -> LeasedJobRegistry:
+        return LeasedJobRegistry(queue=cast(Queue, self), job_class=self.job_class)
+
+    @property
+    def stalled_job_registry(self) -> StalledJobRegistry:
+        return StalledJobRegistry(queue=cast(Queue, self), job_class=self.job_class)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        patch_stock_started_registry()
+
+
+class LeaseQueue(LeaseQueueMixin, Queue):
+    """RQ's ``Queue`` with the lease-aware registries (``--queue-class rq_emq.LeaseQueue``)."""
+
+
+_composed: dict[type[Queue], type[Queue]] = {}
+
+
+def lease_queue_class(queue_class: type[Queue]) -> type[Queue]:
+    """``queue_class`` itself if it already has the lease registries, else a subclass of it
+    that adds them (made once per class, so every worker and tool gets the same one)."""
+    if issubclass(queue_class, LeaseQueueMixin):
+        return queue_class
+    if queue_class is Queue:
+        return LeaseQueue
+    if queue_class not in _composed:
+        name = f"Lease{queue_class.__name__}"
+        composed = type(name, (LeaseQueueMixin, queue_class), {"__module__": __name__})
+        _composed.setdefault(queue_class, cast("type[Queue]", composed))
+    return _composed[queue_class]
+
+
+_PATCHED = ("keep_leased", "get_expired_job_ids")
+_STOCK = {name: StartedJobRegistry.__dict__.get(name) for name in _PATCHED}
+
+
+def patch_stock_started_registry() -> None:
+    """Give RQ's own ``StartedJobRegistry`` the lease-aware cleanup, in this process.
+
+    For tools that build RQ's registry class themselves instead of asking the queue;
+    creating a lease queue does it too. Entries of jobs without a lease keep RQ's
+    handling. Calling it again changes nothing.
+    """
+    for name in _PATCHED:
+        setattr(StartedJobRegistry, name, LeaseStartedJobRegistry.__dict__[name])
+
+
+def unpatch_stock_started_registry() -> None:
+    """Undo :func:`patch_stock_started_registry` (for tests)."""
+    for name in _PATCHED:
+        if _STOCK[name] is None:
+            if name in StartedJobRegistry.__dict__:
+                delattr(StartedJobRegistry, name)
+        else:
+            setattr(StartedJobRegistry, name, _STOCK[name])
+
+
+def as_lease_queue(queue: Queue) -> Queue:
+    """``queue`` if it has the lease registries, else a copy of it as an instance of
+    :func:`lease_queue_class` of its class (same name, connection, job class, options)."""
+    if isinstance(queue, LeaseQueueMixin):
+        return queue
+    leased = copy.copy(queue)
+    leased.__class__ = lease_queue_class(type(queue))
+    patch_stock_started_registry()
+    return leased
+
+
+__all__ = [
+    "LeaseQueue",
+    "LeaseQueueMixin",
+    "LeaseStartedJobRegistry",
+    "LeasedJobRegistry",
+    "StalledJobRegistry",
+    "as_lease_queue",
+    "lease_queue_class",
+    "patch_stock_started_registry",
+]

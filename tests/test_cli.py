@@ -96,6 +96,31 @@ def test_status_reports_an_overdue_lease_before_the_sweep_marks_it(r: redis.Redi
     assert q["oldest_lease"]["due_in_ms"] < 0 and q["oldest_lease"]["age_ms"] > 30_000
 
 
+@pytest.mark.parametrize("worker_lease_ms", [60_000, 5_000])
+def test_the_oldest_lease_age_is_its_real_age_whatever_lease_the_reader_is_configured_with(
+    r: redis.Redis, redis_url: str, worker_lease_ms: int
+) -> None:
+    """The CLI reads with its own lease_ms (30 s by default); the workers' may differ."""
+    Queue("q", connection=r).enqueue("jobs.noop")
+    assert Taker(r, "w1", LeaseSettings(lease_ms=worker_lease_ms)).pop(["q"]) is not None
+    granted = time.monotonic()
+    time.sleep(0.3)
+    q = by_queue(cli_json(redis_url, "status", "q"))["q"]
+    real_age_ms = (time.monotonic() - granted) * 1000
+    assert real_age_ms - 1_000 <= q["oldest_lease"]["age_ms"] <= real_age_ms + 50
+    assert q["oldest_lease"]["age_ms"] >= 250
+
+
+def test_a_malformed_lease_length_is_a_problem_and_the_readers_lease_ms_is_used(
+    r: redis.Redis, redis_url: str
+) -> None:
+    (job_id,) = lease(r, 1)
+    r.hset(job_key(job_id), "emq_lease_ms", "1e3")
+    q = by_queue(cli_json(redis_url, "status", "q"))["q"]
+    assert q["problems"] == [f"emq_lease_ms of job {job_id} is not a positive number: '1e3'"]
+    assert 0 <= q["oldest_lease"]["age_ms"] < 5_000
+
+
 # -- leases --------------------------------------------------------------------------------
 def test_leases_of_a_real_worker_show_its_name_a_token_prefix_the_lock_and_attempts(
     r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path

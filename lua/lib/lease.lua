@@ -31,6 +31,9 @@ local function grant_lease(job_key, lock_key, leases_key, stats_key, job_id, tok
     fields[#fields + 1] = 'emq_max_attempts'
     fields[#fields + 1] = tostring(default_max)
   end
+  -- the length its renewals keep too: readers tell the lease's age from its deadline
+  fields[#fields + 1] = 'emq_lease_ms'
+  fields[#fields + 1] = string.format('%d', lease_ms)
   redis.call('HSET', job_key, unpack(fields))
   for i = 1, #fields, 2 do
     local _, at = hash_field(hash, fields[i])

@@ -97,18 +97,24 @@ def connect(url: str | None, config: str | None, overrides: dict[str, Any] | Non
     return Target(client, describe, settings)
 
 
-def select_queues(target: Target, named: tuple[str, ...], must_exist: bool = True) -> list[str]:
-    """Queues named (positional or --queues, commas or spaces), else every queue RQ knows."""
-    names = list(dict.fromkeys(part for item in named for part in item.replace(",", " ").split()))
+def select_queues(
+    target: Target, options: tuple[str, ...], args: tuple[str, ...], must_exist: bool = True
+) -> list[str]:
+    """Queues named (``--queues`` values are lists, split on commas and spaces; a positional
+    argument is one name, whatever it holds), else every queue RQ knows. A name neither RQ
+    nor our keys know exits 2, or only warns (``must_exist=False``)."""
+    listed = (part for item in options for part in item.replace(",", " ").split())
+    names = list(dict.fromkeys([*listed, *args]))
     if not names:
         return inspection.known_queues(target.client)
-    if must_exist:
-        unknown = inspection.unknown_queues(target.client, names)
-        if unknown:
-            raise BadInput(
-                f"unknown queue(s): {', '.join(unknown)} (not in rq:queues and no rq-emq keys) "
-                f"at {target.describe}"
-            )
+    unknown = inspection.unknown_queues(target.client, names)
+    if unknown:
+        message = (
+            f"unknown queue(s): {', '.join(unknown)} (not in rq:queues and no rq-emq keys) at {target.describe}"
+        )
+        if must_exist:
+            raise BadInput(message)
+        click.echo(f"warning: {message}; sweeping them anyway", err=True)
     return names
 
 
@@ -187,7 +193,7 @@ def status(
     """Per queue: jobs waiting and in flight, leases by time left, stalled jobs, oldest
     lease and mark, and the counters."""
     target = connect(url, config)
-    queues = select_queues(target, queue_options + queue_args)
+    queues = select_queues(target, queue_options, queue_args)
 
     def render() -> dict[str, Any] | str:
         statuses = inspection.read_status(target.client, queues, target.settings)
@@ -217,7 +223,7 @@ def leases(
 ) -> None:
     """Per leased job: worker, token prefix, lock TTL, deadline, attempts of max, mark."""
     target = connect(url, config)
-    queues = select_queues(target, queue_options + queue_args)
+    queues = select_queues(target, queue_options, queue_args)
 
     def render() -> dict[str, Any] | str:
         pages = inspection.read_leases(target.client, queues, target.settings, limit)
@@ -240,7 +246,7 @@ def metrics_command(
     """The counters and gauges in Prometheus text exposition format (e.g. for a textfile
     collector); ``rq_emq.prometheus`` serves the same from a prometheus_client registry."""
     target = connect(url, config)
-    queues = select_queues(target, queue_options + queue_args)
+    queues = select_queues(target, queue_options, queue_args)
 
     def render() -> dict[str, Any] | str:
         families = metrics.families(inspection.read_status(target.client, queues, target.settings))
@@ -294,7 +300,7 @@ def sweep(
 ) -> None:
     """Run one sweep round now: mark lapsed leases, recover jobs marked a round ago."""
     target = connect(url, config, {"sweep_interval_ms": sweep_interval_ms})
-    queues = select_queues(target, queue_options + queue_args)
+    queues = select_queues(target, queue_options, queue_args)
     if not queues:
         raise BadInput("no queues to sweep: name them, or enqueue something first")
     reports = sweep_once(target, queues, dry_run)
@@ -329,8 +335,8 @@ def reaper(
     """Run the stalled sweep for QUEUES as a standalone process."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(message)s")
     target = connect(url, config, {"sweep_interval_ms": sweep_interval_ms})
-    # a reaper may start before any job names its queue: no existence check
-    queues = select_queues(target, queue_options + queue_args, must_exist=False)
+    # a long-running reaper may start before any job names its queue: it only warns
+    queues = select_queues(target, queue_options, queue_args, must_exist=once or dry_run)
     if not queues:
         raise BadInput("no queues to sweep: name them, or enqueue something first")
     if dry_run or once:

@@ -270,6 +270,36 @@ def test_an_unknown_queue_exits_2_naming_it(r: redis.Redis, redis_url: str) -> N
         assert result.exit_code == 2 and "unknown queue(s): qq" in result.output, (command, result.output)
 
 
+def test_the_one_shot_reaper_exits_2_on_an_unknown_queue_as_the_other_commands_do(
+    r: redis.Redis, redis_url: str
+) -> None:
+    lease(r, 1)
+    for mode in (["--once"], ["--once", "--dry-run"], ["--dry-run"]):
+        result = cli(redis_url, "reaper", *mode, "nosuchqueue")
+        assert result.exit_code == 2 and "unknown queue(s): nosuchqueue" in result.output, (mode, result.output)
+
+
+def test_a_positional_queue_name_is_one_name_even_with_a_space_in_it(r: redis.Redis, redis_url: str) -> None:
+    for name in ("sp", "ace"):
+        lease(r, 1, queue=name)
+    for command in (["reaper", "--once"], ["sweep"], ["status"]):
+        result = cli(redis_url, *command, "sp ace")
+        assert result.exit_code == 2 and "unknown queue(s): sp ace" in result.output, (command, result.output)
+    lease(r, 1, queue="sp ace")
+    swept = cli(redis_url, "reaper", "--once", "sp ace")
+    assert swept.exit_code == 0 and swept.output.startswith("queue sp ace:"), swept.output
+    assert len(swept.output.splitlines()) == 1  # one queue swept, not two
+
+
+def test_queues_options_still_take_lists_split_on_commas_and_spaces(r: redis.Redis, redis_url: str) -> None:
+    for name in ("a", "b", "c"):
+        lease(r, 1, queue=name)
+    result = cli(redis_url, "reaper", "--once", "--queues", "a,b", "-q", "c")
+    assert result.exit_code == 0, result.output
+    assert [line.split(":")[0] for line in result.output.splitlines()] == ["queue a", "queue b", "queue c"]
+    assert [q["queue"] for q in cli_json(redis_url, "status", "--queues", "a b")["queues"]] == ["a", "b"]
+
+
 def test_an_unreachable_redis_exits_non_zero_naming_the_url_without_its_password() -> None:
     result = cli("redis://:s3cret@127.0.0.1:1/0", "status")
     assert result.exit_code == 1

@@ -110,7 +110,8 @@ def select_queues(
     unknown = inspection.unknown_queues(target.client, names)
     if unknown:
         message = (
-            f"unknown queue(s): {', '.join(unknown)} (not in rq:queues and no rq-emq keys) at {target.describe}"
+            f"unknown queue(s): {', '.join(map(cli_output.printable, unknown))} "
+            f"(not in rq:queues and no rq-emq keys) at {target.describe}"
         )
         if must_exist:
             raise BadInput(message)
@@ -352,7 +353,7 @@ def reaper(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    click.echo(f"rq-emq reaper sweeping {', '.join(queues)} every {target.settings.sweep_interval_ms} ms")
+    click.echo(f"rq-emq reaper sweeping {', '.join(map(cli_output.printable, queues))} every {target.settings.sweep_interval_ms} ms")
     sweeper.loop(stop)
 
 

@@ -212,6 +212,46 @@ def test_sweep_dry_run_changes_nothing_then_a_sweep_marks_and_a_later_one_recove
     assert r.lrange(Q.rq_queue, 0, -1) == [job_id.encode()]
 
 
+# -- names from Redis in text output ---------------------------------------------------------
+HOSTILE = "evil\n\x1b[2J\x1b[31mred\u202e\tq"
+
+
+def assert_inert(output: str) -> None:
+    """No terminal escape sequence, bidi override or stray control character got through."""
+    assert "\x1b" not in output and "\u202e" not in output and "\t" not in output and "\r" not in output
+
+
+def test_text_output_escapes_queue_and_job_names_so_tables_keep_one_line_per_row(
+    r: redis.Redis, redis_url: str
+) -> None:
+    (job_id,) = lease(r, 1, queue=HOSTILE)
+    hostile_q = QueueKeys(HOSTILE)
+    r.zadd(hostile_q.leases, {"job\x1b]0;pwned\x07\nnext": 10**13})  # a lease entry whose job is gone
+    r.hset(hostile_q.stats, "odd\x1bcounter", 1)
+    shown = "evil\\n\\x1b[2J\\x1b[31mred\\u202e\\tq"
+    status = cli(redis_url, "status", HOSTILE)
+    assert status.exit_code == 0, status.output
+    assert_inert(status.output)
+    row = status.output.splitlines()[1]
+    assert row.startswith(shown + "  ") and len(row.split()) == 12  # one line, every column
+    assert "odd\\x1bcounter" in status.output
+    leases = cli(redis_url, "leases", HOSTILE)
+    assert leases.exit_code == 0, leases.output
+    assert_inert(leases.output)
+    rows = [line for line in leases.output.splitlines() if line.startswith(shown)]
+    assert len(rows) == 2 and any(job_id in row for row in rows)
+    assert any("job\\x1b]0;pwned\\x07\\nnext" in row for row in rows)
+    assert "\x07" not in leases.output
+    swept = cli(redis_url, "sweep", "--dry-run", HOSTILE)
+    assert swept.exit_code == 0 and swept.output.startswith(f"queue {shown}:"), swept.output
+    assert_inert(swept.output)
+    unknown = cli(redis_url, "status", "no\x1b[2Jsuch")
+    assert unknown.exit_code == 2 and "no\\x1b[2Jsuch" in unknown.output
+    assert_inert(unknown.output)
+    # JSON keeps the names exact (its own escaping makes them inert)
+    assert by_queue(cli_json(redis_url, "status", HOSTILE))[HOSTILE]["in_flight"] == 2
+
+
 # -- metrics -------------------------------------------------------------------------------
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return {

@@ -79,7 +79,9 @@ def duration(ms: int | None) -> str | None:
 
 
 def _problems(items: Sequence[tuple[str, Sequence[str]]]) -> str:
-    lines = [f"  {printable(where)}: {printable(problem)}" for where, problems in items for problem in problems]
+    lines = [
+        f"  {printable(where)}: {printable(problem)}" for where, problems in items for problem in problems
+    ]
     return ("\nproblems:\n" + "\n".join(lines)) if lines else ""
 
 
@@ -173,10 +175,12 @@ def leases_json(pages: Sequence[LeasePage]) -> dict[str, Any]:
 
 
 # -- sweep -------------------------------------------------------------------------------
-def sweep_text(report: SweepReport, dry: bool) -> str:
+def sweep_text(report: SweepReport, dry: bool, drained: bool = True) -> str:
     head = "would be" if dry else "was"
     queue = printable(report.queue)
-    rows = [(job_id, "marked stalled (recovered next round if its lock stays gone)") for job_id in report.marked]
+    rows = [
+        (job_id, "marked stalled (recovered next round if its lock stays gone)") for job_id in report.marked
+    ]
     rows += [(job_id, f"{head} put back at the front of {queue}") for job_id in report.requeued]
     rows += [(job_id, f"{head} failed at max attempts") for job_id in report.failed]
     rows += [(job_id, f"lease entry of a deleted job, {head} dropped") for job_id in report.dropped]
@@ -187,7 +191,10 @@ def sweep_text(report: SweepReport, dry: bool) -> str:
         + ("" if report.ran else " (another sweeper ran this round)")
     )
     width = max((len(job_id) for job_id, _ in rows), default=6)
-    return "\n".join([summary, *(f"  {job_id:<{width}}  {where}" for job_id, where in rows)])
+    lines = [summary, *(f"  {job_id:<{width}}  {where}" for job_id, where in rows)]
+    if report.outbox_due and not dry and not drained:
+        lines.append(f"  {report.outbox_due} failed job(s) in the outbox, left to the workers (--no-drain)")
+    return "\n".join(lines)
 
 
 def sweep_json(reports: Sequence[SweepReport], dry: bool) -> dict[str, Any]:

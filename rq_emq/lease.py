@@ -185,7 +185,6 @@ class LockManager(BackgroundLoop):
             self.on_lost(held)
         return lost
 
-
     def _queue_lease_writes(
         self, pipe: Pipeline, by_queue: dict[str, list[Lease]]
     ) -> list[tuple[scripts.LuaScript, str]]:

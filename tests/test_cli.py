@@ -212,6 +212,100 @@ def test_sweep_dry_run_changes_nothing_then_a_sweep_marks_and_a_later_one_recove
     assert r.lrange(Q.rq_queue, 0, -1) == [job_id.encode()]
 
 
+# -- the outbox drain in the operator's process ----------------------------------------------
+def stalled_on_its_last_attempt(r: redis.Redis, log: Path, serializer: object = None) -> str:
+    """A job with a failure callback whose worker died on its last attempt."""
+    from rq import Callback
+
+    job = Queue("q", connection=r, serializer=serializer).enqueue(
+        "jobs.noop", on_failure=Callback("jobs.on_failure_record"), meta={"log": str(log)}
+    )
+    assert Taker(r, "dead-worker", LeaseSettings()).pop(["q"]) is not None
+    r.hset(job_key(job.id), mapping={"emq_attempts": 1, "emq_max_attempts": 1})
+    r.delete(Q.lock(job.id))
+    r.zadd(Q.leases, {job.id: 0})
+    return job.id
+
+
+def sweep_twice(redis_url: str, *options: str) -> Result:
+    """A round that marks, then (after the grace) one that fails the job and drains."""
+    assert cli(redis_url, "sweep", "q", *options, env=QUICK_GRACE).exit_code == 0
+    time.sleep(0.3)
+    return cli(redis_url, "sweep", "q", *options, env=QUICK_GRACE)
+
+
+def failure_results(r: redis.Redis, job_id: str, serializer: object = None) -> int:
+    from rq.job import Job
+
+    return len(Job.fetch(job_id, connection=r, serializer=serializer).results())
+
+
+def test_sweep_drains_with_the_serializer_named_as_rqs_cli_takes_it(
+    r: redis.Redis, redis_url: str, tmp_path: Path
+) -> None:
+    from rq.serializers import JSONSerializer
+
+    log = tmp_path / "callback.log"
+    job_id = stalled_on_its_last_attempt(r, log, serializer=JSONSerializer)
+    result = sweep_twice(redis_url, "--serializer", "rq.serializers.JSONSerializer")
+    assert result.exit_code == 0 and f"{job_id}  was failed at max attempts" in result.output, result.output
+    assert r.zcard(Q.outbox) == 0 and failure_results(r, job_id, JSONSerializer) == 1
+    assert log.read_text() == "failed JobStalled\n"  # the callback ran here, once
+
+
+def test_without_the_apps_code_the_drain_fails_and_leaves_the_entry_which_no_drain_does_not_try(
+    r: redis.Redis, redis_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    job_id = stalled_on_its_last_attempt(r, tmp_path / "callback.log")
+    r.hset(job_key(job_id), "failure_callback_name", "app_not_installed_here.on_failure")
+    assert sweep_twice(redis_url).exit_code == 0  # the drain's error is logged; the sweep succeeded
+    assert "could not complete its stall failure" in caplog.text
+    assert r.zcard(Q.outbox) == 1 and failure_results(r, job_id) == 0  # retried after the claim lapses
+    caplog.clear()
+    assert cli(redis_url, "sweep", "q", "--no-drain", env=QUICK_GRACE).exit_code == 0
+    assert "could not complete" not in caplog.text
+
+
+def test_no_drain_fails_the_job_and_leaves_its_result_and_callback_to_the_workers(
+    r: redis.Redis, redis_url: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "callback.log"
+    job_id = stalled_on_its_last_attempt(r, log)
+    result = sweep_twice(redis_url, "--no-drain")
+    assert result.exit_code == 0 and f"{job_id}  was failed at max attempts" in result.output, result.output
+    assert r.hget(job_key(job_id), "status") == b"failed" and r.zscore(Q.failed, job_id) is not None
+    assert r.zcard(Q.outbox) == 1 and failure_results(r, job_id) == 0 and not log.exists()
+    assert "left to the workers" in result.output
+    # a worker's sweeper (or a sweep with the app's code) completes it later, once
+    Sweeper(r, ["q"], LeaseSettings()).drain_outbox("q")
+    assert (
+        r.zcard(Q.outbox) == 0
+        and failure_results(r, job_id) == 1
+        and log.read_text() == "failed JobStalled\n"
+    )
+
+
+def test_the_reaper_takes_the_same_drain_options(r: redis.Redis, redis_url: str, tmp_path: Path) -> None:
+    log = tmp_path / "callback.log"
+    job_id = stalled_on_its_last_attempt(r, log)
+    for _ in range(2):
+        result = cli(redis_url, "reaper", "--once", "--no-drain", "q", env=QUICK_GRACE)
+        assert result.exit_code == 0, result.output
+        time.sleep(0.3)
+    assert r.hget(job_key(job_id), "status") == b"failed" and r.zcard(Q.outbox) == 1 and not log.exists()
+    # the long-running reaper's loop: the same sweeper, told not to drain
+    Sweeper(r, ["q"], LeaseSettings(), drain=False).run_once()
+    assert r.zcard(Q.outbox) == 1 and not log.exists()
+    bad = cli(redis_url, "reaper", "--once", "--serializer", "no.such.Serializer", "q")
+    assert bad.exit_code == 2 and "--serializer" in bad.output and "no.such.Serializer" in bad.output
+
+
+def test_sweep_and_reaper_help_say_the_drain_runs_the_apps_code_here() -> None:
+    for command in ("sweep", "reaper"):
+        text = CliRunner().invoke(main, [command, "--help"]).output
+        assert "--serializer" in text and "--no-drain" in text and "on_failure" in text, text
+
+
 # -- names from Redis in text output ---------------------------------------------------------
 HOSTILE = "evil\n\x1b[2J\x1b[31mred\u202e\tq"
 
@@ -316,7 +410,10 @@ def test_the_one_shot_reaper_exits_2_on_an_unknown_queue_as_the_other_commands_d
     lease(r, 1)
     for mode in (["--once"], ["--once", "--dry-run"], ["--dry-run"]):
         result = cli(redis_url, "reaper", *mode, "nosuchqueue")
-        assert result.exit_code == 2 and "unknown queue(s): nosuchqueue" in result.output, (mode, result.output)
+        assert result.exit_code == 2 and "unknown queue(s): nosuchqueue" in result.output, (
+            mode,
+            result.output,
+        )
 
 
 def test_a_positional_queue_name_is_one_name_even_with_a_space_in_it(r: redis.Redis, redis_url: str) -> None:

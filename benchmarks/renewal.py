@@ -35,7 +35,6 @@ from rq import Queue, Worker
 from rq.utils import now
 
 from rq_emq import LeaseWorker, scripts
-from rq_emq.lease import LockManager
 from rq_emq.take import Taker
 
 QUEUE = "bench"
@@ -56,14 +55,7 @@ def ours(url: str, n: int) -> Callable[[], object]:
     w = LeaseWorker([QUEUE], connection=r, name="ours")
     w.register_birth()
     w._taker = Taker(r, w.name, w.lease_settings)
-    settings = w.lease_settings
-    w.lock_manager = LockManager(
-        counting_client(url),
-        settings.lease_ms,
-        settings.renew_interval_ms,
-        on_lost=w._on_lease_lost,
-        on_tick=w._tick_heartbeats,
-    )
+    w.lock_manager = w._new_lock_manager(counting_client(url))  # as bootstrap builds it
     for _ in range(n):
         taken = w._take(None)
         assert taken is not None

@@ -4,112 +4,30 @@
 ``status`` and ``leases`` show lease state (``rq_emq.inspection``), ``metrics`` prints it
 as Prometheus text (``rq_emq.metrics``), ``sweep`` runs one sweep round now and
 ``reaper`` runs the sweep as a standalone process. Tables and JSON live in
-``rq_emq.cli_output``. Bad input (an unknown queue, malformed settings) exits 2 with a
-message naming it; an unreachable Redis exits 1 naming the URL, password redacted.
+``rq_emq.cli_output``, connecting and reading the input in ``rq_emq.cli_connect``. Bad
+input (an unknown queue, malformed settings) exits 2 with a message naming it; an
+unreachable Redis exits 1 naming the URL, password redacted.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
-import os
 import signal
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import click
-from redis import Redis
 from redis.exceptions import RedisError
-from rq.cli.helpers import get_redis_from_config, read_config_file
 
 from . import __version__, cli_output, inspection, metrics, scripts
-from .settings import ENV_PREFIX, LeaseSettings, SettingsError
+from .cli_connect import BadInput, Target, connect, load_serializer, redact, select_queues
+from .settings import ENV_PREFIX
 from .sweep import Sweeper, SweepReport
 
-DEFAULT_URL = "redis://localhost:6379/0"
-CONNECTION_SETTINGS = ("REDIS_URL", "SENTINEL", "REDIS_HOST", "REDIS_PORT", "REDIS_DB", "REDIS_PASSWORD")
-
-
-class BadInput(click.ClickException):
-    """Input the operator must fix: exits 2, like a usage error."""
-
-    exit_code = 2
-
-
-def redact(url: str) -> str:
-    """``url`` with its password replaced by ``***``."""
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        netloc = parts.netloc.rsplit("@", 1)[1]
-        user = f"{parts.username}:" if parts.username else ":"
-        return urlunsplit(parts._replace(netloc=f"{user}***@{netloc}"))
-    except ValueError:
-        return "<unparsable Redis URL>"
-
-
-@dataclass
-class Target:
-    """A reachable Redis and the settings to read it with."""
-
-    client: Redis
-    describe: str  # the URL (password redacted) or host:port, for messages
-    settings: LeaseSettings
-
-
-def connect(url: str | None, config: str | None, overrides: dict[str, Any] | None = None) -> Target:
-    """Connect as ``rq`` does: ``--url`` (or RQ_REDIS_URL), else the ``-c`` module's
-    REDIS_URL / SENTINEL / REDIS_HOST..., else ``REDIS_URL``, else localhost. Lease settings:
-    options, then RQ_EMQ_* environment variables, then RQ_EMQ_* in the ``-c`` module."""
-    module: dict[str, Any] = {}
-    if config:
-        if "." not in sys.path:
-            sys.path.append(".")  # as rq's default --path
-        importlib.invalidate_caches()  # a module written a moment ago (tests, scripts)
-        try:
-            module = read_config_file(config)
-        except Exception as error:  # an import runs arbitrary code: any failure is bad input
-            raise BadInput(f"cannot import settings module {config!r} (-c/--config): {error}") from None
-    environ = {k: str(v) for k, v in module.items() if k.startswith(ENV_PREFIX)} | dict(os.environ)
-    try:
-        settings = LeaseSettings.resolve(overrides, environ=environ)
-    except SettingsError as error:
-        raise BadInput(f"invalid setting: {error}") from None
-    if url:
-        module["REDIS_URL"] = url
-    elif not any(module.get(name) is not None for name in CONNECTION_SETTINGS):
-        module["REDIS_URL"] = os.environ.get("REDIS_URL") or DEFAULT_URL
-    describe = redact(module["REDIS_URL"]) if module.get("REDIS_URL") else "the Redis named in " + str(config)
-    try:
-        client: Redis = get_redis_from_config(module)
-    except ValueError as error:
-        raise BadInput(f"invalid Redis setting in {config or 'the URL'} ({describe}): {error}") from None
-    try:
-        client.ping()
-    except RedisError as error:
-        raise click.ClickException(f"cannot reach Redis at {describe}: {error}") from None
-    return Target(client, describe, settings)
-
-
-def select_queues(target: Target, named: tuple[str, ...], must_exist: bool = True) -> list[str]:
-    """Queues named (positional or --queues, commas or spaces), else every queue RQ knows."""
-    names = list(dict.fromkeys(part for item in named for part in item.replace(",", " ").split()))
-    if not names:
-        return inspection.known_queues(target.client)
-    if must_exist:
-        unknown = inspection.unknown_queues(target.client, names)
-        if unknown:
-            raise BadInput(
-                f"unknown queue(s): {', '.join(unknown)} (not in rq:queues and no rq-emq keys) "
-                f"at {target.describe}"
-            )
-    return names
+__all__ = ["BadInput", "main", "redact"]
 
 
 def redis_errors(command: Callable[..., None]) -> Callable[..., None]:
@@ -134,7 +52,11 @@ def common(command: Callable[..., None]) -> Callable[..., None]:
             ),
             click.option("--config", "-c", help="Module holding RQ settings (REDIS_URL, ..., RQ_EMQ_*)."),
             click.option(
-                "--queues", "-q", "queue_options", multiple=True, help="Queues (default: all in rq:queues)."
+                "--queues",
+                "-q",
+                "queue_options",
+                multiple=True,
+                help="Queues, split on commas or spaces (default: all in rq:queues).",
             ),
             click.argument("queue_args", nargs=-1, metavar="[QUEUE]..."),
             click.option("--json", "as_json", is_flag=True, help="Print JSON for machines."),
@@ -187,7 +109,7 @@ def status(
     """Per queue: jobs waiting and in flight, leases by time left, stalled jobs, oldest
     lease and mark, and the counters."""
     target = connect(url, config)
-    queues = select_queues(target, queue_options + queue_args)
+    queues = select_queues(target, queue_options, queue_args)
 
     def render() -> dict[str, Any] | str:
         statuses = inspection.read_status(target.client, queues, target.settings)
@@ -217,7 +139,7 @@ def leases(
 ) -> None:
     """Per leased job: worker, token prefix, lock TTL, deadline, attempts of max, mark."""
     target = connect(url, config)
-    queues = select_queues(target, queue_options + queue_args)
+    queues = select_queues(target, queue_options, queue_args)
 
     def render() -> dict[str, Any] | str:
         pages = inspection.read_leases(target.client, queues, target.settings, limit)
@@ -240,7 +162,7 @@ def metrics_command(
     """The counters and gauges in Prometheus text exposition format (e.g. for a textfile
     collector); ``rq_emq.prometheus`` serves the same from a prometheus_client registry."""
     target = connect(url, config)
-    queues = select_queues(target, queue_options + queue_args)
+    queues = select_queues(target, queue_options, queue_args)
 
     def render() -> dict[str, Any] | str:
         families = metrics.families(inspection.read_status(target.client, queues, target.settings))
@@ -261,15 +183,39 @@ def metrics_command(
     show(target, render, as_json, watch)
 
 
-def sweep_once(target: Target, queues: list[str], dry_run: bool) -> list[SweepReport]:
+def drain_options(command: Callable[..., None]) -> Callable[..., None]:
+    """``--serializer`` and ``--no-drain``, for the commands that drain the outbox."""
+    for option in reversed(
+        [
+            click.option(
+                "--serializer",
+                "-S",
+                help="The jobs' serializer, as RQ's CLI takes it: an import path "
+                "(e.g. rq.serializers.JSONSerializer; RQ 3 also takes json, pickle). Default: RQ's.",
+            ),
+            click.option(
+                "--no-drain",
+                is_flag=True,
+                help="Leave the outbox drain (the Result and on_failure of jobs failed at max "
+                "attempts) to the workers: for a process without the app's code.",
+            ),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
+def sweep_once(
+    target: Target, queues: list[str], dry_run: bool, serializer: Any = None, drain: bool = True
+) -> list[SweepReport]:
     """One sweep round on each queue now, ignoring the fleet-wide rate limit (or, dry,
-    changing nothing); then the failure outbox of each queue is drained."""
+    changing nothing); then the failure outbox of each queue is drained (unless not)."""
     scripts.load_all(target.client)
-    sweeper = Sweeper(target.client, queues, target.settings, name="rq-emq-cli")
+    sweeper = Sweeper(target.client, queues, target.settings, name="rq-emq-cli", serializer=serializer)
     reports = []
     for queue in queues:
         report = sweeper.sweep(queue, mode="dry-run" if dry_run else "force")
-        if report.outbox_due and not dry_run:
+        if report.outbox_due and not dry_run and drain:
             sweeper.drain_outbox(queue)
         reports.append(report)
     return reports
@@ -277,6 +223,7 @@ def sweep_once(target: Target, queues: list[str], dry_run: bool) -> list[SweepRe
 
 @main.command(short_help="Run one sweep round now (--dry-run: show what it would do).")
 @common
+@drain_options
 @click.option(
     "--dry-run", is_flag=True, help="Print which jobs are stalled and where each would land; change nothing."
 )
@@ -289,31 +236,45 @@ def sweep(
     queue_options: tuple[str, ...],
     queue_args: tuple[str, ...],
     as_json: bool,
+    serializer: str | None,
+    no_drain: bool,
     dry_run: bool,
     sweep_interval_ms: int | None,
 ) -> None:
-    """Run one sweep round now: mark lapsed leases, recover jobs marked a round ago."""
+    """Run one sweep round now: mark lapsed leases, recover jobs marked a round ago.
+
+    Jobs failed at max attempts then get RQ's Result here (the outbox drain): each job is
+    loaded with --serializer and its on_failure callback runs in this process, so the
+    app's code must be importable here; without it, use --no-drain and let the workers
+    do it."""
     target = connect(url, config, {"sweep_interval_ms": sweep_interval_ms})
-    queues = select_queues(target, queue_options + queue_args)
+    queues = select_queues(target, queue_options, queue_args)
     if not queues:
         raise BadInput("no queues to sweep: name them, or enqueue something first")
-    reports = sweep_once(target, queues, dry_run)
+    reports = sweep_once(target, queues, dry_run, load_serializer(serializer), drain=not no_drain)
     if as_json:
         cli_output.emit(cli_output.sweep_json(reports, dry_run), as_json=True)
     else:
-        click.echo("\n".join(cli_output.sweep_text(report, dry_run) for report in reports))
+        click.echo("\n".join(cli_output.sweep_text(report, dry_run, not no_drain) for report in reports))
 
 
 @main.command(short_help="Run the stalled sweep as a standalone process.")
 @click.option("--url", "-u", envvar="RQ_REDIS_URL", help="Redis URL (default: REDIS_URL, else localhost).")
 @click.option("--config", "-c", help="Module holding RQ settings (REDIS_URL, ..., RQ_EMQ_*).")
-@click.option("--queues", "-q", "queue_options", multiple=True, help="Queues to sweep (default: all).")
+@click.option(
+    "--queues",
+    "-q",
+    "queue_options",
+    multiple=True,
+    help="Queues to sweep, split on commas or spaces (default: all).",
+)
 @click.argument("queue_args", nargs=-1)
 @click.option("--once", is_flag=True, help="Run one sweep round, then exit.")
 @click.option(
     "--dry-run", is_flag=True, help="Print which jobs are stalled and where each would land; change nothing."
 )
 @click.option("--sweep-interval-ms", type=int, help=f"Overrides {ENV_PREFIX}SWEEP_INTERVAL_MS.")
+@drain_options
 @click.option("--verbose", "-v", is_flag=True)
 @redis_errors
 def reaper(
@@ -324,21 +285,31 @@ def reaper(
     once: bool,
     dry_run: bool,
     sweep_interval_ms: int | None,
+    serializer: str | None,
+    no_drain: bool,
     verbose: bool,
 ) -> None:
-    """Run the stalled sweep for QUEUES as a standalone process."""
+    """Run the stalled sweep for QUEUES as a standalone process.
+
+    Jobs failed at max attempts then get RQ's Result here (the outbox drain): each job is
+    loaded with --serializer and its on_failure callback runs in this process, so the
+    app's code must be importable here; without it, use --no-drain and let the workers
+    do it."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(message)s")
     target = connect(url, config, {"sweep_interval_ms": sweep_interval_ms})
-    # a reaper may start before any job names its queue: no existence check
-    queues = select_queues(target, queue_options + queue_args, must_exist=False)
+    # a long-running reaper may start before any job names its queue: it only warns
+    queues = select_queues(target, queue_options, queue_args, must_exist=once or dry_run)
     if not queues:
         raise BadInput("no queues to sweep: name them, or enqueue something first")
+    loads = load_serializer(serializer)
     if dry_run or once:
-        for report in sweep_once(target, queues, dry_run):
-            click.echo(cli_output.sweep_text(report, dry_run))
+        for report in sweep_once(target, queues, dry_run, loads, drain=not no_drain):
+            click.echo(cli_output.sweep_text(report, dry_run, not no_drain))
         return
     scripts.load_all(target.client)
-    sweeper = Sweeper(target.client, queues, target.settings, name="rq-emq-reaper")
+    sweeper = Sweeper(
+        target.client, queues, target.settings, name="rq-emq-reaper", serializer=loads, drain=not no_drain
+    )
     stop = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -346,7 +317,8 @@ def reaper(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    click.echo(f"rq-emq reaper sweeping {', '.join(queues)} every {target.settings.sweep_interval_ms} ms")
+    names = ", ".join(map(cli_output.printable, queues))
+    click.echo(f"rq-emq reaper sweeping {names} every {target.settings.sweep_interval_ms} ms")
     sweeper.loop(stop)
 
 

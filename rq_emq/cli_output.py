@@ -1,5 +1,9 @@
 """How the ``rq-emq`` commands show what they read: aligned tables for people, JSON for
 machines, and the ``--watch`` refresh loop. Nothing here talks to Redis itself.
+
+Names read from Redis (queues, jobs, workers, counters) can hold anything: text output
+shows them through :func:`printable`, so a newline cannot break a table and a terminal
+escape sequence cannot reach the operator's terminal. JSON escapes them itself.
 """
 
 from __future__ import annotations
@@ -20,9 +24,23 @@ from .inspection import COUNTERS, LeasePage, QueueStatus, remaining_buckets
 from .sweep import SweepReport
 
 
+def printable(value: object) -> str:
+    """``value`` as text safe to print: a backslash and every character that is not
+    printable (controls such as newline and ESC, bidi overrides) in Python's escape form."""
+    text = str(value)
+    if text.isprintable() and "\\" not in text:
+        return text
+    return "".join(
+        "\\\\" if c == "\\" else c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+        for c in text
+    )
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """Columns padded to their widest cell; numbers (and '-') right-aligned."""
-    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in row] for row in rows]
+    cells = [[printable(h) for h in headers]] + [
+        ["-" if c is None else printable(c) for c in row] for row in rows
+    ]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     numeric = [
         all(_looks_numeric(row[i]) for row in cells[1:]) and len(cells) > 1 for i in range(len(headers))
@@ -61,7 +79,9 @@ def duration(ms: int | None) -> str | None:
 
 
 def _problems(items: Sequence[tuple[str, Sequence[str]]]) -> str:
-    lines = [f"  {where}: {problem}" for where, problems in items for problem in problems]
+    lines = [
+        f"  {printable(where)}: {printable(problem)}" for where, problems in items for problem in problems
+    ]
     return ("\nproblems:\n" + "\n".join(lines)) if lines else ""
 
 
@@ -155,21 +175,26 @@ def leases_json(pages: Sequence[LeasePage]) -> dict[str, Any]:
 
 
 # -- sweep -------------------------------------------------------------------------------
-def sweep_text(report: SweepReport, dry: bool) -> str:
+def sweep_text(report: SweepReport, dry: bool, drained: bool = True) -> str:
     head = "would be" if dry else "was"
+    queue = printable(report.queue)
     rows = [
         (job_id, "marked stalled (recovered next round if its lock stays gone)") for job_id in report.marked
     ]
-    rows += [(job_id, f"{head} put back at the front of {report.queue}") for job_id in report.requeued]
+    rows += [(job_id, f"{head} put back at the front of {queue}") for job_id in report.requeued]
     rows += [(job_id, f"{head} failed at max attempts") for job_id in report.failed]
     rows += [(job_id, f"lease entry of a deleted job, {head} dropped") for job_id in report.dropped]
+    rows = [(printable(job_id), where) for job_id, where in rows]
     summary = (
-        f"queue {report.queue}: {len(report.marked)} marked, {len(report.requeued)} recovered, "
+        f"queue {queue}: {len(report.marked)} marked, {len(report.requeued)} recovered, "
         f"{len(report.failed)} failed, {report.unmarked} unmarked"
         + ("" if report.ran else " (another sweeper ran this round)")
     )
     width = max((len(job_id) for job_id, _ in rows), default=6)
-    return "\n".join([summary, *(f"  {job_id:<{width}}  {where}" for job_id, where in rows)])
+    lines = [summary, *(f"  {job_id:<{width}}  {where}" for job_id, where in rows)]
+    if report.outbox_due and not dry and not drained:
+        lines.append(f"  {report.outbox_due} failed job(s) in the outbox, left to the workers (--no-drain)")
+    return "\n".join(lines)
 
 
 def sweep_json(reports: Sequence[SweepReport], dry: bool) -> dict[str, Any]:

@@ -4,8 +4,8 @@ queue and per leased job. Read only, and kept apart from how it is shown (``cli_
 
 Every read is bounded whatever the queue size: counts come from ZCARD/ZCOUNT/LLEN, the
 oldest entries from ZRANGE with a limit, per-job detail only for the first ``limit``
-leases; each view costs three round trips at most (Redis ``TIME``, one MULTI of reads,
-then the few reads those name). Times are Redis's, as in the scripts. Data that is
+leases; each view costs four round trips at most (Redis ``TIME``, one MULTI of reads,
+then the few reads those name, in one or two steps). Times are Redis's, as in the scripts. Data that is
 missing or malformed (a lease whose job hash is gone, a counter that is not a number, a
 key of the wrong type) is reported in ``problems``, never raised.
 """
@@ -60,13 +60,16 @@ def remaining_buckets() -> tuple[str, ...]:
 
 @dataclass
 class OldestLease:
-    """The lease renewed least recently among those the sweep has not marked (marked
-    ones are re-indexed a grace ahead, and :class:`OldestMark` tells their age)."""
+    """The unmarked lease nearest its deadline: with one lease length fleet-wide, the one
+    renewed least recently (marked ones are re-indexed a grace ahead, and
+    :class:`OldestMark` tells their age)."""
 
     job_id: str
     #: Until its deadline by Redis's clock; negative when overdue.
     due_in_ms: int
-    #: Since it was granted or last renewed: the configured lease_ms minus what is left.
+    #: Since it was granted or last renewed: its own lease length (``emq_lease_ms``, set
+    #: by the take; the reader's lease_ms for a lease granted before that field existed)
+    #: minus what is left.
     age_ms: int
 
 
@@ -157,8 +160,8 @@ def unknown_queues(client: Redis, names: Sequence[str]) -> list[str]:
 class _Batch:
     """A pipeline whose replies are handed to parsers; a failed reply becomes a problem."""
 
-    def __init__(self, client: Redis) -> None:
-        self.pipe = client.pipeline(transaction=True)
+    def __init__(self, client: Redis, transaction: bool = True) -> None:
+        self.pipe = client.pipeline(transaction=transaction)
         self.parsers: list[tuple[list[str], str, Callable[[Any], None]]] = []
 
     def add(self, problems: list[str], what: str, queued: object, parse: Callable[[Any], None]) -> None:
@@ -216,7 +219,35 @@ def read_status(client: Redis, queues: Sequence[str], settings: LeaseSettings) -
             status.problems, stalled, marks.pipe.zmscore(stalled, [m for m, _ in first]), oldest_unmarked
         )
     marks.run()
+    _lease_ages(client, statuses)
     return statuses
+
+
+def _lease_ages(client: Redis, statuses: Sequence[QueueStatus]) -> None:
+    """Each oldest lease's age from its own length: workers and readers may be
+    configured with different lease_ms, so the reader's own says nothing."""
+    lengths = _Batch(client, transaction=False)  # one HGET per queue: nothing to keep consistent
+    for status in statuses:
+        oldest = status.oldest_lease
+        if oldest is None:
+            continue
+
+        def length(reply: Any, status: QueueStatus = status, oldest: OldestLease = oldest) -> None:
+            if reply is None:
+                return  # granted before the field existed, or the job is gone: the reader's lease_ms
+            lease_ms = _int_or_none(reply)
+            if lease_ms is None or lease_ms <= 0:
+                _problem(
+                    status.problems,
+                    f"emq_lease_ms of job {oldest.job_id} is not a positive number: {text(reply)!r}",
+                )
+                return
+            oldest.age_ms = lease_ms - oldest.due_in_ms
+
+        key = job_key(oldest.job_id)
+        lengths.add(status.problems, key, lengths.pipe.hget(key, "emq_lease_ms"), length)
+    if lengths.parsers:
+        lengths.run()
 
 
 def _queue_status_reads(

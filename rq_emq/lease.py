@@ -4,8 +4,11 @@ Each tick is one round trip: a ``renew_leases`` EVALSHA per queue with leases (o
 :data:`RENEW_BATCH` of them, so no single script runs long), plus the worker's and its
 executions' RQ heartbeats, all in one pipeline. Renewal is token
 checked in Lua, so nobody extends a lease they do not hold; leases reported lost are
-handed to the worker (which by default stops the job). Tick work a worker adds (RQ
-heartbeats) plugs in through ``on_tick``.
+handed to the worker (which by default stops the job). Tick work a worker adds plugs in
+through ``on_tick`` (the worker's own heartbeat) and ``lease_writes`` (RQ's writes for
+one lease's run, its execution heartbeat: packed into ``renew_executions`` calls that
+apply them only while that lease is still held, so a late tick never re-creates what a
+recovery or the finish removed).
 """
 
 from __future__ import annotations
@@ -87,12 +90,14 @@ class LockManager(BackgroundLoop):
         on_lost: Callable[[Lease], None],
         on_tick: Callable[[Pipeline, list[Lease]], None] | None = None,
         name: str = "rq-emq-lock-manager",
+        lease_writes: Callable[[Lease, Pipeline], None] | None = None,
     ) -> None:
         self.client = client
         self.lease_ms = lease_ms
         self.renew_interval_ms = renew_interval_ms
         self.on_lost = on_lost
         self.on_tick = on_tick
+        self.lease_writes = lease_writes
         super().__init__(name)
         self._leases: dict[str, Lease] = {}
         self._guard = threading.Lock()
@@ -132,7 +137,7 @@ class LockManager(BackgroundLoop):
             by_queue.setdefault(lease.queue, []).append(lease)
         script = scripts.load("renew_leases")
         heartbeat = utcformat(now())
-        calls: list[str] = []  # the queue of each renew_leases call, in pipeline order
+        calls: list[tuple[scripts.LuaScript, str]] = []  # each script call and its queue, in pipeline order
         for queue, group in by_queue.items():
             q = QueueKeys(queue)
             # several calls in the same round trip, so that no one script runs for long
@@ -141,7 +146,9 @@ class LockManager(BackgroundLoop):
                 for lease in group[start : start + RENEW_BATCH]:
                     args += [lease.job_id, lease.token]
                 script.queue(pipe, [q.leases, q.stalled, q.stats], args)
-                calls.append(queue)
+                calls.append((script, queue))
+        if self.lease_writes is not None:
+            calls += self._queue_lease_writes(pipe, by_queue)
         if self.on_tick is not None:
             self.on_tick(pipe, leases)
         if not len(pipe):
@@ -151,13 +158,13 @@ class LockManager(BackgroundLoop):
         lost: list[str] = []
         settled: list[str] = []
         retry = False
-        for queue, reply in zip(calls, replies, strict=False):
+        for (called, queue), reply in zip(calls, replies, strict=False):
             if scripts.is_noscript(reply):
-                script.load(self.client)
+                called.load(self.client)
                 retry = True
             elif isinstance(reply, Exception):
-                logger.error("renewing leases on queue %s failed: %s", queue, reply)
-            else:
+                logger.error("%s on queue %s failed: %s", called.name, queue, reply)
+            elif called is script:
                 lost += _ids(reply[0])
                 settled += _ids(reply[1])
         if retry:
@@ -180,6 +187,39 @@ class LockManager(BackgroundLoop):
             events.emit("lease_lost", held.queue, [job_id], self.name)
             self.on_lost(held)
         return lost
+
+    def _queue_lease_writes(
+        self, pipe: Pipeline, by_queue: dict[str, list[Lease]]
+    ) -> list[tuple[scripts.LuaScript, str]]:
+        """Queue each lease's writes (``lease_writes``) in ``renew_executions`` calls,
+        which run them only while that lease is still held."""
+        assert self.lease_writes is not None
+        script = scripts.load("renew_executions")
+        recorder = self.client.pipeline(transaction=False)  # records only; never sent
+        calls: list[tuple[scripts.LuaScript, str]] = []
+        for queue, group in by_queue.items():
+            for start in range(0, len(group), RENEW_BATCH):
+                args: list[Any] = []
+                for lease in group[start : start + RENEW_BATCH]:
+                    self.lease_writes(lease, recorder)
+                    if recorder.command_stack:
+                        args += [lease.job_id, lease.token, *pack(recorder.command_stack)]
+                    recorder.reset()
+                if args:
+                    script.queue(pipe, [QueueKeys(queue).leases], args)
+                    calls.append((script, queue))
+        return calls
+
+
+def pack(commands: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> list[Any]:
+    """A pipeline's queued commands as Lua's ``run_packed`` reads them: their number, then
+    per command its argument count and arguments (a name of several words split)."""
+    packed: list[Any] = [len(commands)]
+    for args, _options in commands:
+        name = args[0]
+        words = [*(name.split() if isinstance(name, str) else [name]), *args[1:]]
+        packed += [len(words), *words]
+    return packed
 
 
 def _ids(values: list[Any]) -> list[str]:

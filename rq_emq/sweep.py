@@ -82,6 +82,7 @@ class Sweeper(BackgroundLoop):
         name: str = "rq-emq-sweeper",
         job_class: type[Job] = Job,
         serializer: Any = None,
+        drain: bool = True,
     ) -> None:
         super().__init__(name)
         self.client = client
@@ -89,6 +90,9 @@ class Sweeper(BackgroundLoop):
         self.settings = settings
         self.job_class = job_class
         self.serializer = serializer
+        #: Drain the outbox after a round; off where the app's code (the job's serializer,
+        #: its failure callback) is not importable, leaving it to the workers' sweepers.
+        self.drain = drain
         events.subscribe_paths(settings.event_hooks)
 
     # A round runs at most once per window (0.8 interval) per queue, fleet-wide, and each
@@ -245,7 +249,7 @@ class Sweeper(BackgroundLoop):
     def run_once(self) -> list[SweepReport]:
         reports = self.sweep_all()
         for report in reports:
-            if report.outbox_due:
+            if report.outbox_due and self.drain:
                 self.drain_outbox(report.queue)
         return reports
 

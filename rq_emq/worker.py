@@ -6,7 +6,8 @@ Operators switch with ``rq worker -w rq_emq.LeaseWorker`` (forking) or
 - taking a job is one atomic lease grant (:mod:`rq_emq.take`);
 - one lock-manager timer per process renews the leases and sends RQ's worker and
   execution heartbeats in the same round trip (:mod:`rq_emq.lease`), so RQ's started
-  registry entry never falls due while the lease lives;
+  registry entry never falls due while the lease lives, and a late tick never re-creates
+  an execution record that a recovery removed;
 - finishing (success, failure, ``Retry``, stop, timeout) keeps RQ's code and is fenced
   (:mod:`rq_emq.fencing`);
 - a lost lease stops the job; a horse dies with its worker; a cold stop hands the job back.
@@ -102,14 +103,7 @@ class LeaseMixin(JobWritesMixin):
         scripts.load_all(self.connection)
         settings = self.lease_settings
         self._taker = Taker(self.connection, self.name, settings)
-        self.lock_manager = LockManager(
-            _own_client(self.connection),
-            settings.lease_ms,
-            settings.renew_interval_ms,
-            on_lost=self._on_lease_lost,
-            on_tick=self._tick_heartbeats,
-            name=f"rq-emq-lock-manager:{self.name}",
-        )
+        self.lock_manager = self._new_lock_manager(_own_client(self.connection))
         self.lock_manager.start()
         me: Any = self
         self.sweeper = Sweeper(
@@ -121,6 +115,18 @@ class LeaseMixin(JobWritesMixin):
             serializer=me.serializer,
         )
         self.sweeper.start()
+
+    def _new_lock_manager(self, client: Redis) -> LockManager:
+        settings = self.lease_settings
+        return LockManager(
+            client,
+            settings.lease_ms,
+            settings.renew_interval_ms,
+            on_lost=self._on_lease_lost,
+            on_tick=self._tick_heartbeats,
+            name=f"rq-emq-lock-manager:{self.name}",
+            lease_writes=self._heartbeat_execution,
+        )
 
     def teardown(self) -> None:
         if not self.is_horse:  # type: ignore[attr-defined]
@@ -303,10 +309,13 @@ class LeaseMixin(JobWritesMixin):
             return
         me: Any = self
         me.heartbeat(me.job_monitoring_interval + 60, pipeline=pipe)
-        ttl = self.get_heartbeat_ttl(leases[0].job)
-        for lease in leases:
-            if lease.execution is not None and lease.job is not None:
-                lease.execution.heartbeat(lease.job.started_job_registry, ttl, pipeline=pipe)
+
+    def _heartbeat_execution(self, lease: Lease, pipe: Pipeline) -> None:
+        """RQ's execution heartbeat for one lease's run (the lock manager applies it only
+        while the lease is held: a late tick must not re-create what a recovery removed)."""
+        if lease.execution is not None and lease.job is not None:
+            ttl = self.get_heartbeat_ttl(lease.job)
+            lease.execution.heartbeat(lease.job.started_job_registry, ttl, pipeline=pipe)
 
     def _on_lease_lost(self, lease: Lease) -> None:
         if self.lease_settings.stop_on_lease_lost:

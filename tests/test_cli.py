@@ -96,6 +96,31 @@ def test_status_reports_an_overdue_lease_before_the_sweep_marks_it(r: redis.Redi
     assert q["oldest_lease"]["due_in_ms"] < 0 and q["oldest_lease"]["age_ms"] > 30_000
 
 
+@pytest.mark.parametrize("worker_lease_ms", [60_000, 5_000])
+def test_the_oldest_lease_age_is_its_real_age_whatever_lease_the_reader_is_configured_with(
+    r: redis.Redis, redis_url: str, worker_lease_ms: int
+) -> None:
+    """The CLI reads with its own lease_ms (30 s by default); the workers' may differ."""
+    Queue("q", connection=r).enqueue("jobs.noop")
+    assert Taker(r, "w1", LeaseSettings(lease_ms=worker_lease_ms)).pop(["q"]) is not None
+    granted = time.monotonic()
+    time.sleep(0.3)
+    q = by_queue(cli_json(redis_url, "status", "q"))["q"]
+    real_age_ms = (time.monotonic() - granted) * 1000
+    assert real_age_ms - 1_000 <= q["oldest_lease"]["age_ms"] <= real_age_ms + 50
+    assert q["oldest_lease"]["age_ms"] >= 250
+
+
+def test_a_malformed_lease_length_is_a_problem_and_the_readers_lease_ms_is_used(
+    r: redis.Redis, redis_url: str
+) -> None:
+    (job_id,) = lease(r, 1)
+    r.hset(job_key(job_id), "emq_lease_ms", "1e3")
+    q = by_queue(cli_json(redis_url, "status", "q"))["q"]
+    assert q["problems"] == [f"emq_lease_ms of job {job_id} is not a positive number: '1e3'"]
+    assert 0 <= q["oldest_lease"]["age_ms"] < 5_000
+
+
 # -- leases --------------------------------------------------------------------------------
 def test_leases_of_a_real_worker_show_its_name_a_token_prefix_the_lock_and_attempts(
     r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
@@ -188,6 +213,140 @@ def test_sweep_dry_run_changes_nothing_then_a_sweep_marks_and_a_later_one_recove
     assert r.lrange(Q.rq_queue, 0, -1) == [job_id.encode()]
 
 
+# -- the outbox drain in the operator's process ----------------------------------------------
+def stalled_on_its_last_attempt(r: redis.Redis, log: Path, serializer: object = None) -> str:
+    """A job with a failure callback whose worker died on its last attempt."""
+    from rq import Callback
+
+    job = Queue("q", connection=r, serializer=serializer).enqueue(
+        "jobs.noop", on_failure=Callback("jobs.on_failure_record"), meta={"log": str(log)}
+    )
+    assert Taker(r, "dead-worker", LeaseSettings()).pop(["q"]) is not None
+    r.hset(job_key(job.id), mapping={"emq_attempts": 1, "emq_max_attempts": 1})
+    r.delete(Q.lock(job.id))
+    r.zadd(Q.leases, {job.id: 0})
+    return job.id
+
+
+def sweep_twice(redis_url: str, *options: str) -> Result:
+    """A round that marks, then (after the grace) one that fails the job and drains."""
+    assert cli(redis_url, "sweep", "q", *options, env=QUICK_GRACE).exit_code == 0
+    time.sleep(0.3)
+    return cli(redis_url, "sweep", "q", *options, env=QUICK_GRACE)
+
+
+def failure_results(r: redis.Redis, job_id: str, serializer: object = None) -> int:
+    from rq.job import Job
+
+    return len(Job.fetch(job_id, connection=r, serializer=serializer).results())
+
+
+def test_sweep_drains_with_the_serializer_named_as_rqs_cli_takes_it(
+    r: redis.Redis, redis_url: str, tmp_path: Path
+) -> None:
+    from rq.serializers import JSONSerializer
+
+    log = tmp_path / "callback.log"
+    job_id = stalled_on_its_last_attempt(r, log, serializer=JSONSerializer)
+    result = sweep_twice(redis_url, "--serializer", "rq.serializers.JSONSerializer")
+    assert result.exit_code == 0 and f"{job_id}  was failed at max attempts" in result.output, result.output
+    assert r.zcard(Q.outbox) == 0 and failure_results(r, job_id, JSONSerializer) == 1
+    assert log.read_text() == "failed JobStalled\n"  # the callback ran here, once
+
+
+def test_without_the_apps_code_the_drain_fails_and_leaves_the_entry_which_no_drain_does_not_try(
+    r: redis.Redis, redis_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    job_id = stalled_on_its_last_attempt(r, tmp_path / "callback.log")
+    r.hset(job_key(job_id), "failure_callback_name", "app_not_installed_here.on_failure")
+    assert sweep_twice(redis_url).exit_code == 0  # the drain's error is logged; the sweep succeeded
+    assert "could not complete its stall failure" in caplog.text
+    assert r.zcard(Q.outbox) == 1 and failure_results(r, job_id) == 0  # retried after the claim lapses
+    caplog.clear()
+    assert cli(redis_url, "sweep", "q", "--no-drain", env=QUICK_GRACE).exit_code == 0
+    assert "could not complete" not in caplog.text
+
+
+def test_no_drain_fails_the_job_and_leaves_its_result_and_callback_to_the_workers(
+    r: redis.Redis, redis_url: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "callback.log"
+    job_id = stalled_on_its_last_attempt(r, log)
+    result = sweep_twice(redis_url, "--no-drain")
+    assert result.exit_code == 0 and f"{job_id}  was failed at max attempts" in result.output, result.output
+    assert r.hget(job_key(job_id), "status") == b"failed" and r.zscore(Q.failed, job_id) is not None
+    assert r.zcard(Q.outbox) == 1 and failure_results(r, job_id) == 0 and not log.exists()
+    assert "left to the workers" in result.output
+    # a worker's sweeper (or a sweep with the app's code) completes it later, once
+    Sweeper(r, ["q"], LeaseSettings()).drain_outbox("q")
+    assert (
+        r.zcard(Q.outbox) == 0
+        and failure_results(r, job_id) == 1
+        and log.read_text() == "failed JobStalled\n"
+    )
+
+
+def test_the_reaper_takes_the_same_drain_options(r: redis.Redis, redis_url: str, tmp_path: Path) -> None:
+    log = tmp_path / "callback.log"
+    job_id = stalled_on_its_last_attempt(r, log)
+    for _ in range(2):
+        result = cli(redis_url, "reaper", "--once", "--no-drain", "q", env=QUICK_GRACE)
+        assert result.exit_code == 0, result.output
+        time.sleep(0.3)
+    assert r.hget(job_key(job_id), "status") == b"failed" and r.zcard(Q.outbox) == 1 and not log.exists()
+    # the long-running reaper's loop: the same sweeper, told not to drain
+    Sweeper(r, ["q"], LeaseSettings(), drain=False).run_once()
+    assert r.zcard(Q.outbox) == 1 and not log.exists()
+    bad = cli(redis_url, "reaper", "--once", "--serializer", "no.such.Serializer", "q")
+    assert bad.exit_code == 2 and "--serializer" in bad.output and "no.such.Serializer" in bad.output
+
+
+def test_sweep_and_reaper_help_say_the_drain_runs_the_apps_code_here() -> None:
+    for command in ("sweep", "reaper"):
+        text = CliRunner().invoke(main, [command, "--help"]).output
+        assert "--serializer" in text and "--no-drain" in text and "on_failure" in text, text
+
+
+# -- names from Redis in text output ---------------------------------------------------------
+HOSTILE = "evil\n\x1b[2J\x1b[31mred\u202e\tq"
+
+
+def assert_inert(output: str) -> None:
+    """No terminal escape sequence, bidi override or stray control character got through."""
+    assert "\x1b" not in output and "\u202e" not in output and "\t" not in output and "\r" not in output
+
+
+def test_text_output_escapes_queue_and_job_names_so_tables_keep_one_line_per_row(
+    r: redis.Redis, redis_url: str
+) -> None:
+    (job_id,) = lease(r, 1, queue=HOSTILE)
+    hostile_q = QueueKeys(HOSTILE)
+    r.zadd(hostile_q.leases, {"job\x1b]0;pwned\x07\nnext": 10**13})  # a lease entry whose job is gone
+    r.hset(hostile_q.stats, "odd\x1bcounter", 1)
+    shown = "evil\\n\\x1b[2J\\x1b[31mred\\u202e\\tq"
+    status = cli(redis_url, "status", HOSTILE)
+    assert status.exit_code == 0, status.output
+    assert_inert(status.output)
+    row = status.output.splitlines()[1]
+    assert row.startswith(shown + "  ") and len(row.split()) == 12  # one line, every column
+    assert "odd\\x1bcounter" in status.output
+    leases = cli(redis_url, "leases", HOSTILE)
+    assert leases.exit_code == 0, leases.output
+    assert_inert(leases.output)
+    rows = [line for line in leases.output.splitlines() if line.startswith(shown)]
+    assert len(rows) == 2 and any(job_id in row for row in rows)
+    assert any("job\\x1b]0;pwned\\x07\\nnext" in row for row in rows)
+    assert "\x07" not in leases.output
+    swept = cli(redis_url, "sweep", "--dry-run", HOSTILE)
+    assert swept.exit_code == 0 and swept.output.startswith(f"queue {shown}:"), swept.output
+    assert_inert(swept.output)
+    unknown = cli(redis_url, "status", "no\x1b[2Jsuch")
+    assert unknown.exit_code == 2 and "no\\x1b[2Jsuch" in unknown.output
+    assert_inert(unknown.output)
+    # JSON keeps the names exact (its own escaping makes them inert)
+    assert by_queue(cli_json(redis_url, "status", HOSTILE))[HOSTILE]["in_flight"] == 2
+
+
 # -- metrics -------------------------------------------------------------------------------
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return {
@@ -244,6 +403,39 @@ def test_an_unknown_queue_exits_2_naming_it(r: redis.Redis, redis_url: str) -> N
     for command in ("status", "leases", "metrics", "sweep"):
         result = cli(redis_url, command, "q", "qq")
         assert result.exit_code == 2 and "unknown queue(s): qq" in result.output, (command, result.output)
+
+
+def test_the_one_shot_reaper_exits_2_on_an_unknown_queue_as_the_other_commands_do(
+    r: redis.Redis, redis_url: str
+) -> None:
+    lease(r, 1)
+    for mode in (["--once"], ["--once", "--dry-run"], ["--dry-run"]):
+        result = cli(redis_url, "reaper", *mode, "nosuchqueue")
+        assert result.exit_code == 2 and "unknown queue(s): nosuchqueue" in result.output, (
+            mode,
+            result.output,
+        )
+
+
+def test_a_positional_queue_name_is_one_name_even_with_a_space_in_it(r: redis.Redis, redis_url: str) -> None:
+    for name in ("sp", "ace"):
+        lease(r, 1, queue=name)
+    for command in (["reaper", "--once"], ["sweep"], ["status"]):
+        result = cli(redis_url, *command, "sp ace")
+        assert result.exit_code == 2 and "unknown queue(s): sp ace" in result.output, (command, result.output)
+    lease(r, 1, queue="sp ace")
+    swept = cli(redis_url, "reaper", "--once", "sp ace")
+    assert swept.exit_code == 0 and swept.output.startswith("queue sp ace:"), swept.output
+    assert len(swept.output.splitlines()) == 1  # one queue swept, not two
+
+
+def test_queues_options_still_take_lists_split_on_commas_and_spaces(r: redis.Redis, redis_url: str) -> None:
+    for name in ("a", "b", "c"):
+        lease(r, 1, queue=name)
+    result = cli(redis_url, "reaper", "--once", "--queues", "a,b", "-q", "c")
+    assert result.exit_code == 0, result.output
+    assert [line.split(":")[0] for line in result.output.splitlines()] == ["queue a", "queue b", "queue c"]
+    assert [q["queue"] for q in cli_json(redis_url, "status", "--queues", "a b")["queues"]] == ["a", "b"]
 
 
 def test_an_unreachable_redis_exits_non_zero_naming_the_url_without_its_password() -> None:

@@ -172,6 +172,23 @@ def test_the_reaper_dry_run_prints_stalled_jobs_and_where_they_would_land(
     assert r.llen(QueueKeys("q").rq_queue) == 2
 
 
+def test_a_long_running_reaper_started_before_its_queue_exists_warns_and_sweeps_it_once_it_does(
+    r: redis.Redis, redis_url: str, procs: Processes
+) -> None:
+    reaper = procs.start(
+        [sys.executable, "-m", "rq_emq.cli", "reaper", "--url", redis_url, "fresh"],
+        env=procs.env(**FAST),
+        name="reaper",
+    )
+    wait_for(lambda: "sweeping fresh" in procs.log(reaper), timeout=20, what="the reaper to start")
+    assert "unknown queue(s): fresh" in procs.log(reaper) and reaper.poll() is None
+    job = Queue("fresh", connection=r).enqueue("jobs.noop")
+    r.lmove("rq:queue:fresh", "rq:queue:fresh:intermediate")  # a worker's BLMOVE, then it died
+    wait_for(lambda: r.lrange("rq:queue:fresh", 0, -1) == [job.id.encode()], timeout=20, what="the recovery")
+    reaper.send_signal(signal.SIGTERM)
+    assert reaper.wait(timeout=10) == 0, procs.log(reaper)
+
+
 def test_the_reaper_fails_clearly_on_an_unreachable_redis() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "rq_emq.cli", "reaper", "--url", "redis://127.0.0.1:1/0", "--once"],

@@ -13,7 +13,7 @@ import redis
 from rq import Queue
 from rq.job import Job
 
-from rq_emq import scripts
+from rq_emq import LeaseWorker, scripts
 from rq_emq.keys import QueueKeys, job_key
 from rq_emq.lease import Lease, LockManager
 from rq_emq.settings import LeaseSettings
@@ -259,3 +259,63 @@ def test_dependents_of_a_job_failed_at_max_attempts_follow_rqs_rules(r: redis.Re
     assert s.drain_outbox("q") == 1
     assert r.hget(job_key(tolerant.id), "status") == b"queued"
     assert r.hget(job_key(strict.id), "status") == b"deferred"
+
+
+# -- RQ's execution records and a stale lock manager ----------------------------------------
+def _worker_with_a_running_job(r: redis.Redis) -> tuple[LeaseWorker, Job, str]:
+    """A LeaseWorker's lease, lock manager and RQ execution record for one job, without
+    its threads: the test decides when the lock manager ticks."""
+    worker = LeaseWorker(["q"], connection=r, name="frozen", **SETTINGS.__dict__)
+    worker._taker = Taker(r, worker.name, worker.lease_settings)
+    worker.lock_manager = worker._new_lock_manager(r)  # not started
+    Queue("q", connection=r).enqueue("jobs.noop")
+    taken = worker._take(1)
+    assert taken is not None
+    job = taken[0]
+    execution = worker.prepare_execution(job)
+    return worker, job, f"{job.id}:{execution.id}"
+
+
+def rq_execution_keys(r: redis.Redis) -> list[bytes]:
+    return sorted(r.keys("rq:execution:*") + r.keys("rq:executions:*"))
+
+
+def test_a_live_leases_tick_keeps_rqs_execution_record_ahead(r: redis.Redis) -> None:
+    worker, job, member = _worker_with_a_running_job(r)
+    assert worker.lock_manager is not None
+    before = r.zscore(Q.started, member)
+    r.expire(f"rq:execution:{member}", 1)
+    time.sleep(1.1)  # RQ's registry scores are in whole seconds
+    assert worker.lock_manager.tick() == []
+    assert r.zscore(Q.started, member) > before  # type: ignore[operator]
+    assert r.ttl(f"rq:execution:{member}") > 1
+
+
+def test_a_stale_tick_after_the_recovery_recreates_none_of_rqs_execution_records(r: redis.Redis) -> None:
+    """The worker froze past its lease; the sweep recovered its job and removed RQ's view
+    of the run; then the worker wakes and its lock manager ticks before it learns why."""
+    worker, job, member = _worker_with_a_running_job(r)
+    assert worker.lock_manager is not None
+    assert r.zscore(Q.started, member) is not None and r.exists(f"rq:execution:{member}")
+    r.delete(Q.lock(job.id))
+    r.zadd(Q.leases, {job.id: 0})
+    s = sweeper(r)
+    s.sweep("q")
+    next_round(s)
+    assert s.sweep("q").requeued == [job.id]
+    assert rq_execution_keys(r) == [] and r.zcard(Q.started) == 0
+    assert worker.lock_manager.tick() == [job.id]
+    assert rq_execution_keys(r) == [] and r.zcard(Q.started) == 0
+
+
+def test_a_tick_racing_the_finish_recreates_none_of_rqs_execution_records(r: redis.Redis) -> None:
+    worker, job, member = _worker_with_a_running_job(r)
+    assert worker.lock_manager is not None
+    lease = worker.lock_manager.get(job.id)
+    assert lease is not None and lease.fence.release(r)  # the fenced finish released it...
+    with r.pipeline() as pipe:  # ...and RQ's finish removed its execution
+        pipe.delete(f"rq:execution:{member}", f"rq:executions:{job.id}").zrem(Q.started, member)
+        pipe.execute()
+    assert worker.lock_manager.tick() == []
+    assert lease.settled
+    assert rq_execution_keys(r) == [] and r.zcard(Q.started) == 0

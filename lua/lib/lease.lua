@@ -46,8 +46,9 @@ local function grant_lease(job_key, lock_key, leases_key, stats_key, job_id, tok
   redis.call('ZADD', leases_key, now + lease_ms, job_id)
   -- one value only: hash_field's second return value is a position
   local attempts = (count_value((hash_field(hash, 'emq_attempts'))) or 0) + 1
+  -- emq_lease_ms: the length its renewals keep too, so readers tell a lease's age from its deadline
   local fields = {'emq_attempts', tostring(attempts), 'emq_token', token, 'emq_worker', worker,
-    'emq_status', (hash_field(hash, 'status')) or ''}
+    'emq_status', (hash_field(hash, 'status')) or '', 'emq_lease_ms', string.format('%d', lease_ms)}
   redis.call('HSET', job_key, unpack(fields))
   for i = 1, #fields, 2 do
     local _, at = hash_field(hash, fields[i])

@@ -292,10 +292,10 @@ CATALOG: list[Mutation] = [
     _m(
         "sweep_stops_after_one_batch",
         "lua/move_stalled_jobs_to_wait-9.lua",
-        "if #due_marks == batch then more = 1 end",
+        "if #due_leases == batch then more = 1 end",
         "local _ = 0",
         [f"{SWEEP}::test_a_round_works_through_any_number_of_stalled_jobs_in_bounded_calls"],
-        "a round recovers one batch and leaves the rest for a later round",
+        "a round marks one batch and leaves the rest for later rounds (recovery takes longer than the bound)",
     ),
     _m(
         "phase1_marks_a_live_lock",

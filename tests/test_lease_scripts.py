@@ -349,6 +349,7 @@ def test_after_a_refused_transaction_the_rest_of_the_fenced_block_is_refused(r: 
             second.execute()
     assert not r.exists("rq:queue:q")
     assert r.hget(job_key(job.id), "emq_token") == b"someone-else"
+    assert int(r.hget(QueueKeys("q").stats, "fenced")) == 1  # refused here, never sent to Redis
 
 
 def test_a_guarded_start_commits_only_for_the_holder_and_keeps_the_lease(r: redis.Redis) -> None:

@@ -217,6 +217,17 @@ CATALOG: list[Mutation] = [
         "after a Redis stall, a live holder that renews slower than sweeps run loses its job",
     ),
     _m(
+        "grace_four_times_longer",
+        "rq_emq/sweep.py",
+        "return max(self.window_ms, self.settings.renew_interval_ms * 5 // 4)",
+        "return 4 * max(self.window_ms, self.settings.renew_interval_ms * 5 // 4)",
+        [
+            "tests/test_recovery_processes.py::"
+            "test_a_killed_workers_job_is_back_within_lease_plus_two_sweeps_and_finished_by_the_survivor"
+        ],
+        "a dead worker's job comes back far later than lease + 2 sweep intervals",
+    ),
+    _m(
         "phase2_ignores_the_lock",
         "lua/move_stalled_jobs_to_wait-9.lua",
         "if redis.call('EXISTS', lock_key) == 1 or not (leased or",

@@ -29,7 +29,9 @@ class Mutation:
     fast: bool = True
 
 
-def _m(name: str, file: str, original: str, replacement: str, tests: list[str], why: str, fast: bool = True) -> Mutation:
+def _m(
+    name: str, file: str, original: str, replacement: str, tests: list[str], why: str, fast: bool = True
+) -> Mutation:
     return Mutation(name, file, original, replacement, tuple(tests), why, fast)
 
 

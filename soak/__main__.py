@@ -37,7 +37,7 @@ def parse(argv: list[str] | None) -> tuple[Config, bool, bool, Path | None, floa
         "--bound-slack",
         type=float,
         default=None,
-        help=f"seconds a recovery may exceed lease + 2 sweeps before it fails the soak (default {BOUND_SLACK_S})",
+        help=f"seconds a recovery may take past lease + 2 sweeps before it fails (default {BOUND_SLACK_S})",
     )
     p.add_argument("--faults", default=",".join(KINDS), help=f"comma list of: {', '.join(KINDS)}")
     p.add_argument("--keep", type=Path, help="keep the run's files (worker logs, side-effect log) here")

@@ -10,7 +10,6 @@ from typing import Any
 
 from .faults import KINDS, Fault
 
-
 #: Default slack on the recovery bound: a dead holder's job must be back within
 #: lease + 2 sweep intervals + this. On a busy 2-core machine (CI, other test suites) the
 #: sweeper threads, the workers and the soak's own 20 ms watcher all wait for a core; the

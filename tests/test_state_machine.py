@@ -386,4 +386,6 @@ def test_the_lease_protocol_holds_its_invariants(r: redis.Redis) -> None:
     counts = dict(LeaseProtocol.counts)
     print(f"\nstate machine transitions reached: {counts}")
     short = {what: counts.get(what, 0) for what, least in MINIMUM.items() if counts.get(what, 0) < least}
-    assert not short, f"transitions reached too rarely to be checked: {short} (minimums {MINIMUM}; all {counts})"
+    assert not short, (
+        f"transitions reached too rarely to be checked: {short} (minimums {MINIMUM}; all {counts})"
+    )

@@ -210,26 +210,47 @@ def evaluate(ev: Any) -> Verdict:
     if lease:
         _check_attempts(ev, v)
 
-    # the latency from a lapsed lease to the job leaving its dead holder
+    # the latency from a lapsed lease to the job leaving its dead holder, and the bound
     if lease:
-        lapsed = [f for f in faults if f.kind in LAPSING and f.lapse_at and f.token]
-        seen = [f for f in lapsed if f.requeued_at]
-        after_lapse = [max(0.0, f.requeued_at - f.lapse_at) for f in seen]  # type: ignore[operator]
-        after_fault = [f.requeued_at - f.started for f in seen]  # type: ignore[operator]
-        v.latency = {
-            "samples": len(seen),
-            "not_seen": len(lapsed) - len(seen),
-            "bound_s": cfg.bound_s,
-            "lapse_p50": statistics.median(after_lapse) if after_lapse else None,
-            "lapse_p95": _percentile(after_lapse, 0.95) if after_lapse else None,
-            "lapse_max": max(after_lapse) if after_lapse else None,
-            "fault_p50": statistics.median(after_fault) if after_fault else None,
-            "fault_p95": _percentile(after_fault, 0.95) if after_fault else None,
-            "fault_max": max(after_fault) if after_fault else None,
-            "over_bound": sum(1 for t in after_fault if t > cfg.bound_s),
-        }
+        _check_recovery_bound(cfg, faults, v)
     v.enforced = lease  # the baseline reports; it does not fail
     return v
+
+
+def _check_recovery_bound(cfg: Any, faults: list[Fault], v: Verdict) -> None:
+    """A dead (or long-stopped, or cut-off) holder's job must leave it within the bound,
+    lease + 2 sweep intervals from the fault, plus a stated slack for a loaded machine; a
+    job that never left its holder at all fails the soak too."""
+    lapsed = [f for f in faults if f.kind in LAPSING and f.lapse_at and f.token]
+    seen = [f for f in lapsed if f.requeued_at]
+    # "!": the holder finished the job as the fault began; its lease never lapsed
+    not_back = [f for f in lapsed if not f.requeued_at and not f.detail.endswith("!")]
+    after_lapse = [max(0.0, f.requeued_at - f.lapse_at) for f in seen]  # type: ignore[operator]
+    after_fault = [f.requeued_at - f.started for f in seen]  # type: ignore[operator]
+    limit = cfg.bound_s + cfg.bound_slack_s
+    over = 0
+    for f, t in zip(seen, after_fault, strict=True):
+        if t > limit:
+            over += 1
+            v.violations.append(
+                f"{f.job_id}: back {t:.2f}s after its {f.kind}; the bound is {cfg.bound_s:.2f}s "
+                f"(lease + 2 sweeps) + {cfg.bound_slack_s:.2f}s slack"
+            )
+    for f in not_back:
+        v.violations.append(f"{f.job_id}: never left its holder after its {f.kind} at {f.started:.3f}")
+    v.latency = {
+        "samples": len(seen),
+        "not_seen": len(not_back),
+        "bound_s": cfg.bound_s,
+        "slack_s": cfg.bound_slack_s,
+        "lapse_p50": statistics.median(after_lapse) if after_lapse else None,
+        "lapse_p95": _percentile(after_lapse, 0.95) if after_lapse else None,
+        "lapse_max": max(after_lapse) if after_lapse else None,
+        "fault_p50": statistics.median(after_fault) if after_fault else None,
+        "fault_p95": _percentile(after_fault, 0.95) if after_fault else None,
+        "fault_max": max(after_fault) if after_fault else None,
+        "over_bound": over,
+    }
 
 
 def _rq_finished(run: Run, faults: list[Fault]) -> bool:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import time
+from datetime import timezone
 
 import pytest
 import redis
@@ -240,6 +242,65 @@ def test_a_renewal_racing_the_finish_is_not_a_lost_lease(r: redis.Redis) -> None
     assert lost == [] and lease.settled
 
 
+def test_renewal_records_rqs_heartbeat_on_the_job(r: redis.Redis) -> None:
+    """RQ's views (rq info, dashboards) read the job's last heartbeat; a renewal is one."""
+    from rq.utils import utcparse
+
+    job, lease = _leased(r)
+    r.hset(job_key(job.id), "last_heartbeat", "2000-01-01T00:00:00.000000Z")
+    m = manager(r, [])
+    m.add(lease)
+    before = time.time()
+    assert m.tick() == []
+    beat = utcparse(r.hget(job_key(job.id), "last_heartbeat").decode())
+    assert beat.replace(tzinfo=timezone.utc).timestamp() >= before - 1
+
+
+def test_a_lease_found_lost_is_not_renewed_or_reported_again(r: redis.Redis) -> None:
+    job, lease = _leased(r)
+    r.hset(job_key(job.id), "emq_token", "someone-else")
+    lost: list[Lease] = []
+    m = manager(r, lost)
+    m.add(lease)
+    assert m.tick() == [job.id]
+    assert m.tick() == [] and m.tick() == []
+    assert lost == [lease]
+    assert int(r.hget(QueueKeys("q").stats, "lease_lost")) == 1
+
+
+# -- hand back (a cold stop) --------------------------------------------------------------------
+def test_a_hand_back_refunds_the_attempt_and_puts_the_job_first(r: redis.Redis) -> None:
+    job, lease = _leased(r)
+    behind = Queue("q", connection=r).enqueue("jobs.noop")
+    q = QueueKeys("q")
+    assert lease.hand_back(r) is True
+    assert r.lrange(q.rq_queue, 0, -1) == [job.id.encode(), behind.id.encode()]
+    assert r.hget(job_key(job.id), "emq_attempts") == b"0"
+    assert r.hget(job_key(job.id), "status") == b"queued"
+    assert not r.exists(q.lock(job.id)) and r.zscore(q.leases, job.id) is None
+    assert r.hget(job_key(job.id), "emq_token") is None
+
+
+def test_a_hand_back_by_a_worker_that_lost_its_lease_changes_nothing(r: redis.Redis) -> None:
+    """A worker stopped cold after its job was recovered and taken by another worker must
+    not hand back (requeue, refund, unlock) a job it no longer owns."""
+    job, stale = _leased(r)
+    q = QueueKeys("q")
+    # recovered from this worker, then taken by another one
+    r.hdel(job_key(job.id), "emq_token")
+    r.delete(q.lock(job.id))
+    r.zrem(q.leases, job.id)
+    r.lpush(q.rq_queue, job.id)
+    current = taker(r, "w2").pop(["q"])
+    assert current is not None and current.job_id == job.id
+    before = r.hgetall(job_key(job.id))
+    assert stale.hand_back(r) is False
+    assert r.hgetall(job_key(job.id)) == before
+    assert r.get(q.lock(job.id)) == current.token.encode() and r.zscore(q.leases, job.id) is not None
+    assert r.llen(q.rq_queue) == 0
+    assert int(r.hget(q.stats, "fenced")) == 1
+
+
 # -- fence --------------------------------------------------------------------------------------
 def test_a_fenced_transaction_commits_and_releases_the_lease(r: redis.Redis) -> None:
     job, lease = _leased(r)
@@ -272,6 +333,26 @@ def test_a_late_finish_by_a_worker_that_lost_its_lease_changes_nothing(
     assert not r.exists("rq:finished:q")
     assert job.id in caplog.text
     assert int(r.hget(QueueKeys("q").stats, "fenced")) == 1
+
+
+def test_after_a_refused_transaction_the_rest_of_the_fenced_block_is_refused(r: redis.Redis) -> None:
+    """RQ may open a second transaction after its outcome's (stats, dependents); once the
+    outcome was refused, those write nothing either."""
+    job, lease = _leased(r)
+    r.hset(job_key(job.id), "emq_token", "someone-else")
+    with fenced(r, lease.fence):
+        first = r.pipeline()
+        first.hset(job_key(job.id), "status", "finished")
+        with pytest.raises(LeaseLost):
+            first.execute()
+        second = r.pipeline()
+        second.rpush("rq:queue:q", "dependent")
+        second.hset(job_key(job.id), "emq_token", lease.token)
+        with pytest.raises(LeaseLost):
+            second.execute()
+    assert not r.exists("rq:queue:q")
+    assert r.hget(job_key(job.id), "emq_token") == b"someone-else"
+    assert int(r.hget(QueueKeys("q").stats, "fenced")) == 1  # refused here, never sent to Redis
 
 
 def test_a_guarded_start_commits_only_for_the_holder_and_keeps_the_lease(r: redis.Redis) -> None:

@@ -197,3 +197,65 @@ def test_a_horse_killed_before_its_job_began_explains_rqs_failure_and_its_take()
     assert verdict.counts["takes_never_started"] == 1
     elsewhere = evaluate(evidence([], final=dict(final, worker="soak-w3-1"), faults=[killed], taken=1))
     assert not elsewhere.passed
+
+
+def test_runs_of_a_job_the_soak_never_enqueued_fail_it() -> None:
+    ev = evidence([run(1, 1.0, 2.0, "ok")])
+    ev.runs["stranger"] = [Run("stranger", OTHER_HORSE, OTHER_WORKER, 3.0, 1, 3.5, "ok")]
+    verdict = evaluate(ev)
+    assert not verdict.passed
+    assert any("never enqueued" in v for v in verdict.violations)
+
+
+def test_a_kill_before_the_run_or_after_its_repeat_explains_nothing() -> None:
+    runs = [run(1, 1.0), run(2, 5.0, 6.0, "ok", pid=OTHER_HORSE, ppid=OTHER_WORKER)]
+    # the same worker had a horse killed before this run began: that fault is over
+    earlier = Fault("kill_horse", 0.2, "w", WORKER, [99], "other", b"t", ended=0.2)
+    assert not evaluate(evidence(runs, faults=[earlier])).passed
+    # a kill after the repeat had started cannot have caused it
+    later = kill("kill_worker", 5.5)
+    assert not evaluate(evidence(runs, faults=[later])).passed
+    # while the run was going, it does
+    assert evaluate(evidence(runs, faults=[kill("kill_worker", 2.0)])).passed
+
+
+def _lapse(kind: str, at: float, back_after: float | None, detail: str = "") -> Fault:
+    fault = kill(kind, at)
+    fault.lapse_at = at + 1.0
+    fault.requeued_at = None if back_after is None else at + back_after
+    fault.detail = detail
+    return fault
+
+
+def _recovered(fault: Fault, slack: float | None = None) -> Any:
+    runs = [run(1, 1.0), run(2, 20.0, 21.0, "ok", pid=OTHER_HORSE, ppid=OTHER_WORKER)]
+    ev = evidence(runs, faults=[fault])
+    if slack is not None:
+        ev.config.bound_slack_s = slack
+    return evaluate(ev)
+
+
+def test_a_recovery_slower_than_the_bound_and_its_slack_fails_the_soak() -> None:
+    bound = Config().bound_s  # lease + 2 sweeps: 2.5 s by default
+    slack = Config().bound_slack_s
+    assert slack < bound  # a stated slack, not a second bound
+    on_time = _recovered(_lapse("kill_worker", 2.0, bound - 0.1))
+    assert on_time.passed, on_time.violations
+    assert on_time.latency["over_bound"] == 0 and on_time.latency["samples"] == 1
+    within_slack = _recovered(_lapse("kill_worker", 2.0, bound + slack - 0.1))
+    assert within_slack.passed, within_slack.violations
+    late = _recovered(_lapse("kill_worker", 2.0, bound + slack + 0.1))
+    assert not late.passed and late.latency["over_bound"] == 1
+    assert any("bound" in v for v in late.violations)
+    assert not _recovered(_lapse("stop_long", 2.0, 498.0)).passed
+    # the slack is a setting: none at all holds the soak to the promise itself
+    assert not _recovered(_lapse("kill_worker", 2.0, bound + 0.1), slack=0.0).passed
+
+
+def test_a_fault_whose_job_never_came_back_fails_the_soak() -> None:
+    never = _recovered(_lapse("kill_group", 2.0, None))
+    assert not never.passed and never.latency["not_seen"] == 1
+    assert any("never left its holder" in v for v in never.violations)
+    # the holder finished the job just as the fault began: its lease never lapsed
+    finished = _recovered(_lapse("kill_group", 2.0, None, detail=" finished by its holder (no lapse)!"))
+    assert finished.passed, finished.violations

@@ -6,6 +6,7 @@ import logging
 import multiprocessing
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -319,3 +320,101 @@ def test_a_tick_racing_the_finish_recreates_none_of_rqs_execution_records(r: red
     assert worker.lock_manager.tick() == []
     assert lease.settled
     assert rq_execution_keys(r) == [] and r.zcard(Q.started) == 0
+
+
+def test_a_mark_stands_at_least_one_renew_interval_when_sweeps_come_faster(r: redis.Redis) -> None:
+    """After a Redis stall lets every lease lapse at once, a live holder gets one renew
+    interval to come back, however often the sweep runs."""
+    (job_id,) = stall(r)
+    s = sweeper(r, lease_ms=5_000, renew_interval_ms=1_000, sweep_interval_ms=100)
+    assert s.grace_ms >= 1_000
+    assert s.sweep("q").marked == [job_id]
+    for _ in range(3):  # rounds 0.3 s apart (three sweep intervals), inside the renew interval
+        time.sleep(0.3)
+        report = s.sweep("q")
+        assert report.requeued == [] and report.failed == []
+    assert r.zscore(Q.stalled, job_id) is not None
+    time.sleep(s.grace_ms / 1000 - 0.9 + 0.05)
+    assert s.sweep("q").requeued == [job_id]
+
+
+def test_a_marked_job_whose_lock_is_back_is_unmarked_not_recovered(r: redis.Redis) -> None:
+    (job_id,) = stall(r)
+    s = sweeper(r)
+    assert s.sweep("q").marked == [job_id]
+    r.set(Q.lock(job_id), "holder", px=5_000)  # its holder set it again (the mark stays)
+    next_round(s)
+    report = s.sweep("q")
+    assert report.requeued == [] and report.failed == [] and report.unmarked == 1
+    assert r.zscore(Q.stalled, job_id) is None and r.llen(Q.rq_queue) == 0
+
+
+def test_a_stock_workers_job_marked_before_its_execution_was_recorded_is_left_alone(r: redis.Redis) -> None:
+    """A stock worker's BLMOVE, a sweep, then its execution record: the sweep's mark must
+    not turn into a recovery of a job a stock worker is running."""
+    job = Queue("q", connection=r).enqueue("jobs.noop")
+    r.lmove(Q.rq_queue, Q.intermediate)
+    s = sweeper(r)
+    assert s.sweep("q").marked == [job.id]
+    r.zadd(f"rq:executions:{job.id}", {"e": 1})  # the stock worker records its execution
+    r.zadd(Q.started, {f"{job.id}:e": time.time() + 100})
+    next_round(s)
+    report = s.sweep("q")
+    assert report.requeued == [] and report.failed == [] and report.unmarked == 1
+    assert r.lrange(Q.intermediate, 0, -1) == [job.id.encode()] and r.llen(Q.rq_queue) == 0
+    assert r.zcard(Q.started) == 1 and r.zscore(Q.stalled, job.id) is None
+
+
+def test_a_stale_deadline_whose_lock_lives_is_moved_to_the_locks_end_not_marked(r: redis.Redis) -> None:
+    queue = Queue("q", connection=r)
+    job = queue.enqueue("jobs.noop")
+    taken = Taker(r, "live-worker", SETTINGS).pop(["q"])
+    assert taken is not None
+    r.zadd(Q.leases, {job.id: 0})  # a deadline behind its lock (e.g. a renewal's reply lost)
+    report = sweeper(r).sweep("q")
+    assert report.marked == [] and r.zscore(Q.stalled, job.id) is None
+    lock_ends = time.time() * 1000 + r.pttl(Q.lock(job.id))
+    assert r.zscore(Q.leases, job.id) == pytest.approx(lock_ends, abs=200)
+
+
+def _failed_at_max_attempts(r: redis.Redis, s: Sweeper) -> str:
+    (job_id,) = stall(r)
+    r.hset(job_key(job_id), mapping={"emq_attempts": 1, "emq_max_attempts": 1})
+    s.sweep("q")
+    next_round(s)
+    assert s.sweep("q").failed == [job_id]
+    return job_id
+
+
+def _claim_outbox(r: redis.Redis, claim_ms: int) -> Callable[..., list[bytes]]:
+    """claim_outbox for claims of exactly ``claim_ms`` (no callback timeout, no margin)."""
+    return lambda *tokens: scripts.load("claim_outbox")(r, [Q.outbox], [claim_ms, 0, 0, "rq:job:", *tokens])
+
+
+def test_an_outbox_entry_is_claimed_by_one_drainer_until_its_claim_ends(r: redis.Redis) -> None:
+    s = sweeper(r)
+    job_id = _failed_at_max_attempts(r, s)
+    claim = _claim_outbox(r, 60_000)
+    first = claim("outbox:" + "a" * 32 + ":drainer-a", "outbox:" + "a" * 32 + ":spare")
+    assert first == [job_id.encode(), ("outbox:" + "a" * 32 + ":drainer-a").encode()]
+    assert r.zscore(Q.outbox, job_id) > time.time() * 1000 + 50_000  # claimed for claim_ms
+    # while drainer A holds its claim, nobody else gets the entry
+    assert claim("outbox:" + "b" * 32 + ":drainer-b") == []
+    assert s.drain_outbox("q") == 0
+    assert Job.fetch(job_id, connection=r).results() == []
+    assert r.hget(job_key(job_id), "emq_token") == ("outbox:" + "a" * 32 + ":drainer-a").encode()
+
+
+def test_a_drainer_whose_claim_was_taken_over_writes_no_result(r: redis.Redis) -> None:
+    s = sweeper(r)
+    job_id = _failed_at_max_attempts(r, s)
+    slow = "outbox:" + "a" * 32 + ":slow-drainer"
+    assert _claim_outbox(r, 1)(slow) == [job_id.encode(), slow.encode()]
+    time.sleep(0.01)  # its claim ends; another drainer takes the entry over
+    successor = "outbox:" + "b" * 32 + ":successor"
+    assert _claim_outbox(r, 60_000)(successor) == [job_id.encode(), successor.encode()]
+    assert s._complete_failure("q", job_id, slow) == 0  # the slow one commits late: fenced
+    assert Job.fetch(job_id, connection=r).results() == []
+    assert r.zscore(Q.outbox, job_id) is not None  # still the successor's to complete
+    assert s._complete_failure("q", job_id, successor) == 1
+    assert len(Job.fetch(job_id, connection=r).results()) == 1 and r.zcard(Q.outbox) == 0

@@ -1,0 +1,403 @@
+"""The named mutations: one guard broken at a time, and the tests that must then fail.
+
+Each mutation replaces ``original`` (which must occur exactly once in ``file``, so the
+catalog fails loudly instead of silently testing nothing when the code moves) with
+``replacement``. Snippets are kept to one line where possible so that they survive
+nearby edits. ``tests`` are pytest node ids, chosen fast; ``fast`` marks the subset CI
+runs (``python -m mutations --fast``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LEASES = "tests/test_lease_scripts.py"
+SWEEP = "tests/test_sweep.py"
+SOAK = "tests/test_soak_checks.py"
+SETTINGS_T = "tests/test_settings.py"
+MODEL = "tests/test_state_machine.py::test_the_lease_protocol_holds_its_invariants"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    file: str
+    original: str
+    replacement: str
+    tests: tuple[str, ...]
+    why: str
+    fast: bool = True
+
+
+def _m(
+    name: str, file: str, original: str, replacement: str, tests: list[str], why: str, fast: bool = True
+) -> Mutation:
+    return Mutation(name, file, original, replacement, tuple(tests), why, fast)
+
+
+CATALOG: list[Mutation] = [
+    # -- token checks (the fence) -------------------------------------------------------------
+    _m(
+        "finish_job_no_token_check",
+        "lua/finish_job-5.lua",
+        "if redis.call('HGET', KEYS[1], 'emq_token') ~= token then",
+        "if false then",
+        [f"{LEASES}::test_a_late_finish_by_a_worker_that_lost_its_lease_changes_nothing"],
+        "a worker that lost its lease writes the job's outcome",
+    ),
+    _m(
+        "finish_job_no_token_check_model",
+        "lua/finish_job-5.lua",
+        "if redis.call('HGET', KEYS[1], 'emq_token') ~= token then",
+        "if false then",
+        [MODEL],
+        "the model test alone reaches a late finish after a lost lease",
+        fast=False,
+    ),
+    _m(
+        "guard_job_write_no_token_check",
+        "lua/guard_job_write-2.lua",
+        "if redis.call('HGET', KEYS[1], 'emq_token') ~= ARGV[1] then",
+        "if false then",
+        [f"{LEASES}::test_a_guarded_start_commits_only_for_the_holder_and_keeps_the_lease"],
+        "a horse that wakes after its job was recovered marks it started again",
+    ),
+    _m(
+        "return_job_to_queue_no_token_check",
+        "lua/return_job_to_queue-8.lua",
+        "if redis.call('HGET', KEYS[1], 'emq_token') ~= token then",
+        "if false then",
+        [f"{LEASES}::test_a_hand_back_by_a_worker_that_lost_its_lease_changes_nothing"],
+        "a cold stop hands back a job it no longer owns",
+    ),
+    _m(
+        "return_job_to_queue_no_refund",
+        "lua/return_job_to_queue-8.lua",
+        "redis.call('HINCRBY', KEYS[1], 'emq_attempts', -1)",
+        "local _ = 0",
+        [f"{LEASES}::test_a_hand_back_refunds_the_attempt_and_puts_the_job_first"],
+        "a stopped worker's hand-back costs the job an attempt",
+    ),
+    _m(
+        "renew_no_owner_check",
+        "lua/renew_leases-3.lua",
+        "if owner == token and redis.call('ZSCORE', KEYS[1], job_id) then",
+        "if redis.call('ZSCORE', KEYS[1], job_id) then",
+        [f"{LEASES}::test_nobody_can_renew_a_lease_they_do_not_hold"],
+        "anybody can extend a lease they do not hold",
+    ),
+    _m(
+        "renew_no_owner_check_model",
+        "lua/renew_leases-3.lua",
+        "if owner == token and redis.call('ZSCORE', KEYS[1], job_id) then",
+        "if redis.call('ZSCORE', KEYS[1], job_id) then",
+        [MODEL],
+        "the model test alone reaches a renewal by a holder whose job is someone else's",
+        fast=False,
+    ),
+    _m(
+        "renew_settled_reported_lost",
+        "lua/renew_leases-3.lua",
+        "elseif owner == 'done:' .. token then",
+        "elseif false then",
+        [f"{LEASES}::test_a_renewal_racing_the_finish_is_not_a_lost_lease"],
+        "a tick racing the finish reports a lost lease (and stops nothing, but logs and counts)",
+    ),
+    _m(
+        "renew_keeps_the_mark",
+        "lua/renew_leases-3.lua",
+        "redis.call('ZREM', KEYS[2], job_id)",
+        "local _ = 0",
+        [f"{LEASES}::test_renewal_extends_the_lease_and_unmarks_it"],
+        "a holder that renews after a mark still has its job recovered",
+    ),
+    _m(
+        "renew_no_last_heartbeat",
+        "lua/renew_leases-3.lua",
+        "redis.call('HSET', job_key, 'last_heartbeat', heartbeat)",
+        "local _ = 0",
+        [f"{LEASES}::test_renewal_records_rqs_heartbeat_on_the_job"],
+        "RQ's view of the job (last_heartbeat) freezes at its start",
+    ),
+    _m(
+        "fence_refusal_not_raised",
+        "rq_emq/fencing.py",
+        "if int(reply[0]) != 1:",
+        "if False:",
+        [f"{LEASES}::test_a_late_finish_by_a_worker_that_lost_its_lease_changes_nothing"],
+        "a refused finish looks committed to RQ",
+    ),
+    _m(
+        "fence_later_batches_after_refusal_run",
+        "rq_emq/fencing.py",
+        "if session.refused:",
+        "if False:",
+        [f"{LEASES}::test_after_a_refused_transaction_the_rest_of_the_fenced_block_is_refused"],
+        "after a refused outcome, RQ's next transaction in the block is checked again on its own",
+    ),
+    _m(
+        "fence_scripted_batch_unchecked",
+        "rq_emq/fencing.py",
+        "if owner is None or (owner.decode() if isinstance(owner, bytes) else owner) != fence.token:",
+        "if False:",
+        [f"{LEASES}::test_a_finish_that_runs_a_script_of_its_own_is_checked_then_committed"],
+        "a finish holding a script of its own commits without the owner check",
+    ),
+    # -- lease bookkeeping ----------------------------------------------------------------------
+    _m(
+        "take_sets_no_lock",
+        "lua/lib/lease.lua",
+        "redis.call('SET', lock_key, token, 'PX', lease_ms)",
+        "local _ = 0",
+        [f"{LEASES}::test_pop_leases_the_job_in_the_same_step"],
+        "a job in flight without a lock: the first sweep marks a live worker's job",
+    ),
+    _m(
+        "take_counts_no_attempt",
+        "lua/lib/lease.lua",
+        "local attempts = (tonumber((hash_field(hash, 'emq_attempts'))) or 0) + 1",
+        "local attempts = (tonumber((hash_field(hash, 'emq_attempts'))) or 0) + 0",
+        [f"{LEASES}::test_a_job_hash_with_many_fields_is_taken_again_with_its_attempts_counted"],
+        "max attempts never reached: a poison job loops forever",
+    ),
+    _m(
+        "release_keeps_lock",
+        "lua/lib/lease.lua",
+        "redis.call('DEL', lock_key)",
+        "local _ = 0",
+        [f"{LEASES}::test_a_fenced_transaction_commits_and_releases_the_lease"],
+        "a finished job's lock lingers",
+    ),
+    _m(
+        "finish_keeps_attempts",
+        "lua/finish_job-5.lua",
+        "redis.call('HDEL', KEYS[1], 'emq_attempts')",
+        "local _ = 0",
+        [f"{LEASES}::test_a_fenced_transaction_commits_and_releases_the_lease"],
+        "a job retried by RQ after a normal finish inherits its old stall count",
+    ),
+    _m(
+        "claim_job_without_owning_the_entry",
+        "lua/claim_job-5.lua",
+        "if redis.call('LREM', KEYS[1], 1, job_id) == 0 then return {-1} end",
+        "redis.call('LREM', KEYS[1], 1, job_id)",
+        [f"{LEASES}::test_claim_leases_a_job_moved_to_the_intermediate_list"],
+        "two workers claim one BLMOVEd job",
+    ),
+    _m(
+        "lost_lease_renewed_again",
+        "rq_emq/lease.py",
+        "return [lease for lease in self._leases.values() if not (lease.lost or lease.settled)]",
+        "return list(self._leases.values())",
+        [f"{LEASES}::test_a_lease_found_lost_is_not_renewed_or_reported_again"],
+        "every tick re-reports (and counts) a lease already lost",
+    ),
+    # -- the sweep: grace, attempts, claims -----------------------------------------------------
+    _m(
+        "no_grace_pass",
+        "lua/move_stalled_jobs_to_wait-9.lua",
+        "redis.call('ZRANGEBYSCORE', stalled_key, '-inf', now - grace_ms,",
+        "redis.call('ZRANGEBYSCORE', stalled_key, '-inf', now,",
+        [f"{SWEEP}::test_marks_are_not_recovered_before_a_full_grace_window_even_by_an_unlimited_caller"],
+        "a mark is recovered by the very next call: a holder gets no chance to renew",
+    ),
+    _m(
+        "no_grace_pass_model",
+        "lua/move_stalled_jobs_to_wait-9.lua",
+        "redis.call('ZRANGEBYSCORE', stalled_key, '-inf', now - grace_ms,",
+        "redis.call('ZRANGEBYSCORE', stalled_key, '-inf', now,",
+        [MODEL],
+        "the model test alone: a second sweeper in the same round takes a live holder's job",
+        fast=False,
+    ),
+    _m(
+        "grace_ignores_renew_interval",
+        "rq_emq/sweep.py",
+        "return max(self.window_ms, self.settings.renew_interval_ms * 5 // 4)",
+        "return self.window_ms",
+        [f"{SWEEP}::test_a_mark_stands_at_least_one_renew_interval_when_sweeps_come_faster"],
+        "after a Redis stall, a live holder that renews slower than sweeps run loses its job",
+    ),
+    _m(
+        "grace_four_times_longer",
+        "rq_emq/sweep.py",
+        "return max(self.window_ms, self.settings.renew_interval_ms * 5 // 4)",
+        "return 4 * max(self.window_ms, self.settings.renew_interval_ms * 5 // 4)",
+        [
+            "tests/test_recovery_processes.py::"
+            "test_a_killed_workers_job_is_back_within_lease_plus_two_sweeps_and_finished_by_the_survivor"
+        ],
+        "a dead worker's job comes back far later than lease + 2 sweep intervals",
+    ),
+    _m(
+        "phase2_ignores_the_lock",
+        "lua/move_stalled_jobs_to_wait-9.lua",
+        "if redis.call('EXISTS', lock_key) == 1 or not (leased or",
+        "if false or not (leased or",
+        [f"{SWEEP}::test_a_marked_job_whose_lock_is_back_is_unmarked_not_recovered"],
+        "a job whose holder is back is recovered anyway",
+    ),
+    _m(
+        "phase2_recovers_stock_intermediate_job",
+        "lua/move_stalled_jobs_to_wait-9.lua",
+        "or not (leased or orphaned_in_intermediate(job_id)) then",
+        "or not (leased or in_intermediate(job_id)) then",
+        [f"{SWEEP}::test_a_stock_workers_job_marked_before_its_execution_was_recorded_is_left_alone"],
+        "a stock worker's job is requeued while it runs",
+    ),
+    _m(
+        "phase1_marks_stock_intermediate_job",
+        "lua/move_stalled_jobs_to_wait-9.lua",
+        "and redis.call('EXISTS', 'rq:executions:' .. job_id) == 0 then",
+        "then",
+        [f"{SWEEP}::test_stock_rq_jobs_are_left_alone"],
+        "a stock worker's job in the intermediate list is marked",
+    ),
+    _m(
+        "never_fail_at_max_attempts",
+        "lua/move_stalled_jobs_to_wait-9.lua",
+        "local max_attempts = tonumber(redis.call('HGET', job_key, 'emq_max_attempts') or '') or default_max",
+        "local max_attempts = math.huge",
+        [f"{SWEEP}::test_a_job_at_max_attempts_fails_with_its_reason_and_rq_sees_a_failure"],
+        "a poison job that kills its worker runs forever",
+    ),
+    _m(
+        "never_fail_at_max_attempts_model",
+        "lua/move_stalled_jobs_to_wait-9.lua",
+        "local max_attempts = tonumber(redis.call('HGET', job_key, 'emq_max_attempts') or '') or default_max",
+        "local max_attempts = math.huge",
+        [MODEL],
+        "the model test alone reaches a recovery at max attempts",
+        fast=False,
+    ),
+    _m(
+        "attempts_read_one_short",
+        "lua/move_stalled_jobs_to_wait-9.lua",
+        "local attempts = tonumber(redis.call('HGET', job_key, 'emq_attempts') or '0') or 0",
+        "local attempts = (tonumber(redis.call('HGET', job_key, 'emq_attempts') or '0') or 0) - 1",
+        [f"{SWEEP}::test_a_job_at_max_attempts_fails_with_its_reason_and_rq_sees_a_failure"],
+        "a job runs one more time than its max attempts",
+    ),
+    _m(
+        "requeue_to_the_back",
+        "lua/move_stalled_jobs_to_wait-9.lua",
+        "redis.call('LPUSH', queue_key, job_id)",
+        "redis.call('RPUSH', queue_key, job_id)",
+        [f"{SWEEP}::test_a_recovered_job_goes_to_the_front_of_its_queue_and_leaves_rqs_started_registry"],
+        "a recovered job waits behind the whole queue",
+    ),
+    _m(
+        "recovery_leaves_rqs_started_entry",
+        "lua/move_stalled_jobs_to_wait-9.lua",
+        "      remove_executions(started_key, job_id)\n",
+        "",
+        [f"{SWEEP}::test_a_recovered_job_goes_to_the_front_of_its_queue_and_leaves_rqs_started_registry"],
+        "stock cleanup later fails the re-run job as abandoned",
+    ),
+    _m(
+        "sweep_not_rate_limited",
+        "lua/move_stalled_jobs_to_wait-9.lua",
+        "if mode == 'round' and not redis.call('SET', sweep_key, '1', 'NX', 'PX', window_ms) then",
+        "if false then",
+        [f"{SWEEP}::test_a_lapsed_lease_is_marked_first_and_recovered_only_by_a_later_round"],
+        "every worker's sweeper runs every round: Redis work grows with the fleet",
+    ),
+    _m(
+        "sweep_stops_after_one_batch",
+        "lua/move_stalled_jobs_to_wait-9.lua",
+        "if #due_leases == batch then more = 1 end",
+        "local _ = 0",
+        [f"{SWEEP}::test_a_round_works_through_any_number_of_stalled_jobs_in_bounded_calls"],
+        "a round marks one batch and leaves the rest for later rounds (recovery takes longer than the bound)",
+    ),
+    _m(
+        "phase1_marks_a_live_lock",
+        "lua/move_stalled_jobs_to_wait-9.lua",
+        "  if ttl > 0 then",
+        "  if false then",
+        [f"{SWEEP}::test_a_stale_deadline_whose_lock_lives_is_moved_to_the_locks_end_not_marked"],
+        "a live holder with a stale deadline is marked (and the index keeps falling due)",
+    ),
+    _m(
+        "max_attempts_failure_not_in_outbox",
+        "lua/move_stalled_jobs_to_wait-9.lua",
+        "redis.call('ZADD', outbox_key, now, job_id)",
+        "local _ = 0",
+        [f"{SWEEP}::test_a_job_at_max_attempts_fails_with_its_reason_and_rq_sees_a_failure"],
+        "no Result and no failure callback for a job failed at max attempts",
+    ),
+    _m(
+        "claim_outbox_does_not_extend_the_claim",
+        "lua/claim_outbox-1.lua",
+        "redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), job_id)",
+        "local _ = 0",
+        [f"{SWEEP}::test_an_outbox_entry_is_claimed_by_one_drainer_until_its_claim_ends"],
+        "two drainers run one failure callback",
+    ),
+    _m(
+        "claim_outbox_claims_entries_not_due",
+        "lua/claim_outbox-1.lua",
+        "local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now,",
+        "local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '+inf',",
+        [f"{SWEEP}::test_an_outbox_entry_is_claimed_by_one_drainer_until_its_claim_ends"],
+        "a claimed entry is claimed again at once",
+    ),
+    _m(
+        "outbox_commit_not_fenced",
+        "rq_emq/sweep.py",
+        "with fenced(self.client, Fence(queue, job_id, token)):",
+        "if True:",
+        [f"{SWEEP}::test_a_drainer_whose_claim_was_taken_over_writes_no_result"],
+        "a slow drainer and its successor both write the failure Result",
+    ),
+    # -- settings ---------------------------------------------------------------------------------
+    _m(
+        "renew_interval_may_exceed_the_lease",
+        "rq_emq/settings.py",
+        "if self.renew_interval_ms >= self.lease_ms:",
+        "if False:",
+        [f"{SETTINGS_T}::test_bad_settings_name_the_setting"],
+        "a lease lapses between renewals and every running job is recovered",
+    ),
+    # -- the soak's verdict -------------------------------------------------------------------------
+    _m(
+        "soak_ignores_runs_never_enqueued",
+        "soak/checks.py",
+        'v.violations += [f"{j}: ran, but the soak never enqueued it" for j in sorted(unknown)]',
+        "pass",
+        [f"{SOAK}::test_runs_of_a_job_the_soak_never_enqueued_fail_it"],
+        "a job run from nowhere (a resurrected old id) passes the soak",
+    ),
+    _m(
+        "soak_excuses_faults_at_any_time",
+        "soak/checks.py",
+        "if fault.kind not in REPEAT_EXCUSED or not fault.covers(run.started, until):",
+        "if fault.kind not in REPEAT_EXCUSED:",
+        [f"{SOAK}::test_a_kill_before_the_run_or_after_its_repeat_explains_nothing"],
+        "one kill of a worker excuses every later repeat of any job it ran",
+    ),
+    _m(
+        "soak_recovery_bound_not_enforced",
+        "soak/checks.py",
+        "if t > limit:",
+        "if False:",
+        [f"{SOAK}::test_a_recovery_slower_than_the_bound_and_its_slack_fails_the_soak"],
+        "a job back 498 s after its worker died passes the soak",
+    ),
+    _m(
+        "soak_job_never_back_not_flagged",
+        "soak/checks.py",
+        "for f in not_back:",
+        "for f in not_back[:0]:",
+        [f"{SOAK}::test_a_fault_whose_job_never_came_back_fails_the_soak"],
+        "a dead worker's job that is never recovered passes the soak",
+    ),
+]
+
+
+def by_name() -> dict[str, Mutation]:
+    names = [m.name for m in CATALOG]
+    duplicates = {n for n in names if names.count(n) > 1}
+    if duplicates:
+        raise ValueError(f"duplicate mutation names: {sorted(duplicates)}")
+    return {m.name: m for m in CATALOG}

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 LEASES = "tests/test_lease_scripts.py"
+LIFE = "tests/test_lifecycle.py"
+LIFE_MODEL = "tests/test_state_machine_lifecycle.py::test_leases_hold_across_rqs_job_lifecycle"
 SWEEP = "tests/test_sweep.py"
 SOAK = "tests/test_soak_checks.py"
 SETTINGS_T = "tests/test_settings.py"
@@ -40,7 +42,7 @@ CATALOG: list[Mutation] = [
     _m(
         "finish_job_no_token_check",
         "lua/finish_job-5.lua",
-        "if redis.call('HGET', KEYS[1], 'emq_token') ~= token then",
+        "if state == 'lost' then",
         "if false then",
         [f"{LEASES}::test_a_late_finish_by_a_worker_that_lost_its_lease_changes_nothing"],
         "a worker that lost its lease writes the job's outcome",
@@ -48,7 +50,7 @@ CATALOG: list[Mutation] = [
     _m(
         "finish_job_no_token_check_model",
         "lua/finish_job-5.lua",
-        "if redis.call('HGET', KEYS[1], 'emq_token') ~= token then",
+        "if state == 'lost' then",
         "if false then",
         [MODEL],
         "the model test alone reaches a late finish after a lost lease",
@@ -56,24 +58,24 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "guard_job_write_no_token_check",
-        "lua/guard_job_write-2.lua",
-        "if redis.call('HGET', KEYS[1], 'emq_token') ~= ARGV[1] then",
-        "if false then",
+        "lua/guard_job_write-5.lua",
+        "if state ~= 'held' then",
+        "if state == 'ended' then",
         [f"{LEASES}::test_a_guarded_start_commits_only_for_the_holder_and_keeps_the_lease"],
         "a horse that wakes after its job was recovered marks it started again",
     ),
     _m(
         "return_job_to_queue_no_token_check",
         "lua/return_job_to_queue-8.lua",
-        "if redis.call('HGET', KEYS[1], 'emq_token') ~= token then",
-        "if false then",
+        "if state ~= 'held' then",
+        "if state == 'ended' then",
         [f"{LEASES}::test_a_hand_back_by_a_worker_that_lost_its_lease_changes_nothing"],
         "a cold stop hands back a job it no longer owns",
     ),
     _m(
         "return_job_to_queue_no_refund",
         "lua/return_job_to_queue-8.lua",
-        "redis.call('HINCRBY', KEYS[1], 'emq_attempts', -1)",
+        "redis.call('HSET', KEYS[1], 'emq_attempts', tostring(attempts - 1))",
         "local _ = 0",
         [f"{LEASES}::test_a_hand_back_refunds_the_attempt_and_puts_the_job_first"],
         "a stopped worker's hand-back costs the job an attempt",
@@ -81,16 +83,16 @@ CATALOG: list[Mutation] = [
     _m(
         "renew_no_owner_check",
         "lua/renew_leases-3.lua",
-        "if owner == token and redis.call('ZSCORE', KEYS[1], job_id) then",
-        "if redis.call('ZSCORE', KEYS[1], job_id) then",
+        "if owner == token and indexed then",
+        "if indexed then",
         [f"{LEASES}::test_nobody_can_renew_a_lease_they_do_not_hold"],
         "anybody can extend a lease they do not hold",
     ),
     _m(
         "renew_no_owner_check_model",
         "lua/renew_leases-3.lua",
-        "if owner == token and redis.call('ZSCORE', KEYS[1], job_id) then",
-        "if redis.call('ZSCORE', KEYS[1], job_id) then",
+        "if owner == token and indexed then",
+        "if indexed then",
         [MODEL],
         "the model test alone reaches a renewal by a holder whose job is someone else's",
         fast=False,
@@ -98,8 +100,8 @@ CATALOG: list[Mutation] = [
     _m(
         "renew_settled_reported_lost",
         "lua/renew_leases-3.lua",
-        "elseif owner == 'done:' .. token then",
-        "elseif false then",
+        "elseif owner == 'done:' .. token or (",
+        "elseif (",
         [f"{LEASES}::test_a_renewal_racing_the_finish_is_not_a_lost_lease"],
         "a tick racing the finish reports a lost lease (and stops nothing, but logs and counts)",
     ),
@@ -122,7 +124,7 @@ CATALOG: list[Mutation] = [
     _m(
         "fence_refusal_not_raised",
         "rq_emq/fencing.py",
-        "if int(reply[0]) != 1:",
+        "if outcome != 1:",
         "if False:",
         [f"{LEASES}::test_a_late_finish_by_a_worker_that_lost_its_lease_changes_nothing"],
         "a refused finish looks committed to RQ",
@@ -155,8 +157,8 @@ CATALOG: list[Mutation] = [
     _m(
         "take_counts_no_attempt",
         "lua/lib/lease.lua",
-        "local attempts = (tonumber((hash_field(hash, 'emq_attempts'))) or 0) + 1",
-        "local attempts = (tonumber((hash_field(hash, 'emq_attempts'))) or 0) + 0",
+        "local attempts = (count_value((hash_field(hash, 'emq_attempts'))) or 0) + 1",
+        "local attempts = (count_value((hash_field(hash, 'emq_attempts'))) or 0) + 0",
         [f"{LEASES}::test_a_job_hash_with_many_fields_is_taken_again_with_its_attempts_counted"],
         "max attempts never reached: a poison job loops forever",
     ),
@@ -171,7 +173,7 @@ CATALOG: list[Mutation] = [
     _m(
         "finish_keeps_attempts",
         "lua/finish_job-5.lua",
-        "redis.call('HDEL', KEYS[1], 'emq_attempts')",
+        "redis.call('HDEL', KEYS[1], 'emq_attempts', 'emq_status')",
         "local _ = 0",
         [f"{LEASES}::test_a_fenced_transaction_commits_and_releases_the_lease"],
         "a job retried by RQ after a normal finish inherits its old stall count",
@@ -179,8 +181,8 @@ CATALOG: list[Mutation] = [
     _m(
         "claim_job_without_owning_the_entry",
         "lua/claim_job-5.lua",
-        "if redis.call('LREM', KEYS[1], 1, job_id) == 0 then return {-1} end",
-        "redis.call('LREM', KEYS[1], 1, job_id)",
+        "if redis.call('LPOS', KEYS[1], job_id) == false then return {-1} end",
+        "local _ = 0",
         [f"{LEASES}::test_claim_leases_a_job_moved_to_the_intermediate_list"],
         "two workers claim one BLMOVEd job",
     ),
@@ -256,7 +258,7 @@ CATALOG: list[Mutation] = [
     _m(
         "never_fail_at_max_attempts",
         "lua/move_stalled_jobs_to_wait-9.lua",
-        "local max_attempts = tonumber(redis.call('HGET', job_key, 'emq_max_attempts') or '') or default_max",
+        "local max_attempts = count_value(counts[2]) or default_max",
         "local max_attempts = math.huge",
         [f"{SWEEP}::test_a_job_at_max_attempts_fails_with_its_reason_and_rq_sees_a_failure"],
         "a poison job that kills its worker runs forever",
@@ -264,7 +266,7 @@ CATALOG: list[Mutation] = [
     _m(
         "never_fail_at_max_attempts_model",
         "lua/move_stalled_jobs_to_wait-9.lua",
-        "local max_attempts = tonumber(redis.call('HGET', job_key, 'emq_max_attempts') or '') or default_max",
+        "local max_attempts = count_value(counts[2]) or default_max",
         "local max_attempts = math.huge",
         [MODEL],
         "the model test alone reaches a recovery at max attempts",
@@ -273,8 +275,8 @@ CATALOG: list[Mutation] = [
     _m(
         "attempts_read_one_short",
         "lua/move_stalled_jobs_to_wait-9.lua",
-        "local attempts = tonumber(redis.call('HGET', job_key, 'emq_attempts') or '0') or 0",
-        "local attempts = (tonumber(redis.call('HGET', job_key, 'emq_attempts') or '0') or 0) - 1",
+        "local attempts = count_value(counts[1]) or 0",
+        "local attempts = (count_value(counts[1]) or 0) - 1",
         [f"{SWEEP}::test_a_job_at_max_attempts_fails_with_its_reason_and_rq_sees_a_failure"],
         "a job runs one more time than its max attempts",
     ),
@@ -329,7 +331,7 @@ CATALOG: list[Mutation] = [
     _m(
         "claim_outbox_does_not_extend_the_claim",
         "lua/claim_outbox-1.lua",
-        "redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), job_id)",
+        "redis.call('ZADD', KEYS[1], now + math.max(claim_ms, timeout_s * 1000 + margin_ms), job_id)",
         "local _ = 0",
         [f"{SWEEP}::test_an_outbox_entry_is_claimed_by_one_drainer_until_its_claim_ends"],
         "two drainers run one failure callback",
@@ -345,7 +347,7 @@ CATALOG: list[Mutation] = [
     _m(
         "outbox_commit_not_fenced",
         "rq_emq/sweep.py",
-        "with fenced(self.client, Fence(queue, job_id, token)):",
+        'with fenced(self.client, Fence(queue, job_id, token, counter="outbox_completed")):',
         "if True:",
         [f"{SWEEP}::test_a_drainer_whose_claim_was_taken_over_writes_no_result"],
         "a slow drainer and its successor both write the failure Result",
@@ -391,6 +393,115 @@ CATALOG: list[Mutation] = [
         "for f in not_back[:0]:",
         [f"{SOAK}::test_a_fault_whose_job_never_came_back_fails_the_soak"],
         "a dead worker's job that is never recovered passes the soak",
+    ),
+    # -- RQ's lifecycle: what RQ ended stays ended (issue 10) ---------------------------------
+    _m(
+        "fences_ignore_what_rq_did",
+        "lua/lib/lease.lua",
+        "if found[3] and (found[2] or '') ~= found[3] then return 'ended' end",
+        "",
+        [f"{LIFE}::test_a_late_outcome_for_a_job_rq_ended_is_discarded_and_releases_the_lease"],
+        "a worker's late outcome overwrites RQ's cancel (or stock cleanup's failure)",
+    ),
+    _m(
+        "sweep_recovers_jobs_rq_ended",
+        "lua/move_stalled_jobs_to_wait-9.lua",
+        "return not expected or status == expected",
+        "return true",
+        [f"{LIFE}::test_the_sweep_never_recovers_a_job_rq_ended_while_it_was_leased"],
+        "a canceled (or stock-failed) job is resurrected by the sweep and runs again",
+    ),
+    _m(
+        "sweep_recovers_jobs_rq_ended_model",
+        "lua/move_stalled_jobs_to_wait-9.lua",
+        "return not expected or status == expected",
+        "return true",
+        [LIFE_MODEL],
+        "the lifecycle model test alone finds a resurrected job",
+        fast=False,
+    ),
+    _m(
+        "sweep_recovers_a_canceled_orphan",
+        "lua/move_stalled_jobs_to_wait-9.lua",
+        "if not leased then return status == 'queued' end",
+        "if not leased then return true end",
+        [f"{LIFE}::test_a_job_canceled_while_in_the_intermediate_list_is_not_recovered"],
+        "a job canceled while in the intermediate list is pushed back to its queue",
+    ),
+    _m(
+        "fence_spent_on_a_read",
+        "rq_emq/fencing.py",
+        " or _reads_only(commands):",
+        ":",
+        [f"{LIFE}::test_a_read_only_transaction_inside_the_finish_does_not_spend_the_fence"],
+        "RQ 3 reads dependents in a transaction: the fence is spent on it, the outcome goes unfenced",
+    ),
+    _m(
+        "long_commands_not_split",
+        "rq_emq/fencing.py",
+        "MAX_PACKED_ARGS = 1000",
+        "MAX_PACKED_ARGS = 1_000_000",
+        [f"{LIFE}::test_a_finish_with_a_command_longer_than_luas_unpack_limit_commits_whole"],
+        "a fan-in parent's outcome half-runs: Lua's unpack fails past ~8000 arguments",
+    ),
+    _m(
+        "later_batch_stands_in_for_a_failed_outcome",
+        "rq_emq/fencing.py",
+        "if session.error is not None:",
+        "if False:",
+        [f"{LIFE}::test_once_the_fenced_outcome_failed_no_later_transaction_of_the_block_releases_the_lease"],
+        "RQ 2's second failure batch (worker stats) releases the lease as if it were the outcome",
+    ),
+    _m(
+        "swallowed_outcome_error_not_retried",
+        "rq_emq/job_writes.py",
+        "if session.error is not None and not session.committed:",
+        "if False:",
+        [
+            "tests/test_connection_faults.py"
+            "::test_a_failure_whose_outcome_meets_a_blip_is_written_once_not_dropped"
+        ],
+        "RQ 3 swallows a blip in its failure pipeline: the outcome is dropped and the job runs again",
+    ),
+    _m(
+        "outbox_claims_a_requeued_job",
+        "lua/claim_outbox-1.lua",
+        "if found[2] == 'failed' and owner and (owner == 'outbox' or owner:sub(1, 7) == 'outbox:') then",
+        "if true then",
+        [f"{LIFE}::test_the_outbox_drain_never_takes_a_lease_from_a_job_requeued_since"],
+        "the drain steals the lease of a job an operator requeued and another worker took",
+    ),
+    _m(
+        "outbox_claim_shorter_than_the_callback",
+        "lua/claim_outbox-1.lua",
+        "math.max(claim_ms, timeout_s * 1000 + margin_ms)",
+        "claim_ms",
+        [f"{LIFE}::test_an_outbox_claim_outlives_the_jobs_failure_callback"],
+        "a second drainer runs a failure callback that is still running",
+    ),
+    _m(
+        "deleted_hash_finish_reads_lost",
+        "lua/renew_leases-3.lua",
+        "(not owner and not indexed and redis.call('EXISTS', job_key) == 0)",
+        "false",
+        [f"{LIFE}::test_a_renewal_racing_a_finish_that_deleted_the_job_reads_settled_not_lost"],
+        "result_ttl=0: a renewal racing the finish reports the lease lost and the job is killed",
+    ),
+    _m(
+        "take_pops_before_it_leases",
+        "lua/pop_job-3n.lua",
+        "local job_id = redis.call('LINDEX', queue_key, 0)",
+        "local job_id = redis.call('LPOP', queue_key)",
+        [f"{LIFE}::test_a_take_whose_lease_cannot_be_written_leaves_the_job_in_its_queue"],
+        "a take whose lease write fails has already popped the job: lost",
+    ),
+    _m(
+        "counts_read_loosely",
+        "lua/lib/lease.lua",
+        "if type(value) ~= 'string' or #value > 15 or not string.match(value, '^%d+$') then return nil end",
+        "if type(value) ~= 'string' then return nil end",
+        [f"{LIFE}::test_malformed_attempt_counts_read_as_absent_everywhere"],
+        "emq_attempts='nan' exempts a job from max attempts forever",
     ),
 ]
 

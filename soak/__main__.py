@@ -103,6 +103,15 @@ def table(ev: Evidence, v: Verdict) -> str:
         ),
         ("worker respawns / crashes (exits the soak did not cause)", f"{c['respawns']} / {c['crashes']}"),
         ("faults", ", ".join(f"{k} {n}" for k, n in sorted(c["faults"].items())) or "none"),
+        ("jobs by lifecycle kind", ", ".join(f"{k} {n}" for k, n in sorted(c["lifecycle_jobs"].items()))),
+        (
+            "canceled / deleted by the producer; scheduled never enqueued (RQ's scheduler quit)",
+            f"{c['acted']['cancel']} / {c['acted']['delete']}; {c['scheduled_stranded']}",
+        ),
+        (
+            "lifecycle violations by kind",
+            ", ".join(f"{k} {n}" for k, n in sorted(c["lifecycle_violations"].items())) or "-",
+        ),
     ]
     if lat:
         rows += [

@@ -75,9 +75,10 @@ def table(ev: Evidence, v: Verdict) -> str:
         f"soak: {cfg.worker} workers x{cfg.workers}, {cfg.duration:.0f}s chaos, seed {cfg.seed}, "
         f"wall {ev.wall:.0f}s, drained in {'-' if ev.drained_in is None else f'{ev.drained_in:.1f}s'}",
         f"settings: lease {cfg.lease_ms} ms, renew {cfg.renew_ms} ms, sweep {cfg.sweep_ms} ms, "
-        f"max attempts {cfg.max_attempts}"
+        f"max attempts {cfg.max_attempts}; --with-scheduler"
         if cfg.worker == "lease"
-        else "settings: stock rq.Worker --job-monitoring-interval 1 --maintenance-interval 1 --worker-ttl 20",
+        else "settings: stock rq.Worker --with-scheduler --job-monitoring-interval 1 "
+        "--maintenance-interval 1 --worker-ttl 20",
         "",
         "| measure | value |",
         "|---|---|",

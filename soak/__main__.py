@@ -84,9 +84,10 @@ def table(ev: Evidence, v: Verdict) -> str:
         f"soak: {cfg.worker} workers x{cfg.workers}, {cfg.duration:.0f}s chaos, seed {cfg.seed}, "
         f"wall {ev.wall:.0f}s, drained in {'-' if ev.drained_in is None else f'{ev.drained_in:.1f}s'}",
         f"settings: lease {cfg.lease_ms} ms, renew {cfg.renew_ms} ms, sweep {cfg.sweep_ms} ms, "
-        f"max attempts {cfg.max_attempts}"
+        f"max attempts {cfg.max_attempts}; --with-scheduler"
         if cfg.worker == "lease"
-        else "settings: stock rq.Worker --job-monitoring-interval 1 --maintenance-interval 1 --worker-ttl 20",
+        else "settings: stock rq.Worker --with-scheduler --job-monitoring-interval 1 "
+        "--maintenance-interval 1 --worker-ttl 20",
         "",
         "| measure | value |",
         "|---|---|",
@@ -112,6 +113,15 @@ def table(ev: Evidence, v: Verdict) -> str:
         ),
         ("worker respawns / crashes (exits the soak did not cause)", f"{c['respawns']} / {c['crashes']}"),
         ("faults", ", ".join(f"{k} {n}" for k, n in sorted(c["faults"].items())) or "none"),
+        ("jobs by lifecycle kind", ", ".join(f"{k} {n}" for k, n in sorted(c["lifecycle_jobs"].items()))),
+        (
+            "canceled / deleted by the producer; scheduled never enqueued (RQ's scheduler quit)",
+            f"{c['acted']['cancel']} / {c['acted']['delete']}; {c['scheduled_stranded']}",
+        ),
+        (
+            "lifecycle violations by kind",
+            ", ".join(f"{k} {n}" for k, n in sorted(c["lifecycle_violations"].items())) or "-",
+        ),
     ]
     if lat:
         rows += [

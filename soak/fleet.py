@@ -70,7 +70,8 @@ class Fleet:
 
     def spawn(self, slot: Slot) -> None:
         slot.generation += 1
-        cmd = [RQ_BIN, "worker", "-w", WORKER_CLASSES[self.kind], "--url", self.url(slot)]
+        # both kinds run RQ's scheduler (one holds its lock at a time): the mix has enqueue_in jobs
+        cmd = [RQ_BIN, "worker", "--with-scheduler", "-w", WORKER_CLASSES[self.kind], "--url", self.url(slot)]
         cmd += ["--name", slot.name, *(STOCK_ARGS if self.kind == "stock" else ()), QUEUE]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))

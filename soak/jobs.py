@@ -4,10 +4,13 @@ Every run appends one ``start`` line when it begins and one ``end`` line when th
 function returns or raises (``O_APPEND``, one ``write`` per line, so lines from concurrent
 runs never interleave):
 
-    start <job_id> <pid> <ppid> <unix time> <attempt>
+    start <job_id> <pid> <ppid> <unix time> <attempt> <rq start>
     end <job_id> <pid> <unix time> ok|raise
 
 ``attempt`` is the job hash's ``emq_attempts`` as the run begins (``-`` under stock RQ).
+``rq start`` is the time the horse stamped on the job as it wrote status ``started``
+(``last_heartbeat``, taken before that write commits): a run whose start committed
+before a cancel or delete has an earlier stamp than the moment that call returned.
 The log counts runs independently of anything the workers write to Redis.
 """
 
@@ -41,7 +44,10 @@ def work(log: str, seconds: float, outcome: str = "ok", retries: int = 0) -> str
     still has all of its ``retries`` left (its first run that got to the end)."""
     job = get_current_job()
     assert job is not None
-    append_line(log, f"start {job.id} {os.getpid()} {os.getppid()} {time.time():.6f} {_attempt(job)}")
+    stamp = job.last_heartbeat.timestamp() if job.last_heartbeat is not None else 0.0
+    append_line(
+        log, f"start {job.id} {os.getpid()} {os.getppid()} {time.time():.6f} {_attempt(job)} {stamp:.6f}"
+    )
     time.sleep(seconds)
     fails = outcome == "raise" or (outcome == "flaky" and job.retries_left == retries)
     append_line(log, f"end {job.id} {os.getpid()} {time.time():.6f} {'raise' if fails else 'ok'}")
@@ -61,6 +67,8 @@ class Run:
     attempt: int | None
     ended: float | None = None
     outcome: str | None = None
+    #: when RQ marked it started (the horse's stamp); None in logs that predate the field
+    rq_started: float | None = None
 
 
 def read_runs(path: str) -> dict[str, list[Run]]:
@@ -74,9 +82,10 @@ def read_runs(path: str) -> dict[str, list[Run]]:
         return runs
     for line in lines:
         parts = line.split()
-        if len(parts) == 6 and parts[0] == "start":
-            _, job_id, pid, ppid, t, attempt = parts
+        if len(parts) in (6, 7) and parts[0] == "start":
+            _, job_id, pid, ppid, t, attempt = parts[:6]
             run = Run(job_id, int(pid), int(ppid), float(t), int(attempt) if attempt.isdigit() else None)
+            run.rq_started = float(parts[6]) if len(parts) == 7 and float(parts[6]) > 0 else None
             runs.setdefault(job_id, []).append(run)
             open_runs[(job_id, run.pid)] = run
         elif len(parts) == 5 and parts[0] == "end":

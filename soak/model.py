@@ -64,6 +64,19 @@ class Planned:
     retries: int
     #: the job's own max attempts (``meta``), or None for the worker's default
     max_attempts: int | None = None
+    #: the lifecycle kind (soak/README.md): plain, dependent, cancel, delete, ttl0, scheduled
+    kind: str = "plain"
+    #: a dependent's parents (job ids), and whether it runs after a parent failed too
+    parents: list[str] = field(default_factory=list)
+    allow_failure: bool = False
+    #: a scheduled job's due time (unix time as ``enqueue_in`` was called)
+    scheduled_for: float | None = None
+    #: cancel/delete: how far into the run the producer acts (a fraction of ``seconds``)
+    act_after: float = 0.0
+    #: cancel/delete: when the producer's ``job.cancel()`` / ``job.delete()`` returned (the
+    #: side-effect log's clock), and the job's status just before it
+    acted_at: float | None = None
+    acted_on: str | None = None
 
 
 @dataclass
@@ -81,6 +94,9 @@ class Evidence:
     drained_in: float | None
     wall: float = 0.0
     notes: list[str] = field(default_factory=list)
+    #: times an RQ scheduler process (``--with-scheduler``) quit on a Redis error, from the
+    #: worker logs: RQ restarts none until its lock (61 s) lapses and a worker's maintenance runs
+    scheduler_deaths: int = 0
 
 
 def save(evidence: Evidence, path: Path) -> None:
@@ -118,4 +134,5 @@ def load(path: Path) -> Evidence:
         drained_in=data["drained_in"],
         wall=data["wall"],
         notes=data["notes"],
+        scheduler_deaths=data.get("scheduler_deaths", 0),
     )

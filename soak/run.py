@@ -23,13 +23,13 @@ from rq_emq.keys import QueueKeys
 from rq_emq.testing import RedisServer
 
 from . import faults as F
+from . import lifecycle
 from .faults import Fault
 from .fleet import QUEUE, Fleet, Slot
 from .jobs import read_runs, work
 from .model import Config, Evidence, Planned, save
 
 T = TypeVar("T")
-TERMINAL = {"finished", "failed"}
 
 
 class Soak:
@@ -50,6 +50,7 @@ class Soak:
         self._producing = threading.Event()
         self._stop = threading.Event()
         self._timers: list[threading.Timer] = []
+        self._schedulers: set[int] = set()
 
     # -- plumbing --------------------------------------------------------------------------
     def redis_call(self, fn: Callable[[], T], patience: float = 20.0) -> T:
@@ -110,20 +111,55 @@ class Soak:
         self.redis_call(once)
         self.jobs[job.job_id] = job
 
+    def enqueue_unit(self, jobs: list[Planned]) -> None:
+        """A lifecycle unit (soak/lifecycle.py): parents before their dependent; a job to
+        cancel or delete gets a thread that does so once it runs."""
+        for job in jobs:
+            self.redis_call(lambda job=job: lifecycle.enqueue(self.client, QUEUE, self.log, job))  # type: ignore[misc]
+            self.jobs[job.job_id] = job
+            if job.kind in ("cancel", "delete"):
+                self.thread(lambda job=job: self.cancel_or_delete(job), f"soak-{job.kind}")  # type: ignore[misc]
+
+    def cancel_or_delete(self, job: Planned) -> None:
+        def running() -> bool:
+            runs = read_runs(self.log).get(job.job_id, [])
+            return bool(runs)
+
+        lifecycle.wait_to_act(job, running, self._stop)
+        if not self._stop.is_set():
+            self.redis_call(lambda: lifecycle.act(self.client, job))
+
     def produce(self) -> None:
         interval = 1.0 / self.config.rate
         next_at = time.monotonic()
         while self._producing.is_set():
-            self.enqueue(self.plan())
+            plain = self.plan()
+            if self.job_rng.random() < lifecycle.SHARE:
+                self.enqueue_unit(lifecycle.plan_unit(self.job_rng, plain, self.config.lease_ms / 1000))
+            else:
+                self.enqueue(plain)
             next_at += interval
             time.sleep(max(0.0, next_at - time.monotonic()))
 
     # -- chaos -----------------------------------------------------------------------------
+    def scheduler_pids(self) -> set[int]:
+        """Pids of RQ's scheduler processes (``--with-scheduler`` forks one beside the horse):
+        no horse, so never a fault's victim. Remembered: a dead scheduler's hash expires."""
+        try:
+            for key in self.client.scan_iter("rq:scheduler:*"):
+                pid = self.client.hget(key, "pid")
+                if pid is not None and pid.isdigit():
+                    self._schedulers.add(int(pid))
+        except redis.RedisError:
+            pass
+        return self._schedulers
+
     def busy_victims(self) -> list[tuple[Slot, list[int]]]:
         out = []
+        schedulers = self.scheduler_pids()
         for slot in self.fleet.slots:
             if slot.alive() and not slot.faulted and slot.pid is not None:
-                horses = F.children(slot.pid)
+                horses = [p for p in F.children(slot.pid) if p not in schedulers]
                 if horses:
                     out.append((slot, horses))
         return out
@@ -310,12 +346,18 @@ class Soak:
     def drained(self) -> tuple[bool, int]:
         """Whether every job settled (and no failure awaits its Result); how many settled."""
         pipe = self.client.pipeline(transaction=False)
-        for job_id in list(self.jobs):
+        ids = list(self.jobs)
+        for job_id in ids:
             pipe.hget(f"rq:job:{job_id}", "status")
-        statuses = pipe.execute()
+        raw = pipe.execute()
         outbox = self.client.zcard(QueueKeys(QUEUE).outbox)
-        settled = sum(1 for s in statuses if s is not None and s.decode() in TERMINAL)
-        return settled == len(statuses) and outbox == 0, settled
+        status = {j: (s.decode() if s is not None else None) for j, s in zip(ids, raw, strict=True)}
+        settled = sum(
+            1
+            for j in ids
+            if lifecycle.settled(self.jobs[j], status[j], [status.get(p) for p in self.jobs[j].parents])
+        )
+        return settled == len(ids) and outbox == 0, settled
 
     def run(self) -> Evidence:
         cfg = self.config
@@ -418,7 +460,13 @@ class Soak:
             "started": [v.decode().split(":")[0] for v in self.client.zrange(q.started, 0, -1)],
         }
         stats = {k.decode(): int(v) for k, v in self.client.hgetall(q.stats).items()}
-        return Evidence(
+        deaths = sum(
+            log.read_text(errors="replace").count("raised an exception")
+            for log in (self.dir / "workers").glob("*.log")
+        )
+        if deaths:
+            notes.append(f"RQ's scheduler quit {deaths} time(s) on a Redis error (RQ restarts it late)")
+        evidence = Evidence(
             self.config,
             self.jobs,
             self.faults,
@@ -431,4 +479,6 @@ class Soak:
             self.fleet.respawns,
             drained_in,
             notes=notes,
+            scheduler_deaths=deaths,
         )
+        return evidence

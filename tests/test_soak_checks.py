@@ -259,3 +259,204 @@ def test_a_fault_whose_job_never_came_back_fails_the_soak() -> None:
     # the holder finished the job just as the fault began: its lease never lapsed
     finished = _recovered(_lapse("kill_group", 2.0, None, detail=" finished by its holder (no lapse)!"))
     assert finished.passed, finished.violations
+
+
+# -- RQ's lifecycle in the mix: dependents, cancels, deletes, result_ttl=0, scheduled jobs --
+
+
+def _state(status: str | None) -> dict[str, Any]:
+    reason = "ValueError: soak: raised as planned" if status == "failed" else ""
+    return {"status": status, "attempts": None, "max_attempts": "5", "failure": None, "reason": reason}
+
+
+def mix(
+    jobs: list[Planned],
+    final: dict[str, str | None],
+    runs: list[Run],
+    faults: list[Fault] | None = None,
+    places: dict[str, list[str]] | None = None,
+    scheduler_deaths: int = 0,
+) -> Evidence:
+    by_job: dict[str, list[Run]] = {}
+    for r in sorted(runs, key=lambda r: r.started):
+        by_job.setdefault(r.job_id, []).append(r)
+    registries: dict[str, list[str]] = {
+        "queued": [],
+        "finished": [],
+        "failed": [],
+        "leases": [],
+        "started": [],
+    }
+    for job_id, status in final.items():
+        if status in ("finished", "failed"):
+            registries[status].append(job_id)
+    for name, ids in (places or {}).items():
+        registries[name] = registries[name] + ids
+    return Evidence(
+        config=Config(),
+        jobs={j.job_id: j for j in jobs},
+        faults=faults or [],
+        queue_samples=10,
+        queue_violations=[],
+        final={j: _state(s) for j, s in final.items()},
+        registries=registries,
+        stats={"taken": len(runs)},
+        runs=by_job,
+        respawns=0,
+        drained_in=1.0,
+        scheduler_deaths=scheduler_deaths,
+    )
+
+
+def job_run(
+    job_id: str, started: float, ended: float | None, outcome: str | None = "ok", pid: int = HORSE, **kw: Any
+) -> Run:
+    r = Run(job_id, pid, kw.get("ppid", WORKER), started, kw.get("attempt", 1), ended, outcome)
+    r.rq_started = kw.get("rq_started", started - 0.01)
+    return r
+
+
+def planned(job_id: str, kind: str, outcome: str = "ok", **fields: Any) -> Planned:
+    return Planned(job_id, 1.0, outcome, 0, kind=kind, **fields)
+
+
+def test_a_job_canceled_while_it_runs_ends_canceled_and_its_run_may_finish() -> None:
+    job = planned("c", "cancel", acted_at=2.0, acted_on="started")
+    verdict = evaluate(mix([job], {"c": "canceled"}, [job_run("c", 1.0, 3.0)]))
+    assert verdict.passed, verdict.violations
+    assert verdict.counts["lost"] == 0 and verdict.counts["acted"]["cancel"] == 1
+
+
+def test_a_canceled_job_that_starts_after_the_cancel_fails_the_soak() -> None:
+    job = planned("c", "cancel", acted_at=2.0, acted_on="queued")
+    verdict = evaluate(mix([job], {"c": "canceled"}, [job_run("c", 2.5, 3.0, rq_started=2.4)]))
+    assert any("after it was canceled" in v for v in verdict.violations)
+    # the start RQ committed before the cancel returned may reach the job function after it
+    late_call = evaluate(mix([job], {"c": "canceled"}, [job_run("c", 2.05, 3.0, rq_started=1.99)]))
+    assert late_call.passed, late_call.violations
+
+
+def test_a_canceled_job_that_a_late_outcome_finished_fails_the_soak() -> None:
+    job = planned("c", "cancel", acted_at=2.0, acted_on="started")
+    verdict = evaluate(mix([job], {"c": "finished"}, [job_run("c", 1.0, 3.0)]))
+    assert any("yet ended finished" in v for v in verdict.violations)
+
+
+def test_a_deleted_job_has_no_hash_and_sits_nowhere() -> None:
+    job = planned("d", "delete", acted_at=2.0, acted_on="started")
+    assert evaluate(mix([job], {"d": None}, [job_run("d", 1.0, 3.0)])).passed
+    rewritten = evaluate(mix([job], {"d": "finished"}, [job_run("d", 1.0, 3.0)]))
+    assert any("deleted" in v and "ended finished" in v for v in rewritten.violations)
+    leased = evaluate(mix([job], {"d": None}, [job_run("d", 1.0, 3.0)], places={"leases": ["d"]}))
+    assert any("still in leases" in v for v in leased.violations)
+    restarted = evaluate(
+        mix([job], {"d": None}, [job_run("d", 1.0, 1.5), job_run("d", 2.2, 3.0, pid=OTHER_HORSE)])
+    )
+    assert any("after it was deleted" in v for v in restarted.violations)
+
+
+def test_a_job_the_producer_never_got_to_is_judged_as_an_ordinary_job() -> None:
+    job = planned("c", "cancel")  # acted_at None: the soak ended first
+    assert not evaluate(mix([job], {"c": "queued"}, [])).passed  # lost, as any job
+
+
+def chain(allow_failure: bool = False, parent_outcome: str = "ok") -> list[Planned]:
+    return [
+        planned("a", "parent", parent_outcome),
+        planned("b", "dependent", parents=["a"], allow_failure=allow_failure),
+    ]
+
+
+def test_a_dependent_runs_once_after_its_parent_ended() -> None:
+    runs = [job_run("a", 1.0, 2.0), job_run("b", 2.5, 3.0, pid=OTHER_HORSE)]
+    verdict = evaluate(mix(chain(), {"a": "finished", "b": "finished"}, runs))
+    assert verdict.passed, verdict.violations
+
+
+def test_a_dependent_that_starts_before_its_parent_ended_fails_the_soak() -> None:
+    runs = [job_run("a", 1.0, 2.0), job_run("b", 1.5, 1.8, pid=OTHER_HORSE)]
+    verdict = evaluate(mix(chain(), {"a": "finished", "b": "finished"}, runs))
+    assert any("before its parent a ended" in v for v in verdict.violations)
+
+
+def test_a_parent_run_a_fault_held_back_may_end_after_its_dependent_started() -> None:
+    # a's first run was stopped past the grace, recovered, run again and finished; b ran;
+    # then the stopped horse woke and wrote its end
+    stop = Fault("stop_long", 1.2, "w", WORKER, [HORSE], "a", b"t", ended=6.0)
+    runs = [
+        job_run("a", 1.0, 6.1),
+        job_run("a", 4.0, 4.5, pid=OTHER_HORSE, ppid=OTHER_WORKER, attempt=2),
+        job_run("b", 5.0, 5.5, pid=OTHER_HORSE, ppid=OTHER_WORKER),
+    ]
+    verdict = evaluate(mix(chain(), {"a": "finished", "b": "finished"}, runs, faults=[stop]))
+    assert verdict.passed, verdict.violations
+    assert not evaluate(mix(chain(), {"a": "finished", "b": "finished"}, runs)).passed
+
+
+def test_a_dependent_that_runs_twice_with_no_fault_fails_the_soak() -> None:
+    runs = [
+        job_run("a", 1.0, 2.0),
+        job_run("b", 2.5, 3.0, pid=OTHER_HORSE),
+        job_run("b", 3.5, 4.0, pid=OTHER_HORSE + 1),
+    ]
+    verdict = evaluate(mix(chain(), {"a": "finished", "b": "finished"}, runs))
+    assert any("(dependent): ran again" in v for v in verdict.violations)
+
+
+def test_a_dependent_of_a_failed_parent_stays_deferred_unless_failure_is_allowed() -> None:
+    runs = [job_run("a", 1.0, 2.0, "raise")]
+    deferred = {"a": "failed", "b": "deferred"}
+    assert evaluate(mix(chain(parent_outcome="raise"), deferred, runs)).passed
+    ran = runs + [job_run("b", 2.5, 3.0, pid=OTHER_HORSE)]
+    verdict = evaluate(mix(chain(parent_outcome="raise"), {"a": "failed", "b": "finished"}, ran))
+    assert any("ran although its parents ended a failed" in v for v in verdict.violations)
+    allowed = chain(allow_failure=True, parent_outcome="raise")
+    assert evaluate(mix(allowed, {"a": "failed", "b": "finished"}, ran)).passed
+    stuck = evaluate(mix(allowed, deferred, runs))
+    assert any("never ran" in v for v in stuck.violations)
+
+
+def test_a_fan_in_dependent_waits_for_every_parent() -> None:
+    jobs = [
+        planned("a", "parent"),
+        planned("p", "parent"),
+        planned("c", "dependent", parents=["a", "p"]),
+    ]
+    final = {"a": "finished", "p": "finished", "c": "finished"}
+    runs = [job_run("a", 1.0, 2.0), job_run("p", 1.0, 4.0, pid=OTHER_HORSE), job_run("c", 3.0, 3.5, pid=301)]
+    verdict = evaluate(mix(jobs, final, runs))
+    assert any("before its parent p ended" in v for v in verdict.violations)
+
+
+def test_a_scheduled_job_runs_once_and_not_before_it_is_due() -> None:
+    job = planned("s", "scheduled", scheduled_for=10.0)
+    assert evaluate(mix([job], {"s": "finished"}, [job_run("s", 9.3, 9.5)])).passed  # whole-second due times
+    early = evaluate(mix([job], {"s": "finished"}, [job_run("s", 8.5, 8.7, rq_started=8.5)]))
+    assert any("before it was due" in v for v in early.violations)
+    twice = evaluate(mix([job], {"s": "finished"}, [job_run("s", 10.0, 10.2), job_run("s", 11.0, 11.2)]))
+    assert any("(scheduled): ran again" in v for v in twice.violations)
+
+
+def test_a_scheduled_job_never_enqueued_is_excused_only_by_rqs_scheduler_quitting() -> None:
+    job = planned("s", "scheduled", scheduled_for=10.0)
+    assert not evaluate(mix([job], {"s": "scheduled"}, [])).passed
+    verdict = evaluate(mix([job], {"s": "scheduled"}, [], scheduler_deaths=1))
+    assert verdict.passed and verdict.counts["scheduled_stranded"] == 1
+
+
+def test_a_result_ttl_0_job_ran_and_its_hash_is_gone() -> None:
+    job = planned("t", "ttl0")
+    assert evaluate(mix([job], {"t": None}, [job_run("t", 1.0, 2.0)])).passed
+    never_ran = evaluate(mix([job], {"t": None}, []))
+    assert any("no run of it completed" in v for v in never_ran.violations)
+    kept = evaluate(mix([job], {"t": "finished"}, [job_run("t", 1.0, 2.0)]))
+    assert any("hash is still there" in v for v in kept.violations)
+
+
+def test_a_take_refused_because_the_job_was_canceled_before_it_started_is_allowed_once() -> None:
+    job = planned("c", "cancel", acted_at=2.0, acted_on="queued")
+    ev = mix([job], {"c": "canceled"}, [])
+    ev.stats["taken"] = 1
+    assert evaluate(ev).passed
+    ev.stats["taken"] = 2
+    assert any("takes" in v for v in evaluate(ev).violations)

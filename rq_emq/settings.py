@@ -35,7 +35,8 @@ class LeaseSettings:
     #: How long a lease lives without renewal (milliseconds).
     lease_ms: int = 30_000
     #: How often the lock manager renews every lease the process holds (milliseconds). At
-    #: most 0.8 x sweep_interval_ms keeps the recovery bound at lease + 2 sweep intervals.
+    #: most 0.64 x sweep_interval_ms keeps the recovery bound at lease + 2 sweep intervals
+    #: (the grace is the longer of 0.8 sweep interval and 1.25 renew intervals).
     renew_interval_ms: int = 3_000
     #: At most one sweep per queue per this interval, fleet-wide (milliseconds).
     sweep_interval_ms: int = 5_000

@@ -1,9 +1,13 @@
-"""Worker classes for tests that need a worker to be slow at one exact step."""
+"""Worker and job classes for tests that need a worker to be slow, or to be interrupted,
+at one exact step. Each acts only when its EMQ_TEST_* environment variables are set, so
+the same process may also run ordinary jobs."""
 
 from __future__ import annotations
 
 import os
+import signal
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -59,3 +63,58 @@ class RecordingQueue(Queue):
         with open(os.environ["EMQ_TEST_QUEUE_LOG"], "a") as out:
             out.write(f"maintenance {self.name} {type(self).__name__} {acquired}\n")
         return acquired
+
+
+class PausingFetchJob(Job):
+    """A job class (``rq worker --job-class worker_classes.PausingFetchJob``) that pauses
+    right after RQ has read a parent's dependents (``fetch_many``, a MULTI/EXEC of
+    ``HGETALL``s) and before RQ writes the parent's outcome. It pauses once, when the ids
+    read include EMQ_TEST_PAUSE_FETCH_OF: it leaves its pid in the file named by
+    EMQ_TEST_FETCH_MARKER, then sleeps EMQ_TEST_FETCH_DELAY seconds."""
+
+    @classmethod
+    def fetch_many(cls, job_ids: Iterable[str], connection: Any, serializer: Any = None) -> list[Job | None]:
+        ids = list(job_ids)
+        jobs = super().fetch_many(ids, connection, serializer)
+        wanted, marker = os.environ.get("EMQ_TEST_PAUSE_FETCH_OF"), os.environ.get("EMQ_TEST_FETCH_MARKER")
+        if wanted and marker and wanted in ids and not Path(marker).exists():
+            Path(marker).write_text(str(os.getpid()))
+            time.sleep(float(os.environ.get("EMQ_TEST_FETCH_DELAY", "30")))
+        return jobs
+
+
+class StealingJob(Job):
+    """A job class whose ``restore()`` (the worker builds the job from the hash its take
+    returned) gives the lease of a job with ``meta["emq_test_steal"]`` to another owner:
+    a lease stolen between the take and the worker's guarded start. Once only (the file
+    named by EMQ_TEST_STEAL_MARKER records it), so a recovered job runs normally."""
+
+    def restore(self, raw_data: Any) -> None:
+        super().restore(raw_data)
+        marker = os.environ.get("EMQ_TEST_STEAL_MARKER")
+        if self.meta.get("emq_test_steal") and marker and not Path(marker).exists():
+            Path(marker).write_text(self.id)
+            self.connection.hset(self.key, "emq_token", "stolen-by-test")
+
+
+class SelfStoppingLeaseWorker(LeaseWorker):
+    """A LeaseWorker that sends itself SIGTERM (a warm stop) right after its first take
+    returns a job, before anything else of the worker has seen the job."""
+
+    def bootstrap(self, *args: Any, **kwargs: Any) -> None:
+        super().bootstrap(*args, **kwargs)
+        taker: Any = self._taker
+        pop = taker.pop
+        fired: list[bool] = []
+
+        def pop_then_stop(*pop_args: Any, **pop_kwargs: Any) -> Any:
+            taken = pop(*pop_args, **pop_kwargs)
+            if taken is not None and not fired:
+                fired.append(True)
+                os.kill(os.getpid(), signal.SIGTERM)
+                # the stop lands while the job is taken but not yet recorded by the worker:
+                # a handler that is not held back runs during this pause
+                time.sleep(0.05)
+            return taken
+
+        taker.pop = pop_then_stop

@@ -12,7 +12,8 @@ KEYS:
 ARGV:
   1  lease_ms
   2  lease key prefix `emq:{<q>}:`
-  3  heartbeat timestamp for the job hash's `last_heartbeat` (RQ's format)
+  3  heartbeat timestamp for the job hash's `last_heartbeat` (RQ's format), or '' to
+     leave the job hash alone this tick (RQ WATCHes it while it checks dependents)
   4.. pairs: job id, token
 Returns: {lost, settled}: ids whose lease is lost (the job was taken from this holder, or
 deleted while it ran), and ids whose job this holder already finished (a tick raced the
@@ -35,7 +36,7 @@ for i = 4, #ARGV, 2 do
     redis.call('SET', prefix .. job_id .. ':lock', token, 'PX', lease_ms)
     redis.call('ZADD', KEYS[1], deadline, job_id)
     redis.call('ZREM', KEYS[2], job_id)
-    redis.call('HSET', job_key, 'last_heartbeat', heartbeat)
+    if heartbeat ~= '' then redis.call('HSET', job_key, 'last_heartbeat', heartbeat) end
     renewed = renewed + 1
   elseif owner == 'done:' .. token or (not owner and not indexed and redis.call('EXISTS', job_key) == 0) then
     settled[#settled + 1] = job_id

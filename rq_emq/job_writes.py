@@ -150,12 +150,25 @@ class JobWritesMixin:
             pass  # still out of reach: the lease lapses and the sweep recovers the job
 
     def handle_execution_ended(self, job: Job, *args: Any, **kwargs: Any) -> Any:
-        """RQ stamps the job's end with a heartbeat before finishing it (idempotent)."""
+        """RQ stamps the job's end with a heartbeat before finishing it (idempotent). The
+        stamp is bookkeeping, not the outcome: if Redis stays out of reach for its whole
+        budget, the run goes on to write its outcome (fenced, with a budget of its own)
+        rather than fail a job whose code succeeded with the ConnectionError (seen in the
+        long soak)."""
         self._running_job_id = None
         parent: Any = super()
-        return self._through_blips(
-            job, lambda: parent.handle_execution_ended(job, *args, **kwargs), "record its end"
-        )
+        try:
+            return self._through_blips(
+                job, lambda: parent.handle_execution_ended(job, *args, **kwargs), "record its end"
+            )
+        except BLIPS as error:
+            logger.warning(
+                "job %s: could not record its end (%s); writing its outcome",
+                job.id,
+                error,
+                extra={"job_id": job.id},
+            )
+            return None
 
     # -- finish --------------------------------------------------------------------------
     def handle_job_success(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> Any:

@@ -14,8 +14,10 @@ recovery or the finish removed).
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +32,12 @@ from .fencing import Fence
 from .keys import QueueKeys, job_key
 
 logger = logging.getLogger("rq_emq.lease")
+
+#: How often a renewal also stamps RQ's ``last_heartbeat`` on the job hash (seconds), as
+#: stock RQ's heartbeat does (``job_monitoring_interval``). Not every tick: RQ WATCHes the
+#: job hash while it checks a finished job's dependents, and a write every tick would make
+#: a parent whose check outlasts a tick retry its finish forever.
+JOB_HEARTBEAT_EVERY_S = 30.0
 
 #: Leases one ``renew_leases`` call renews; a tick holding more sends several calls in its
 #: one pipeline, which bounds how long each script keeps Redis busy (~1 ms per 100).
@@ -102,6 +110,7 @@ class LockManager(BackgroundLoop):
         self._leases: dict[str, Lease] = {}
         self._guard = threading.Lock()
         self.ticks = 0
+        self._job_heartbeat_at = -math.inf  # monotonic time of the last tick that stamped jobs
 
     # -- the set of leases -------------------------------------------------------------
     def add(self, lease: Lease) -> None:
@@ -136,7 +145,8 @@ class LockManager(BackgroundLoop):
         for lease in leases:
             by_queue.setdefault(lease.queue, []).append(lease)
         script = scripts.load("renew_leases")
-        heartbeat = utcformat(now())
+        stamp_jobs = time.monotonic() - self._job_heartbeat_at >= JOB_HEARTBEAT_EVERY_S
+        heartbeat = utcformat(now()) if stamp_jobs else ""
         calls: list[tuple[scripts.LuaScript, str]] = []  # each script call and its queue, in pipeline order
         for queue, group in by_queue.items():
             q = QueueKeys(queue)
@@ -155,6 +165,8 @@ class LockManager(BackgroundLoop):
             return []
         replies = pipe.execute(raise_on_error=False)
         self.ticks += 1
+        if stamp_jobs:
+            self._job_heartbeat_at = time.monotonic()
         lost: list[str] = []
         settled: list[str] = []
         retry = False

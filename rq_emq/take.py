@@ -44,15 +44,28 @@ def stop_signals_deferred() -> Iterator[None]:
     """Hold SIGTERM/SIGINT back for the block: a stop that lands between the lease grant
     and the worker recording it would leave a leased job nobody holds (stranded for a
     lease, and charged an attempt). Delivered as the block ends, the stop then finds the
-    lease recorded, and the worker hands the job back."""
+    lease recorded, and the worker hands the job back.
+
+    Held back in Python, not with the signal mask: the kernel hands a process-wide signal
+    to any thread that does not block it (the lock manager's, the sweeper's, RQ's pubsub
+    thread), and Python then runs the handler in the main thread at once."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    caught: list[int] = []
+    previous: dict[int, Any] = {}
+    for stop in STOP_SIGNALS:
+        handler = signal.getsignal(stop)
+        if callable(handler):  # a Python handler (RQ's): hold it back
+            previous[stop] = handler
+            signal.signal(stop, lambda received, frame: caught.append(received))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for held, handler in previous.items():
+            signal.signal(held, handler)
+        for received in caught:
+            previous[received](received, None)
 
 
 @dataclass(frozen=True)

@@ -215,16 +215,22 @@ def evaluate(ev: Any) -> Verdict:
 
     # the latency from a lapsed lease to the job leaving its dead holder, and the bound
     if lease:
-        _check_recovery_bound(cfg, faults, v)
+        ended = {
+            job_id for job_id, planned in ev.jobs.items() if _ended_by_lifecycle(planned, ev.final[job_id])
+        }
+        _check_recovery_bound(cfg, faults, v, ended)
     v.enforced = lease  # the baseline reports; it does not fail
     return v
 
 
-def _check_recovery_bound(cfg: Any, faults: list[Fault], v: Verdict) -> None:
+def _check_recovery_bound(
+    cfg: Any, faults: list[Fault], v: Verdict, ended: frozenset[str] | set[str] = frozenset()
+) -> None:
     """A dead (or long-stopped, or cut-off) holder's job must leave it within the bound,
     lease + 2 sweep intervals from the fault, plus a stated slack for a loaded machine; a
-    job that never left its holder at all fails the soak too."""
-    lapsed = [f for f in faults if f.kind in LAPSING and f.lapse_at and f.token]
+    job that never left its holder at all fails the soak too, unless RQ ended it (a
+    cancel, a delete: ``ended``), which the sweep rightly leaves where RQ put it."""
+    lapsed = [f for f in faults if f.kind in LAPSING and f.lapse_at and f.token and f.job_id not in ended]
     seen = [f for f in lapsed if f.requeued_at]
     # "!": the holder finished the job as the fault began; its lease never lapsed
     not_back = [f for f in lapsed if not f.requeued_at and not f.detail.endswith("!")]

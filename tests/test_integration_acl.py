@@ -39,7 +39,7 @@ COMMANDS = (
     *"subscribe unsubscribe".split(),
     *"get set del exists expire persist pttl".split(),
     *"hget hmget hgetall hset hsetnx hdel hincrby hincrbyfloat".split(),
-    *"llen lpush rpush lpop lrange lrem lpos blmove".split(),
+    *"llen lindex lpush rpush lpop lrange lrem lpos blmove".split(),
     *"sadd srem smembers".split(),
     *"zadd zcard zcount zrange zrangebyscore zrem zremrangebyscore zscore".split(),
     *"xadd xrevrange".split(),  # RQ's job results

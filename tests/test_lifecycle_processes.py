@@ -114,13 +114,6 @@ def test_a_worker_killed_between_reading_the_dependents_and_the_outcome_is_recov
     assert r.zcard(Q.leases) == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect in b767d57: the lease renewal writes last_heartbeat to the parent's hash, "
-    "which RQ WATCHes while it checks each dependent (dependencies_are_met); once that check "
-    "takes longer than the renew interval every EXEC fails with WatchError and RQ retries "
-    "forever, until the horse is killed at job timeout + 60 s and the parent is failed",
-)
 def test_a_parent_with_10000_dependents_finishes_and_enqueues_them_once(
     r: redis.Redis, redis_url: str, procs: Processes
 ) -> None:
@@ -280,14 +273,6 @@ def test_a_refused_start_leaves_no_stale_execution_behind(
 
 
 # -- 6. a warm stop at the take ---------------------------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect in b767d57: stop_signals_deferred blocks SIGTERM in the main thread only; "
-    "a LeaseWorker has other threads (lock manager, sweeper, RQ's pubsub), so the kernel "
-    "delivers the stop to one of them and Python runs RQ's handler in the main thread at "
-    "once, inside the take: StopRequested before the lease is recorded, nothing hands the "
-    "job back, and it is stranded (leased, in no queue) until the sweep fails it at max attempts 1",
-)
 def test_a_warm_stop_right_after_the_take_hands_the_job_back_at_once(
     r: redis.Redis, redis_url: str, procs: Processes
 ) -> None:

@@ -460,3 +460,17 @@ def test_a_take_refused_because_the_job_was_canceled_before_it_started_is_allowe
     assert evaluate(ev).passed
     ev.stats["taken"] = 2
     assert any("takes" in v for v in evaluate(ev).violations)
+
+
+def test_a_faulted_job_that_rq_ended_need_not_come_back() -> None:
+    """A job canceled (or deleted) after its worker died stays where RQ put it: the sweep
+    rightly never recovers it, and the recovery bound does not count it as missing."""
+    fault = _lapse("kill_worker", 2.0, None)
+    ev = evidence([run(1, 1.0)], faults=[fault])
+    (job_id,) = ev.jobs
+    ev.jobs[job_id].kind = "cancel"
+    ev.jobs[job_id].acted_at = 2.2
+    ev.final[job_id]["status"] = "canceled"
+    verdict = evaluate(ev)
+    assert verdict.latency["not_seen"] == 0
+    assert not any("never left its holder" in v for v in verdict.violations), verdict.violations

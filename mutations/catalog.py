@@ -503,6 +503,25 @@ CATALOG: list[Mutation] = [
         [f"{LIFE}::test_malformed_attempt_counts_read_as_absent_everywhere"],
         "emq_attempts='nan' exempts a job from max attempts forever",
     ),
+    _m(
+        "job_hash_stamped_every_tick",
+        "rq_emq/lease.py",
+        "stamp_jobs = time.monotonic() - self._job_heartbeat_at >= JOB_HEARTBEAT_EVERY_S",
+        "stamp_jobs = True",
+        [f"{LIFE}::test_renewals_stamp_rqs_job_heartbeat_only_at_rqs_pace"],
+        "renewals write the job hash every tick: a fan-in parent's WATCHed finish retries forever",
+    ),
+    _m(
+        "stop_at_the_take_not_held_back",
+        "rq_emq/take.py",
+        "signal.signal(stop, lambda received, frame: caught.append(received))",
+        "pass",
+        [
+            "tests/test_lifecycle_processes.py"
+            "::test_a_warm_stop_right_after_the_take_hands_the_job_back_at_once"
+        ],
+        "a warm stop between the take and its record strands the leased job",
+    ),
 ]
 
 

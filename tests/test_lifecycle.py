@@ -394,3 +394,20 @@ def test_fence_counters_name_what_was_written(r: redis.Redis) -> None:
     fence = Fence("q", lease.job_id, lease.token, counter="unreadable")
     assert fence.release(r) is True
     assert int(r.hget(Q.stats, "unreadable") or 0) == 1 and r.hget(Q.stats, "finished") is None
+
+
+def test_renewals_stamp_rqs_job_heartbeat_only_at_rqs_pace(r: redis.Redis) -> None:
+    """RQ WATCHes a finished job's hash while it checks its dependents: a renewal writing
+    to it every tick would make a big fan-in parent's finish retry forever."""
+    Queue("q", connection=r).enqueue("jobs.noop")
+    lease = take(r)
+    manager = LockManager(r, SETTINGS.lease_ms, SETTINGS.renew_interval_ms, on_lost=lambda _: None)
+    manager.add(lease)
+    assert manager.tick() == []
+    stamped = r.hget(job_key(lease.job_id), "last_heartbeat")
+    assert stamped is not None  # the first tick stamps it, as RQ's heartbeat would
+    r.hset(job_key(lease.job_id), "last_heartbeat", "untouched")
+    for _ in range(3):
+        assert manager.tick() == []
+    assert r.hget(job_key(lease.job_id), "last_heartbeat") == b"untouched"
+    assert r.pttl(Q.lock(lease.job_id)) > 0 and int(r.hget(Q.stats, "renewed") or 0) == 4

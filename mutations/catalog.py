@@ -522,6 +522,14 @@ CATALOG: list[Mutation] = [
         ],
         "a warm stop between the take and its record strands the leased job",
     ),
+    _m(
+        "fired_watch_poisons_the_block",
+        "rq_emq/fencing.py",
+        "except (LeaseLost, WatchError):",
+        "except LeaseLost:",
+        [f"{LIFE}::test_a_watch_that_fires_inside_the_fenced_finish_lets_rqs_retry_commit"],
+        "a WATCH that fired in the finish is kept as the block's error: RQ's retry loop spins forever",
+    ),
 ]
 
 

@@ -169,8 +169,8 @@ class _FencedPipelineMixin:
             raise session.error
         try:
             return self._execute_fenced(commands, raise_on_error)
-        except LeaseLost:
-            raise
+        except (LeaseLost, WatchError):
+            raise  # a WATCH that fired wrote nothing: RQ's loop retries the same block
         except Exception as error:
             session.error = error
             session.raised.append(error)

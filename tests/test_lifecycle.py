@@ -411,3 +411,29 @@ def test_renewals_stamp_rqs_job_heartbeat_only_at_rqs_pace(r: redis.Redis) -> No
         assert manager.tick() == []
     assert r.hget(job_key(lease.job_id), "last_heartbeat") == b"untouched"
     assert r.pttl(Q.lock(lease.job_id)) > 0 and int(r.hget(Q.stats, "renewed") or 0) == 4
+
+
+def test_a_watch_that_fires_inside_the_fenced_finish_lets_rqs_retry_commit(r: redis.Redis) -> None:
+    """RQ's success path WATCHes the dependents key and retries on WatchError: a fired
+    WATCH wrote nothing, so the retry must be free to commit the outcome."""
+    Queue("q", connection=r).enqueue("jobs.noop")
+    lease = take(r)
+    scripts.load_all(r)  # as a worker does at startup (a NOSCRIPT retry would add a try)
+    other = redis.Redis(connection_pool=redis.ConnectionPool(**r.connection_pool.connection_kwargs))
+    tries = 0
+    with fenced(r, lease.fence), r.pipeline() as pipe:
+        while True:
+            tries += 1
+            try:
+                pipe.watch("parent:dependents")
+                if tries == 1:
+                    other.sadd("parent:dependents", "a-new-dependent")  # the WATCH fires
+                pipe.multi()
+                pipe.hset(job_key(lease.job_id), "status", "finished")
+                pipe.execute()
+                break
+            except redis.WatchError:
+                assert tries < 5, "the fenced finish never commits after a fired WATCH"
+                continue
+    assert tries == 2 and status(r, lease.job_id) == "finished"
+    assert r.hget(job_key(lease.job_id), "emq_token").decode() == "done:" + lease.token

@@ -450,7 +450,9 @@ class Soak:
                 "max_attempts": state.get("emq_max_attempts"),
                 "failure": state.get("emq_failure"),
                 "reason": reason,
-                "worker": state.get("worker_name"),
+                # the horse names itself as it starts; a horse killed before that leaves only
+                # the take's record of the worker (ours), so a kill_horse can still explain it
+                "worker": state.get("worker_name") or state.get("emq_worker"),
             }
         registries = {
             "queued": [v.decode() for v in self.client.lrange(q.rq_queue, 0, -1)],

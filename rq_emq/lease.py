@@ -165,8 +165,6 @@ class LockManager(BackgroundLoop):
             return []
         replies = pipe.execute(raise_on_error=False)
         self.ticks += 1
-        if stamp_jobs:
-            self._job_heartbeat_at = time.monotonic()
         lost: list[str] = []
         settled: list[str] = []
         retry = False
@@ -181,6 +179,8 @@ class LockManager(BackgroundLoop):
                 settled += _ids(reply[1])
         if retry:
             return self.tick()
+        if stamp_jobs:
+            self._job_heartbeat_at = time.monotonic()
         for job_id in settled:
             done = self.get(job_id)
             if done is not None:

@@ -199,7 +199,7 @@ def test_a_per_job_max_attempts_from_a_stock_producer_is_recorded(
 @pytest.mark.parametrize(
     ("env", "named"),
     [
-        ({"RQ_EMQ_RENEW_INTERVAL_MS": "30000"}, "renew_interval_ms"),
+        ({"RQ_EMQ_RENEW_INTERVAL_MS": "30000", "RQ_EMQ_LEASE_MS": "30000"}, "renew_interval_ms"),
         ({"RQ_EMQ_LEASE_MS": "soon"}, "lease_ms"),
         ({"RQ_EMQ_MAX_ATTEMPTS": "0"}, "max_attempts"),
     ],
@@ -212,6 +212,16 @@ def test_bad_settings_stop_the_worker_at_startup_naming_the_setting(
     assert worker.wait(timeout=20) != 0
     assert named in procs.log(worker)
     assert status(r, job.id) == "queued" and r.llen("rq:queue:default") == 1  # nothing taken, nothing lost
+
+
+@pytest.mark.parametrize("env", [{"RQ_EMQ_LEASE_MS": "2000"}, {"RQ_EMQ_RENEW_INTERVAL_MS": "40000"}])
+def test_a_lease_or_renew_interval_set_alone_gives_a_working_worker(
+    r: redis.Redis, redis_url: str, procs: Processes, env: dict[str, str]
+) -> None:
+    job = Queue(connection=r).enqueue("jobs.noop")
+    worker = procs.worker(redis_url, burst=True, **env)
+    assert worker.wait(timeout=20) == 0, procs.log(worker)
+    assert status(r, job.id) == "finished"
 
 
 def test_deleted_jobs_and_stray_registry_entries_are_skipped_not_fatal(

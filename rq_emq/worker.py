@@ -45,6 +45,7 @@ from .keys import QueueKeys, job_key
 from .lease import Lease, LockManager
 from .registries import as_lease_queue, lease_queue_class
 from .settings import LeaseSettings, job_max_attempts
+from .startup import check_redis, worker_settings
 from .sweep import Sweeper
 from .take import Taken, Taker
 
@@ -82,7 +83,7 @@ class LeaseMixin(JobWritesMixin):
         names = LeaseSettings.names()
         overrides = {name: kwargs.pop(name) for name in names if name in kwargs}
         defaults = {name: getattr(type(self), name, None) for name in names}
-        self.lease_settings = LeaseSettings.resolve(overrides, defaults)
+        self.lease_settings = worker_settings(overrides, defaults)
         super().__init__(*args, **kwargs)
         # whatever queue class the worker was given (--queue-class), with the lease registries
         me: Any = self
@@ -96,6 +97,7 @@ class LeaseMixin(JobWritesMixin):
 
     # -- lifecycle ---------------------------------------------------------------------
     def bootstrap(self, *args: Any, **kwargs: Any) -> None:
+        check_redis(self.connection)  # before RQ registers the worker: a refusal leaves no trace
         super().bootstrap(*args, **kwargs)  # type: ignore[misc]
         # work every horse would otherwise repeat per job, done once before any fork
         compat.resolve_driver_info_once(self.connection.connection_pool)

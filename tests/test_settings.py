@@ -7,7 +7,7 @@ import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rq_emq import LeaseSettings, LeaseWorker, SettingsError, SimpleLeaseWorker, max_attempts
+from rq_emq import LeaseSettings, LeaseWorker, SettingsError, SimpleLeaseWorker, StartupError, max_attempts
 
 
 def test_defaults() -> None:
@@ -63,10 +63,11 @@ def test_workers_take_settings_as_keywords_and_class_attributes(monkeypatch: pyt
         20_000,
         9,
     )
-    with pytest.raises(SettingsError, match="renew_interval_ms"):
+    with pytest.raises(StartupError, match="renew_interval_ms") as refused:
         LeaseWorker(
             ["q"], connection=connection, lease_ms=1_000, renew_interval_ms=1_000, prepare_for_work=False
         )
+    assert isinstance(refused.value, SystemExit) and isinstance(refused.value.__cause__, SettingsError)
 
 
 def test_the_max_attempts_helper_builds_meta_and_rejects_nonsense() -> None:

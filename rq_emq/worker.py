@@ -94,8 +94,34 @@ class LeaseMixin(JobWritesMixin):
         self.sweeper: Sweeper | None = None
         self._taker: Taker | None = None
         self._last_heartbeat: tuple[float, int] = (-math.inf, 0)  # (monotonic, TTL) of the last sent alone
+        self._burst = False
 
     # -- lifecycle ---------------------------------------------------------------------
+    def work(self, *args: Any, **kwargs: Any) -> bool:
+        self._burst = bool(kwargs.get("burst", args[0] if args else False))
+        return bool(super().work(*args, **kwargs))  # type: ignore[misc]
+
+    def _recover_before_exit(self) -> bool:
+        """A burst worker about to exit sweeps its queues first, and when a job stands
+        marked stalled it waits the grace and sweeps again, so that deployments running
+        only burst workers (cron, batch) recover crashed workers' jobs too. True when a
+        job went back to a queue."""
+        sweeper = self.sweeper
+        if sweeper is None:
+            return False
+        me: Any = self
+        for _ in range(2):
+            if any(report.requeued for report in sweeper.sweep_now()):
+                return True
+            if not sweeper.marks_standing():
+                return False
+            deadline = time.monotonic() + sweeper.grace_ms / 1000.0 + 0.01
+            while time.monotonic() < deadline and not me._stop_requested:
+                time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
+            if me._stop_requested:
+                return False
+        return False
+
     def bootstrap(self, *args: Any, **kwargs: Any) -> None:
         check_redis(self.connection)  # before RQ registers the worker: a refusal leaves no trace
         super().bootstrap(*args, **kwargs)  # type: ignore[misc]
@@ -165,6 +191,8 @@ class LeaseMixin(JobWritesMixin):
                         break
                     wait = min(timeout, math.ceil(idle_left))
                 result = self._take(wait)
+                if result is None and timeout is None and self._burst and self._recover_before_exit():
+                    continue  # a crashed worker's job is back in a queue: take it
                 if result is not None or timeout is None:
                     break
             except (RedisConnectionError, RedisTimeoutError) as error:

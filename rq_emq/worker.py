@@ -125,15 +125,10 @@ class LeaseMixin(JobWritesMixin):
     def bootstrap(self, *args: Any, **kwargs: Any) -> None:
         check_redis(self.connection)  # before RQ registers the worker: a refusal leaves no trace
         super().bootstrap(*args, **kwargs)  # type: ignore[misc]
-        # work every horse would otherwise repeat per job, done once before any fork
-        compat.resolve_driver_info_once(self.connection.connection_pool)
-        fencing.prepare(self.connection)
-        scripts.load_all(self.connection)
+        self._start_leasing()
         settings = self.lease_settings
-        self._taker = Taker(self.connection, self.name, settings)
-        self.lock_manager = self._new_lock_manager(_own_client(self.connection))
-        self.lock_manager.start()
         me: Any = self
+        assert self.lock_manager is not None
         self.sweeper = Sweeper(
             self.lock_manager.client,
             [q.name for q in self.queues],
@@ -143,6 +138,19 @@ class LeaseMixin(JobWritesMixin):
             serializer=me.serializer,
         )
         self.sweeper.start()
+
+    def _start_leasing(self) -> None:
+        """What a take needs: the scripts, a taker and a running lock manager. Done by
+        ``bootstrap``, or on first use when a tool calls RQ's methods without ``work()``."""
+        if self._taker is not None and self.lock_manager is not None:
+            return
+        # work every horse would otherwise repeat per job, done once before any fork
+        compat.resolve_driver_info_once(self.connection.connection_pool)
+        fencing.prepare(self.connection)
+        scripts.load_all(self.connection)
+        self._taker = Taker(self.connection, self.name, self.lease_settings)
+        self.lock_manager = self._new_lock_manager(_own_client(self.connection))
+        self.lock_manager.start()
 
     def _new_lock_manager(self, client: Redis) -> LockManager:
         settings = self.lease_settings
@@ -206,6 +214,7 @@ class LeaseMixin(JobWritesMixin):
 
     def _take(self, timeout: float | None) -> tuple[Job, Queue] | None:
         me: Any = self
+        self._start_leasing()
         assert self._taker is not None and self.lock_manager is not None
         lock_manager = self.lock_manager
         queues: list[Queue] = list(me._ordered_queues)

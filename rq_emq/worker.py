@@ -34,6 +34,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import SimpleWorker, Worker
 from rq.exceptions import InvalidJobOperation
 from rq.job import Job
+from rq.logutils import blue, green
 from rq.queue import Queue
 from rq.utils import now
 
@@ -236,15 +237,28 @@ class LeaseMixin(JobWritesMixin):
                 break
         lease.job = job
         me.reorder_queues(reference_queue=queue)
-        me.log.info(
-            "Worker %s: %s: %s (attempt %d)",
-            me.name,
-            queue.name,
-            job.id,
-            taken.attempts,
-            extra={"job_id": job.id, "queue": queue.name},
-        )
+        self._log_take(job, queue, taken.attempts)
         return job, queue
+
+    def _log_take(self, job: Job, queue: Queue, attempt: int) -> None:
+        """RQ's dequeue line (``<queue>: <description> (<id>)``, the description left out
+        under ``--disable-job-desc-logging``), with the attempt appended."""
+        me: Any = self
+        extra = {"job_id": job.id, "queue": queue.name}
+        if me.log_job_description:
+            me.log.info(
+                "Worker %s: %s: %s (%s), attempt %d",
+                me.name,
+                green(queue.name),
+                blue(job.description or ""),
+                job.id,
+                attempt,
+                extra=extra,
+            )
+        else:
+            me.log.info(
+                "Worker %s: %s: %s, attempt %d", me.name, green(queue.name), job.id, attempt, extra=extra
+            )
 
     def _job_from(self, taken: Taken, queue: Queue, lease: Lease) -> Job | None:
         """Build the Job from the hash the take returned; a malformed one goes to failed.

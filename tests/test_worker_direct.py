@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Iterator
 
 import pytest
@@ -70,3 +71,30 @@ def test_execute_job_on_a_job_never_taken_runs_it_as_rq_would(r: redis.Redis, wo
 
 def test_an_empty_queue_gives_none_without_work(worker: LeaseWorker) -> None:
     assert worker.dequeue_job_and_maintain_ttl(None) is None
+
+
+def take_line(caplog: pytest.LogCaptureFixture) -> str:
+    (line,) = [rec.getMessage() for rec in caplog.records if "attempt" in rec.getMessage()]
+    return line
+
+
+def test_the_take_logs_rqs_dequeue_line_with_the_attempt(
+    r: redis.Redis, worker: LeaseWorker, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    job = Queue("q", connection=r).enqueue("jobs.add", 2, 3)
+    assert worker.dequeue_job_and_maintain_ttl(None) is not None
+    assert take_line(caplog) == f"Worker {worker.name}: q: jobs.add(2, 3) ({job.id}), attempt 1"
+
+
+def test_the_take_line_leaves_the_description_out_when_rq_is_told_to(
+    r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    worker = LeaseWorker([Queue("q", connection=r)], connection=r, log_job_description=False)
+    try:
+        job = Queue("q", connection=r).enqueue("jobs.add", 2, 3)
+        assert worker.dequeue_job_and_maintain_ttl(None) is not None
+        assert take_line(caplog) == f"Worker {worker.name}: q: {job.id}, attempt 1"
+    finally:
+        worker.teardown()

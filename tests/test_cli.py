@@ -362,7 +362,7 @@ def test_text_output_escapes_queue_and_job_names_so_tables_keep_one_line_per_row
     assert any("job\\x1b]0;pwned\\x07\\nnext" in row for row in rows)
     assert "\x07" not in leases.output
     swept = cli(redis_url, "sweep", "--dry-run", HOSTILE)
-    assert swept.exit_code == 0 and swept.output.startswith(f"queue {shown}:"), swept.output
+    assert swept.exit_code == 0 and swept.output.splitlines()[1].startswith(f"queue {shown}:"), swept.output
     assert_inert(swept.output)
     unknown = cli(redis_url, "status", "no\x1b[2Jsuch")
     assert unknown.exit_code == 2 and "no\\x1b[2Jsuch" in unknown.output

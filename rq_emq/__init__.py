@@ -17,6 +17,7 @@ from .registries import (
     patch_stock_started_registry,
 )
 from .settings import MAX_ATTEMPTS_LIMIT, LeaseSettings, SettingsError, job_max_attempts
+from .startup import StartupError
 from .worker import META_MAX_ATTEMPTS, LeaseJobInterrupted, LeaseWorker, SimpleLeaseWorker
 
 __version__ = "0.1.0"
@@ -42,6 +43,7 @@ __all__ = [
     "LeaseWorker",
     "LeasedJobRegistry",
     "SettingsError",
+    "StartupError",
     "SimpleLeaseWorker",
     "StalledJobRegistry",
     "__version__",

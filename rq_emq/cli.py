@@ -255,7 +255,7 @@ def sweep(
     if as_json:
         cli_output.emit(cli_output.sweep_json(reports, dry_run), as_json=True)
     else:
-        click.echo("\n".join(cli_output.sweep_text(report, dry_run, not no_drain) for report in reports))
+        click.echo(cli_output.sweep_texts(reports, dry_run, not no_drain))
 
 
 @main.command(short_help="Run the stalled sweep as a standalone process.")
@@ -303,8 +303,8 @@ def reaper(
         raise BadInput("no queues to sweep: name them, or enqueue something first")
     loads = load_serializer(serializer)
     if dry_run or once:
-        for report in sweep_once(target, queues, dry_run, loads, drain=not no_drain):
-            click.echo(cli_output.sweep_text(report, dry_run, not no_drain))
+        reports = sweep_once(target, queues, dry_run, loads, drain=not no_drain)
+        click.echo(cli_output.sweep_texts(reports, dry_run, not no_drain))
         return
     scripts.load_all(target.client)
     sweeper = Sweeper(

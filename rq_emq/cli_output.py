@@ -175,19 +175,33 @@ def leases_json(pages: Sequence[LeasePage]) -> dict[str, Any]:
 
 
 # -- sweep -------------------------------------------------------------------------------
+#: What heads a dry run's output: it reads like a real sweep's, in the conditional.
+DRY_RUN_HEAD = "dry run: nothing changed"
+
+
+def sweep_texts(reports: Sequence[SweepReport], dry: bool, drained: bool = True) -> str:
+    """Every queue's report, headed, for a dry run, by :data:`DRY_RUN_HEAD`."""
+    return "\n".join([*([DRY_RUN_HEAD] if dry else []), *(sweep_text(r, dry, drained) for r in reports)])
+
+
 def sweep_text(report: SweepReport, dry: bool, drained: bool = True) -> str:
     head = "would be" if dry else "was"
     queue = printable(report.queue)
     rows = [
-        (job_id, "marked stalled (recovered next round if its lock stays gone)") for job_id in report.marked
+        (
+            job_id,
+            ("would be " if dry else "") + "marked stalled (recovered next round if its lock stays gone)",
+        )
+        for job_id in report.marked
     ]
     rows += [(job_id, f"{head} put back at the front of {queue}") for job_id in report.requeued]
     rows += [(job_id, f"{head} failed at max attempts") for job_id in report.failed]
     rows += [(job_id, f"lease entry of a deleted job, {head} dropped") for job_id in report.dropped]
     rows = [(printable(job_id), where) for job_id, where in rows]
+    would = "would be " if dry else ""
     summary = (
-        f"queue {queue}: {len(report.marked)} marked, {len(report.requeued)} recovered, "
-        f"{len(report.failed)} failed, {report.unmarked} unmarked"
+        f"queue {queue}: {len(report.marked)} {would}marked, {len(report.requeued)} {would}recovered, "
+        f"{len(report.failed)} {would}failed, {report.unmarked} {would}unmarked"
         + ("" if report.ran else " (another sweeper ran this round)")
     )
     width = max((len(job_id) for job_id, _ in rows), default=6)

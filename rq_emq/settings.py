@@ -22,6 +22,14 @@ ENV_PREFIX = "RQ_EMQ_"
 MAX_INTERVAL_MS = 86_400_000
 #: Upper bound of max attempts, worker-wide or per job.
 MAX_ATTEMPTS_LIMIT = 1000
+#: Upper bound of the renew interval: a tenth of the longest lease, so that a renew
+#: interval set alone still leaves room for the lease that follows it.
+MAX_RENEW_INTERVAL_MS = MAX_INTERVAL_MS // 10
+
+#: The value of an interval setting left unset: it follows the others (see
+#: :meth:`LeaseSettings.__post_init__`).
+FOLLOW = 0
+DEFAULT_LEASE_MS = 30_000
 
 
 class SettingsError(ValueError):
@@ -32,14 +40,20 @@ class SettingsError(ValueError):
 class LeaseSettings:
     """Validated lease settings for one worker process."""
 
-    #: How long a lease lives without renewal (milliseconds).
-    lease_ms: int = 30_000
+    # The three intervals compose: one left unset (0) follows the ones set, so that any
+    # one of them set alone gives a working worker, and the defaults are 30000/3000/5000.
+
+    #: How long a lease lives without renewal (milliseconds). Unset: 30000, or 10 x an
+    #: explicit renew interval if that is longer.
+    lease_ms: int = FOLLOW
     #: How often the lock manager renews every lease the process holds (milliseconds). At
     #: most 0.64 x sweep_interval_ms keeps the recovery bound at lease + 2 sweep intervals
-    #: (the grace is the longer of 0.8 sweep interval and 1.25 renew intervals).
-    renew_interval_ms: int = 3_000
-    #: At most one sweep per queue per this interval, fleet-wide (milliseconds).
-    sweep_interval_ms: int = 5_000
+    #: (the grace is the longer of 0.8 sweep interval and 1.25 renew intervals). Unset:
+    #: lease / 10, at most 0.6 x an explicit sweep interval, and at least 10.
+    renew_interval_ms: int = FOLLOW
+    #: At most one sweep per queue per this interval, fleet-wide (milliseconds). Unset:
+    #: lease / 6, and at least 5/3 x the renew interval (so renew <= 0.6 x sweep) and 16.
+    sweep_interval_ms: int = FOLLOW
     #: Leased jobs a single sweep call looks at before it yields (bounds script run time).
     sweep_batch: int = 100
     #: Worker-wide default for how many times a job may be taken before a stall fails it.
@@ -55,12 +69,14 @@ class LeaseSettings:
     event_hooks: str = ""
 
     def __post_init__(self) -> None:
-        _require_int(self, "lease_ms", minimum=100, maximum=MAX_INTERVAL_MS)
-        _require_int(self, "renew_interval_ms", minimum=10, maximum=MAX_INTERVAL_MS)
-        _require_int(self, "sweep_interval_ms", minimum=10, maximum=MAX_INTERVAL_MS)
-        _require_int(self, "sweep_batch", minimum=1, maximum=10_000)
-        _require_int(self, "max_attempts", minimum=1, maximum=MAX_ATTEMPTS_LIMIT)
-        _require_int(self, "idle_poll_ms", minimum=10, maximum=60_000)
+        # what was set is checked before the unset intervals follow it, so an error names
+        # the setting the user gave
+        for name, low, high in _BOUNDS:
+            if not _unset(getattr(self, name)):
+                _require_int(self, name, minimum=low, maximum=high)
+        self._follow()
+        for name, low, high in _BOUNDS:
+            _require_int(self, name, minimum=low, maximum=high)
         if not isinstance(self.stop_on_lease_lost, bool):
             raise SettingsError(_msg("stop_on_lease_lost", "must be true or false", self.stop_on_lease_lost))
         if self.renew_interval_ms >= self.lease_ms:
@@ -70,6 +86,24 @@ class LeaseSettings:
                 "between renewals"
             )
         _require_hooks(self.event_hooks)
+
+    def _follow(self) -> None:
+        """Fill the unset intervals from the set ones (already checked)."""
+
+        def given(name: str) -> int | None:
+            value = getattr(self, name)
+            return None if _unset(value) else int(value)
+
+        lease, renew, sweep = given("lease_ms"), given("renew_interval_ms"), given("sweep_interval_ms")
+        if lease is None:
+            lease = max(DEFAULT_LEASE_MS, 10 * renew) if renew is not None else DEFAULT_LEASE_MS
+            object.__setattr__(self, "lease_ms", lease)
+        if renew is None:
+            renew = lease // 10 if sweep is None else min(lease // 10, sweep * 3 // 5)
+            renew = max(renew, 10)
+            object.__setattr__(self, "renew_interval_ms", renew)
+        if sweep is None:
+            object.__setattr__(self, "sweep_interval_ms", max(lease // 6, -(-renew * 5 // 3), 16))
 
     @property
     def registry_grace_ms(self) -> int:
@@ -108,6 +142,21 @@ class LeaseSettings:
         if unknown:
             raise SettingsError(f"unknown lease setting(s): {', '.join(sorted(unknown))}")
         return cls(**values)
+
+
+#: (setting, minimum, maximum) of every whole-number setting.
+_BOUNDS = (
+    ("lease_ms", 100, MAX_INTERVAL_MS),
+    ("renew_interval_ms", 10, MAX_RENEW_INTERVAL_MS),
+    ("sweep_interval_ms", 10, MAX_INTERVAL_MS),
+    ("sweep_batch", 1, 10_000),
+    ("max_attempts", 1, MAX_ATTEMPTS_LIMIT),
+    ("idle_poll_ms", 10, 60_000),
+)
+
+
+def _unset(value: object) -> bool:
+    return value == FOLLOW and not isinstance(value, bool)
 
 
 def job_max_attempts(value: object) -> int | None:

@@ -253,12 +253,30 @@ class Sweeper(BackgroundLoop):
                 self.drain_outbox(report.queue)
         return reports
 
+    def sweep_now(self) -> list[SweepReport]:
+        """A round on every queue now, rate limit or not (a burst worker about to exit),
+        with the outboxes drained."""
+        reports = [self.sweep(queue, mode="force") for queue in self.queues]
+        for report in reports:
+            if report.outbox_due and self.drain:
+                self.drain_outbox(report.queue)
+        return reports
+
+    def marks_standing(self) -> bool:
+        """Whether any of the queues has a job marked stalled and not yet recovered."""
+        pipe = self.client.pipeline(transaction=False)
+        for queue in self.queues:
+            pipe.zcard(QueueKeys(queue).stalled)
+        return any(int(count) for count in pipe.execute())
+
     def loop(self, stop: threading.Event) -> None:
-        if stop.wait(random.uniform(0, self.poll_ms / 1000.0)):  # spread the fleet's attempts
-            return
+        # The first round runs at once, so that a restarted worker recovers its
+        # predecessor's job without waiting; then a random phase spreads the fleet's tries.
+        pause = random.uniform(self.window_ms, self.poll_ms) / 1000.0
         while not stop.is_set():
             try:
                 self.run_once()
             except Exception:
                 logger.exception("sweep failed; retrying")
-            stop.wait(self.poll_ms / 1000.0)
+            stop.wait(pause)
+            pause = self.poll_ms / 1000.0

@@ -34,6 +34,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import SimpleWorker, Worker
 from rq.exceptions import InvalidJobOperation
 from rq.job import Job
+from rq.logutils import blue, green
 from rq.queue import Queue
 from rq.utils import now
 
@@ -45,6 +46,7 @@ from .keys import QueueKeys, job_key
 from .lease import Lease, LockManager
 from .registries import as_lease_queue, lease_queue_class
 from .settings import LeaseSettings, job_max_attempts
+from .startup import check_redis, worker_settings
 from .sweep import Sweeper
 from .take import Taken, Taker
 
@@ -82,7 +84,7 @@ class LeaseMixin(JobWritesMixin):
         names = LeaseSettings.names()
         overrides = {name: kwargs.pop(name) for name in names if name in kwargs}
         defaults = {name: getattr(type(self), name, None) for name in names}
-        self.lease_settings = LeaseSettings.resolve(overrides, defaults)
+        self.lease_settings = worker_settings(overrides, defaults)
         super().__init__(*args, **kwargs)
         # whatever queue class the worker was given (--queue-class), with the lease registries
         me: Any = self
@@ -93,19 +95,41 @@ class LeaseMixin(JobWritesMixin):
         self.sweeper: Sweeper | None = None
         self._taker: Taker | None = None
         self._last_heartbeat: tuple[float, int] = (-math.inf, 0)  # (monotonic, TTL) of the last sent alone
+        self._burst = False
 
     # -- lifecycle ---------------------------------------------------------------------
-    def bootstrap(self, *args: Any, **kwargs: Any) -> None:
-        super().bootstrap(*args, **kwargs)  # type: ignore[misc]
-        # work every horse would otherwise repeat per job, done once before any fork
-        compat.resolve_driver_info_once(self.connection.connection_pool)
-        fencing.prepare(self.connection)
-        scripts.load_all(self.connection)
-        settings = self.lease_settings
-        self._taker = Taker(self.connection, self.name, settings)
-        self.lock_manager = self._new_lock_manager(_own_client(self.connection))
-        self.lock_manager.start()
+    def work(self, *args: Any, **kwargs: Any) -> bool:
+        self._burst = bool(kwargs.get("burst", args[0] if args else False))
+        return bool(super().work(*args, **kwargs))  # type: ignore[misc]
+
+    def _recover_before_exit(self) -> bool:
+        """A burst worker about to exit sweeps its queues first, and when a job stands
+        marked stalled it waits the grace and sweeps again, so that deployments running
+        only burst workers (cron, batch) recover crashed workers' jobs too. True when a
+        job went back to a queue."""
+        sweeper = self.sweeper
+        if sweeper is None:
+            return False
         me: Any = self
+        for _ in range(2):
+            if any(report.requeued for report in sweeper.sweep_now()):
+                return True
+            if not sweeper.marks_standing():
+                return False
+            deadline = time.monotonic() + sweeper.grace_ms / 1000.0 + 0.01
+            while time.monotonic() < deadline and not me._stop_requested:
+                time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
+            if me._stop_requested:
+                return False
+        return False
+
+    def bootstrap(self, *args: Any, **kwargs: Any) -> None:
+        check_redis(self.connection)  # before RQ registers the worker: a refusal leaves no trace
+        super().bootstrap(*args, **kwargs)  # type: ignore[misc]
+        self._start_leasing()
+        settings = self.lease_settings
+        me: Any = self
+        assert self.lock_manager is not None
         self.sweeper = Sweeper(
             self.lock_manager.client,
             [q.name for q in self.queues],
@@ -115,6 +139,19 @@ class LeaseMixin(JobWritesMixin):
             serializer=me.serializer,
         )
         self.sweeper.start()
+
+    def _start_leasing(self) -> None:
+        """What a take needs: the scripts, a taker and a running lock manager. Done by
+        ``bootstrap``, or on first use when a tool calls RQ's methods without ``work()``."""
+        if self._taker is not None and self.lock_manager is not None:
+            return
+        # work every horse would otherwise repeat per job, done once before any fork
+        compat.resolve_driver_info_once(self.connection.connection_pool)
+        fencing.prepare(self.connection)
+        scripts.load_all(self.connection)
+        self._taker = Taker(self.connection, self.name, self.lease_settings)
+        self.lock_manager = self._new_lock_manager(_own_client(self.connection))
+        self.lock_manager.start()
 
     def _new_lock_manager(self, client: Redis) -> LockManager:
         settings = self.lease_settings
@@ -163,6 +200,8 @@ class LeaseMixin(JobWritesMixin):
                         break
                     wait = min(timeout, math.ceil(idle_left))
                 result = self._take(wait)
+                if result is None and timeout is None and self._burst and self._recover_before_exit():
+                    continue  # a crashed worker's job is back in a queue: take it
                 if result is not None or timeout is None:
                     break
             except (RedisConnectionError, RedisTimeoutError) as error:
@@ -176,6 +215,7 @@ class LeaseMixin(JobWritesMixin):
 
     def _take(self, timeout: float | None) -> tuple[Job, Queue] | None:
         me: Any = self
+        self._start_leasing()
         assert self._taker is not None and self.lock_manager is not None
         lock_manager = self.lock_manager
         queues: list[Queue] = list(me._ordered_queues)
@@ -197,15 +237,28 @@ class LeaseMixin(JobWritesMixin):
                 break
         lease.job = job
         me.reorder_queues(reference_queue=queue)
-        me.log.info(
-            "Worker %s: %s: %s (attempt %d)",
-            me.name,
-            queue.name,
-            job.id,
-            taken.attempts,
-            extra={"job_id": job.id, "queue": queue.name},
-        )
+        self._log_take(job, queue, taken.attempts)
         return job, queue
+
+    def _log_take(self, job: Job, queue: Queue, attempt: int) -> None:
+        """RQ's dequeue line (``<queue>: <description> (<id>)``, the description left out
+        under ``--disable-job-desc-logging``), with the attempt appended."""
+        me: Any = self
+        extra = {"job_id": job.id, "queue": queue.name}
+        if me.log_job_description:
+            me.log.info(
+                "Worker %s: %s: %s (%s), attempt %d",
+                me.name,
+                green(queue.name),
+                blue(job.description or ""),
+                job.id,
+                attempt,
+                extra=extra,
+            )
+        else:
+            me.log.info(
+                "Worker %s: %s: %s, attempt %d", me.name, green(queue.name), job.id, attempt, extra=extra
+            )
 
     def _job_from(self, taken: Taken, queue: Queue, lease: Lease) -> Job | None:
         """Build the Job from the hash the take returned; a malformed one goes to failed.

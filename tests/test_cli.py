@@ -213,6 +213,30 @@ def test_sweep_dry_run_changes_nothing_then_a_sweep_marks_and_a_later_one_recove
     assert r.lrange(Q.rq_queue, 0, -1) == [job_id.encode()]
 
 
+def test_a_dry_run_says_what_would_happen_and_heads_it_nothing_changed(
+    r: redis.Redis, redis_url: str
+) -> None:
+    (job_id,) = stall(r, 1)
+    for command in (["sweep", "q", "--dry-run"], ["reaper", "--once", "--dry-run", "--queues", "q"]):
+        result = cli(redis_url, *command, env=QUICK_GRACE)
+        assert result.exit_code == 0, result.output
+        lines = result.output.splitlines()
+        assert lines[0] == "dry run: nothing changed"
+        assert (
+            lines[1]
+            == "queue q: 1 would be marked, 0 would be recovered, 0 would be failed, 0 would be unmarked"
+        )
+        assert lines[2].split() == [job_id, "would", "be", "marked", *lines[2].split()[4:]]
+        assert r.zcard(Q.stalled) == 0
+    cli(redis_url, "sweep", "q", env=QUICK_GRACE)
+    time.sleep(0.3)  # the grace
+    lines = cli(redis_url, "sweep", "q", "--dry-run", env=QUICK_GRACE).output.splitlines()
+    assert lines[0] == "dry run: nothing changed"
+    assert "1 would be recovered" in lines[1] and f"{job_id}  would be put back at the front of q" in lines[2]
+    real = cli(redis_url, "sweep", "q", env=QUICK_GRACE).output
+    assert "dry run" not in real and "would" not in real and "1 recovered" in real
+
+
 # -- the outbox drain in the operator's process ----------------------------------------------
 def stalled_on_its_last_attempt(r: redis.Redis, log: Path, serializer: object = None) -> str:
     """A job with a failure callback whose worker died on its last attempt."""
@@ -338,7 +362,7 @@ def test_text_output_escapes_queue_and_job_names_so_tables_keep_one_line_per_row
     assert any("job\\x1b]0;pwned\\x07\\nnext" in row for row in rows)
     assert "\x07" not in leases.output
     swept = cli(redis_url, "sweep", "--dry-run", HOSTILE)
-    assert swept.exit_code == 0 and swept.output.startswith(f"queue {shown}:"), swept.output
+    assert swept.exit_code == 0 and swept.output.splitlines()[1].startswith(f"queue {shown}:"), swept.output
     assert_inert(swept.output)
     unknown = cli(redis_url, "status", "no\x1b[2Jsuch")
     assert unknown.exit_code == 2 and "no\\x1b[2Jsuch" in unknown.output

@@ -75,6 +75,29 @@ def test_a_killed_workers_job_is_back_within_lease_plus_two_sweeps_and_finished_
     assert after_kill <= BOUND_LEASE_S + 2 * BOUND_SWEEP_S + SCHEDULING_SLACK_S, (after_lapse, after_kill)
 
 
+@pytest.mark.parametrize("worker_class", ["rq_emq.LeaseWorker", "rq_emq.SimpleLeaseWorker"])
+def test_burst_workers_alone_recover_a_killed_workers_job_and_run_it(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path, worker_class: str
+) -> None:
+    """Cron and batch deployments run only burst workers: the one that comes after the
+    crash recovers the job (sweep, wait the grace, sweep again) and runs it."""
+    log = str(tmp_path / "runs.log")
+    victim = procs.worker(redis_url, worker_class=worker_class, burst=True, **FAST)
+    job = Queue(connection=r).enqueue("jobs.sleep_first_run_and_record", log, 60, job_timeout=120)
+    wait_for(lambda: starts(log), what="the job to start")
+    os.killpg(victim.pid, signal.SIGKILL)
+    wait_for(lambda: not r.exists(Q.lock(job.id)), timeout=10, what="the lease to lapse")
+    assert status(r, job.id) == "started"
+    burst = procs.worker(redis_url, worker_class=worker_class, burst=True, **FAST)
+    assert burst.wait(timeout=20) == 0, procs.log(burst)
+    assert status(r, job.id) == "finished", procs.log(burst)
+    assert [line.split()[0] for line in runs(log)] == ["start", "start", "end"]
+    # ... and one more burst worker finds nothing left to do, and exits at once
+    started_at = time.monotonic()
+    assert procs.worker(redis_url, worker_class=worker_class, burst=True, **FAST).wait(timeout=20) == 0
+    assert time.monotonic() - started_at < 5
+
+
 def _signal(sig: signal.Signals, *pids: int) -> None:
     for pid in pids:
         os.kill(pid, sig)

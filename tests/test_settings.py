@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 import redis
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from rq_emq import LeaseSettings, LeaseWorker, SettingsError, SimpleLeaseWorker, max_attempts
+from rq_emq import LeaseSettings, LeaseWorker, SettingsError, SimpleLeaseWorker, StartupError, max_attempts
 
 
 def test_defaults() -> None:
@@ -30,7 +32,10 @@ def test_environment_booleans_and_numbers_are_parsed() -> None:
 @pytest.mark.parametrize(
     ("overrides", "environ", "named"),
     [
-        ({"renew_interval_ms": 30_000}, {}, "renew_interval_ms"),
+        ({"renew_interval_ms": 30_000, "lease_ms": 30_000}, {}, "renew_interval_ms"),
+        ({}, {"RQ_EMQ_RENEW_INTERVAL_MS": "40000", "RQ_EMQ_LEASE_MS": "30000"}, "RENEW_INTERVAL_MS"),
+        ({}, {"RQ_EMQ_LEASE_MS": "100000000000000000"}, "RQ_EMQ_LEASE_MS"),
+        ({"renew_interval_ms": -5}, {}, "renew_interval_ms"),
         ({}, {"RQ_EMQ_LEASE_MS": "soon"}, "RQ_EMQ_LEASE_MS"),
         ({"max_attempts": 0}, {}, "max_attempts"),
         ({"sweep_batch": 10**6}, {}, "sweep_batch"),
@@ -58,13 +63,69 @@ def test_workers_take_settings_as_keywords_and_class_attributes(monkeypatch: pyt
         20_000,
         9,
     )
-    with pytest.raises(SettingsError, match="renew_interval_ms"):
+    with pytest.raises(StartupError, match="renew_interval_ms") as refused:
         LeaseWorker(
             ["q"], connection=connection, lease_ms=1_000, renew_interval_ms=1_000, prepare_for_work=False
         )
+    assert isinstance(refused.value, SystemExit) and isinstance(refused.value.__cause__, SettingsError)
 
 
 def test_the_max_attempts_helper_builds_meta_and_rejects_nonsense() -> None:
     assert max_attempts(4, {"tenant": "a"}) == {"tenant": "a", "emq_max_attempts": 4}
     with pytest.raises(SettingsError, match="max_attempts"):
         max_attempts(0)
+
+
+# -- defaults that compose: any one setting set alone gives a working worker ---------------
+
+#: (setting, minimum, typical, maximum) of every setting a user can set.
+RANGES = [
+    ("lease_ms", 100, 2_000, 86_400_000),
+    ("renew_interval_ms", 10, 1_000, 8_640_000),
+    ("sweep_interval_ms", 10, 2_000, 86_400_000),
+    ("sweep_batch", 1, 100, 10_000),
+    ("max_attempts", 1, 5, 1000),
+    ("idle_poll_ms", 10, 500, 60_000),
+]
+
+
+def assert_recovery_bound_holds(s: LeaseSettings) -> None:
+    assert 10 <= s.renew_interval_ms < s.lease_ms
+    if s.sweep_interval_ms >= 16:  # below, the renew interval's own floor of 10 ms wins
+        assert s.renew_interval_ms <= 0.64 * s.sweep_interval_ms
+
+
+@pytest.mark.parametrize(("name", "value"), [(n, v) for n, *values in RANGES for v in values])
+def test_every_setting_alone_at_its_bounds_gives_valid_settings(name: str, value: int) -> None:
+    s = LeaseSettings.resolve({name: value}, environ={})
+    assert getattr(s, name) == value
+    assert_recovery_bound_holds(s)
+    from_env = LeaseSettings.resolve(environ={f"RQ_EMQ_{name.upper()}": str(value)})
+    assert from_env == s
+
+
+@pytest.mark.parametrize(("name", "low", "high"), [(n, lo, hi) for n, lo, _, hi in RANGES])
+def test_every_setting_has_a_minimum_and_a_maximum(name: str, low: int, high: int) -> None:
+    for value in (low - 1, high + 1):
+        with pytest.raises(SettingsError, match=name):
+            LeaseSettings.resolve({name: value}, environ={})
+
+
+@given(st.sampled_from(RANGES).flatmap(lambda r: st.tuples(st.just(r[0]), st.integers(r[1], r[3]))))
+@settings(max_examples=300, deadline=None)
+def test_any_single_setting_gives_valid_settings(setting: tuple[str, int]) -> None:
+    name, value = setting
+    s = LeaseSettings.resolve({name: value}, environ={})
+    assert getattr(s, name) == value
+    assert_recovery_bound_holds(s)
+
+
+def test_intervals_follow_the_lease() -> None:
+    s = LeaseSettings.resolve(environ={"RQ_EMQ_LEASE_MS": "2000"})
+    assert (s.lease_ms, s.renew_interval_ms, s.sweep_interval_ms) == (2_000, 200, 334)
+    s = LeaseSettings.resolve({"renew_interval_ms": 20_000}, environ={})
+    assert (s.lease_ms, s.renew_interval_ms, s.sweep_interval_ms) == (200_000, 20_000, 33_334)
+    s = LeaseSettings.resolve({"sweep_interval_ms": 1_000}, environ={})
+    assert (s.lease_ms, s.renew_interval_ms, s.sweep_interval_ms) == (30_000, 600, 1_000)
+    s = LeaseSettings.resolve({"lease_ms": 60_000, "renew_interval_ms": 1_000}, environ={})
+    assert s.sweep_interval_ms == 10_000

@@ -418,3 +418,19 @@ def test_a_drainer_whose_claim_was_taken_over_writes_no_result(r: redis.Redis) -
     assert r.zscore(Q.outbox, job_id) is not None  # still the successor's to complete
     assert s._complete_failure("q", job_id, successor) == 1
     assert len(Job.fetch(job_id, connection=r).results()) == 1 and r.zcard(Q.outbox) == 0
+
+
+def test_a_sweeper_that_starts_sweeps_at_once_not_after_a_random_phase(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (job_id,) = stall(r)
+    monkeypatch.setattr("rq_emq.sweep.random.uniform", lambda low, high: high)  # the longest phase
+    s = Sweeper(r, ["q"], LeaseSettings(lease_ms=60_000, sweep_interval_ms=60_000))
+    s.start()
+    try:
+        deadline = time.monotonic() + 5
+        while r.zscore(Q.stalled, job_id) is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert r.zscore(Q.stalled, job_id) is not None  # marked by the first round, within 5 s
+    finally:
+        s.stop()

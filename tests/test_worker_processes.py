@@ -199,7 +199,7 @@ def test_a_per_job_max_attempts_from_a_stock_producer_is_recorded(
 @pytest.mark.parametrize(
     ("env", "named"),
     [
-        ({"RQ_EMQ_RENEW_INTERVAL_MS": "30000"}, "renew_interval_ms"),
+        ({"RQ_EMQ_RENEW_INTERVAL_MS": "30000", "RQ_EMQ_LEASE_MS": "30000"}, "renew_interval_ms"),
         ({"RQ_EMQ_LEASE_MS": "soon"}, "lease_ms"),
         ({"RQ_EMQ_MAX_ATTEMPTS": "0"}, "max_attempts"),
     ],
@@ -210,8 +210,52 @@ def test_bad_settings_stop_the_worker_at_startup_naming_the_setting(
     job = Queue(connection=r).enqueue("jobs.noop")
     worker = procs.worker(redis_url, burst=True, **env)
     assert worker.wait(timeout=20) != 0
-    assert named in procs.log(worker)
+    assert one_line(procs.log(worker)).startswith("rq-emq: invalid setting: " + named)
     assert status(r, job.id) == "queued" and r.llen("rq:queue:default") == 1  # nothing taken, nothing lost
+
+
+def one_line(log: str) -> str:
+    """The worker's output, which must be one line (RQ 2.0 with a newer click adds warnings
+    about its own duplicate options: those are not ours)."""
+    lines = [line for line in log.splitlines() if line.strip() and not _click_noise(line)]
+    assert len(lines) == 1 and "Traceback" not in log, log
+    return lines[0]
+
+
+def _click_noise(line: str) -> bool:
+    return "UserWarning: The parameter" in line or line.strip().startswith(("parser =", "self.parse_args"))
+
+
+def test_an_unreachable_redis_stops_the_worker_with_one_line(procs: Processes) -> None:
+    worker = procs.worker("redis://127.0.0.1:1", burst=True)
+    assert worker.wait(timeout=20) != 0
+    assert "127.0.0.1:1" in one_line(procs.log(worker))
+
+
+def test_a_redis_older_than_6_2_stops_the_worker_with_one_line(
+    r: redis.Redis, redis_url: str, procs: Processes
+) -> None:
+    job = Queue(connection=r).enqueue("jobs.noop")
+    worker = procs.worker(
+        redis_url,
+        burst=True,
+        worker_class="worker_classes.OldRedisLeaseWorker",
+        EMQ_TEST_REDIS_VERSION="6.0.16",
+    )
+    assert worker.wait(timeout=20) != 0
+    line = one_line(procs.log(worker))
+    assert line.startswith("rq-emq: Redis 6.0.16 at ") and "older than 6.2" in line, line
+    assert status(r, job.id) == "queued" and not r.smembers("rq:workers")  # not even registered
+
+
+@pytest.mark.parametrize("env", [{"RQ_EMQ_LEASE_MS": "2000"}, {"RQ_EMQ_RENEW_INTERVAL_MS": "40000"}])
+def test_a_lease_or_renew_interval_set_alone_gives_a_working_worker(
+    r: redis.Redis, redis_url: str, procs: Processes, env: dict[str, str]
+) -> None:
+    job = Queue(connection=r).enqueue("jobs.noop")
+    worker = procs.worker(redis_url, burst=True, **env)
+    assert worker.wait(timeout=20) == 0, procs.log(worker)
+    assert status(r, job.id) == "finished"
 
 
 def test_deleted_jobs_and_stray_registry_entries_are_skipped_not_fatal(

@@ -118,3 +118,18 @@ class SelfStoppingLeaseWorker(LeaseWorker):
             return taken
 
         taker.pop = pop_then_stop
+
+
+class OldRedisLeaseWorker(LeaseWorker):
+    """A LeaseWorker whose Redis says, in INFO, that it is the version EMQ_TEST_REDIS_VERSION."""
+
+    def bootstrap(self, *args: Any, **kwargs: Any) -> None:
+        real_info = self.connection.info
+
+        def info(section: str | None = None, *more: Any, **kwargs: Any) -> dict[str, Any]:
+            reply = dict(real_info(section, *more, **kwargs))
+            reply["redis_version"] = os.environ["EMQ_TEST_REDIS_VERSION"]
+            return reply
+
+        self.connection.info = info  # type: ignore[method-assign]
+        super().bootstrap(*args, **kwargs)

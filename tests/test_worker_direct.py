@@ -1,0 +1,100 @@
+"""The worker's RQ methods called directly, as tools and RQ's own tests call them: no
+``work()`` has bootstrapped the worker, and each still works under a lease."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Iterator
+
+import pytest
+import redis
+from rq import Queue
+from rq.job import Job
+
+from rq_emq import LeaseWorker, SimpleLeaseWorker
+from rq_emq.keys import QueueKeys, job_key
+
+WORKERS = [LeaseWorker, SimpleLeaseWorker]
+
+
+@pytest.fixture(params=WORKERS, ids=lambda cls: cls.__name__)
+def worker(request: pytest.FixtureRequest, r: redis.Redis) -> Iterator[LeaseWorker]:
+    w = request.param([Queue("q", connection=r)], connection=r, lease_ms=5_000)
+    yield w
+    w.teardown()
+
+
+def test_dequeue_then_execute_job_without_work_runs_the_job_under_a_lease(
+    r: redis.Redis, worker: LeaseWorker
+) -> None:
+    job = Queue("q", connection=r).enqueue("jobs.add", 2, 3)
+    taken = worker.dequeue_job_and_maintain_ttl(None)
+    assert taken is not None and taken[0].id == job.id
+    assert r.exists(QueueKeys("q").lock(job.id))  # leased, and renewed by a lock manager
+    assert worker.lock_manager is not None and worker.lock_manager.get(job.id) is not None
+    worker.execute_job(*taken)
+    job.refresh()
+    assert job.get_status() == "finished" and job.return_value() == 5
+    assert not r.exists(QueueKeys("q").lock(job.id)) and r.zscore(QueueKeys("q").leases, job.id) is None
+
+
+def test_dequeue_then_perform_job_without_work_runs_the_job(r: redis.Redis, worker: LeaseWorker) -> None:
+    job = Queue("q", connection=r).enqueue("jobs.add", 1, 1)
+    taken = worker.dequeue_job_and_maintain_ttl(None)
+    assert taken is not None
+    assert perform(worker, *taken) is True
+    assert r.hget(job_key(job.id), "status") == b"finished"
+
+
+def perform(worker: LeaseWorker, job: Job, queue: Queue) -> bool:
+    """RQ's own call, as its horse makes it (RQ 3 passes the execution it prepared)."""
+    if "execution" in inspect.signature(worker.perform_job).parameters:
+        return bool(worker.perform_job(job, queue, worker.prepare_execution(job)))
+    return bool(worker.perform_job(job, queue))
+
+
+def test_perform_job_on_a_job_never_taken_runs_it_as_rq_would(r: redis.Redis, worker: LeaseWorker) -> None:
+    queue = Queue("q", connection=r)
+    job = queue.enqueue("jobs.add", 5, 5)
+    assert perform(worker, job, queue) is True
+    assert r.hget(job_key(job.id), "status") == b"finished"
+
+
+def test_execute_job_on_a_job_never_taken_runs_it_as_rq_would(r: redis.Redis, worker: LeaseWorker) -> None:
+    queue = Queue("q", connection=r)
+    job = queue.enqueue("jobs.add", 4, 4)
+    worker.execute_job(job, queue)
+    job.refresh()
+    assert job.get_status() == "finished" and job.return_value() == 8
+
+
+def test_an_empty_queue_gives_none_without_work(worker: LeaseWorker) -> None:
+    assert worker.dequeue_job_and_maintain_ttl(None) is None
+
+
+def take_line(caplog: pytest.LogCaptureFixture) -> str:
+    (line,) = [rec.getMessage() for rec in caplog.records if "attempt" in rec.getMessage()]
+    return line
+
+
+def test_the_take_logs_rqs_dequeue_line_with_the_attempt(
+    r: redis.Redis, worker: LeaseWorker, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    job = Queue("q", connection=r).enqueue("jobs.add", 2, 3)
+    assert worker.dequeue_job_and_maintain_ttl(None) is not None
+    assert take_line(caplog) == f"Worker {worker.name}: q: jobs.add(2, 3) ({job.id}), attempt 1"
+
+
+def test_the_take_line_leaves_the_description_out_when_rq_is_told_to(
+    r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    worker = LeaseWorker([Queue("q", connection=r)], connection=r, log_job_description=False)
+    try:
+        job = Queue("q", connection=r).enqueue("jobs.add", 2, 3)
+        assert worker.dequeue_job_and_maintain_ttl(None) is not None
+        assert take_line(caplog) == f"Worker {worker.name}: q: {job.id}, attempt 1"
+    finally:
+        worker.teardown()

@@ -7,8 +7,10 @@ lease may wake after the job was recovered and even finished elsewhere; unguarde
 writes would turn the job back to `started` under a worker that no longer runs it. This
 packs RQ's transaction here unchanged, like finish_job, but leaves the lease in place.
 
-After RQ's commands, the job's RQ status is recorded as ours (`emq_status`): from then on
-a status that differs means RQ (or an operator) changed the job, not us.
+After RQ's commands of a run's start (the horse's, which mark the job started), the job's
+RQ status is recorded as ours (`emq_status`): from then on a status that differs means RQ
+(or an operator) changed the job, not us. The worker's own record of the execution leaves
+the status alone and records nothing.
 
 KEYS:
   1  rq:job:<id>
@@ -20,7 +22,8 @@ ARGV:
   1  job id
   2  token
   3  the job's own max attempts to record ('' for none)
-  4  number of commands; then per command: its argument count, then the arguments
+  4  '1' to record the job's RQ status after RQ's commands as ours, '0' not to
+  5  number of commands; then per command: its argument count, then the arguments
 Returns:
   {0}               fenced out: the lease is not ours (or RQ ended the job since the
                     take, which also releases the lease), nothing was written
@@ -40,11 +43,14 @@ if state ~= 'held' then
   end
   return {0}
 end
-local replies = run_packed(5, tonumber(ARGV[4]))
-local record = {'emq_status', redis.call('HGET', KEYS[1], 'status') or ''}
-if ARGV[3] ~= '' then
-  record[3] = 'emq_max_attempts'
-  record[4] = ARGV[3]
+local replies = run_packed(6, tonumber(ARGV[5]))
+local record = {}
+if ARGV[4] == '1' then
+  record = {'emq_status', redis.call('HGET', KEYS[1], 'status') or ''}
 end
-redis.call('HSET', KEYS[1], unpack(record))
+if ARGV[3] ~= '' then
+  record[#record + 1] = 'emq_max_attempts'
+  record[#record + 1] = ARGV[3]
+end
+if #record > 0 then redis.call('HSET', KEYS[1], unpack(record)) end
 return {1, replies}

@@ -530,6 +530,14 @@ CATALOG: list[Mutation] = [
         [f"{LIFE}::test_a_watch_that_fires_inside_the_fenced_finish_lets_rqs_retry_commit"],
         "a WATCH that fired in the finish is kept as the block's error: RQ's retry loop spins forever",
     ),
+    _m(
+        "start_does_not_record_rqs_status",
+        "rq_emq/fencing.py",
+        '"1" if fence.records_status else "0"',
+        '"0"',
+        [f"{LIFE}::test_a_fenced_finish_records_the_jobs_own_max_attempts_with_its_start"],
+        "the run's start leaves emq_status at queued: RQ's later changes are not recognised",
+    ),
 ]
 
 

@@ -87,6 +87,9 @@ class Fence:
     counter: str = "finished"
     #: The job's own max attempts, recorded by the first guarded write ("" for none).
     max_attempts: str = ""
+    #: A guarded write that changes the job's RQ status (the run's start) records it as
+    #: the lease's own (``emq_status``); the worker's execution record does not need to.
+    records_status: bool = True
 
     @property
     def keys(self) -> list[str]:
@@ -189,7 +192,7 @@ class _FencedPipelineMixin:
         if session.release:
             packed: list[Any] = [fence.job_id, fence.token, fence.counter]
         else:
-            packed = [fence.job_id, fence.token, fence.max_attempts]
+            packed = [fence.job_id, fence.token, fence.max_attempts, "1" if fence.records_status else "0"]
         packed.append(sum(len(parts) for parts, _ in pieces))
         for parts, _ in pieces:
             for words in parts:

@@ -16,6 +16,7 @@ ends the run before the job is called, a refused outcome is discarded.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -50,7 +51,7 @@ class JobWritesMixin:
     _running_job_id: str | None = None
 
     @contextmanager
-    def _fenced(self, job: Job, release: bool = True) -> Iterator[None]:
+    def _fenced(self, job: Job, release: bool = True, records_status: bool = True) -> Iterator[None]:
         """Fence the first writing transaction opened in this block. A refused finish is
         swallowed (logged where refused, one line; nothing written); a refused start is
         raised. A blip that failed the fenced transaction is raised after the block even
@@ -61,7 +62,8 @@ class JobWritesMixin:
             yield  # not a job we leased, or already inside a fenced block
             return
         try:
-            with fenced(self.connection, lease.fence, release=release) as session:
+            fence = lease.fence if records_status else dataclasses.replace(lease.fence, records_status=False)
+            with fenced(self.connection, fence, release=release) as session:
                 with _hide_swallowed(session, getattr(self, "log", None)):
                     yield
         except LeaseLost:
@@ -76,9 +78,9 @@ class JobWritesMixin:
     def _through_blips(self, job: Job, step: Callable[[], Any], what: str) -> Any:
         return through_blips(step, job.id, self.lease_settings.lease_ms / 1000, what)
 
-    def _guarded(self, job: Job, step: Callable[[], Any], what: str) -> Any:
+    def _guarded(self, job: Job, step: Callable[[], Any], what: str, records_status: bool = True) -> Any:
         def guarded() -> Any:
-            with self._fenced(job, release=False):
+            with self._fenced(job, release=False, records_status=records_status):
                 return step()
 
         return self._through_blips(job, guarded, what)
@@ -106,7 +108,8 @@ class JobWritesMixin:
                 compat.forget_executions(self, known)
                 raise
 
-        execution = self._guarded(job, record, "record its execution")
+        # RQ's execution record leaves the job's status alone: nothing to record as ours
+        execution = self._guarded(job, record, "record its execution", records_status=False)
         lease = self.lock_manager.get(job.id) if self.lock_manager else None
         if lease is not None:
             lease.execution = execution

@@ -20,8 +20,10 @@ import dataclasses
 import functools
 import logging
 import math
+import mmap
 import os
 import signal
+import struct
 import threading
 import time
 from types import FrameType
@@ -103,7 +105,7 @@ class LeaseMixin(JobWritesMixin):
         scripts.load_all(self.connection)
         settings = self.lease_settings
         self._taker = Taker(self.connection, self.name, settings)
-        self.lock_manager = self._new_lock_manager(_own_client(self.connection))
+        self.lock_manager = self._new_lock_manager(_own_client(self.connection, settings.redis_timeout_s))
         self.lock_manager.start()
         me: Any = self
         self.sweeper = Sweeper(
@@ -126,6 +128,10 @@ class LeaseMixin(JobWritesMixin):
             on_tick=self._tick_heartbeats,
             name=f"rq-emq-lock-manager:{self.name}",
             lease_writes=self._heartbeat_execution,
+            margin_ms=settings.lease_margin_ms,
+            check_interval_s=settings.lease_check_interval_s,
+            on_expired=self._on_lease_expired,
+            on_renewed=self._on_lease_renewed,
         )
 
     def teardown(self) -> None:
@@ -183,6 +189,7 @@ class LeaseMixin(JobWritesMixin):
 
         def record(taken: Taken) -> None:
             lease = Lease(queues[taken.queue_index].name, taken.job_id, taken.token)
+            lease.valid_until = lock_manager.deadline(taken.sent_at or time.monotonic())
             lock_manager.add(lease)
             leases[taken.token] = lease
 
@@ -327,6 +334,17 @@ class LeaseMixin(JobWritesMixin):
             )
             self._stop_lost_job(lease)
 
+    def _on_lease_expired(self, lease: Lease) -> None:
+        """The local lease clock ran out: stop the job now, whatever Redis says (or does
+        not say), so that it has stopped before the sweep may hand it to someone else.
+        With ``stop_on_lease_lost`` off the job runs on (that setting gives up the
+        no-overlap guarantee; its outcome is still fenced)."""
+        if self.lease_settings.stop_on_lease_lost:
+            self._stop_lost_job(lease)
+
+    def _on_lease_renewed(self, lease: Lease) -> None:
+        """A renewal moved the lease's local deadline (fork mode tells its horse)."""
+
     def _stop_lost_job(self, lease: Lease) -> None:
         raise NotImplementedError
 
@@ -382,14 +400,30 @@ class LeaseMixin(JobWritesMixin):
 class LeaseWorker(LeaseMixin, Worker):
     """A forking RQ worker whose jobs hold lock leases (``rq worker -w rq_emq.LeaseWorker``)."""
 
+    _horse_deadline: HorseDeadline | None = None
+    _horse_job_id: str | None = None
+
     def main_work_horse(self, job: Job, queue: Queue) -> None:
         _die_with_parent(self._worker_pid)
+        if self._horse_deadline is not None and self.lease_settings.stop_on_lease_lost:
+            self._horse_deadline.guard(self.lease_settings.lease_check_interval_s)
         super().main_work_horse(job, queue)
 
     def fork_work_horse(self, job: Job, queue: Queue) -> None:
         self._worker_pid = os.getpid()
         _libc()
+        # the horse fences itself on the local lease deadline, which it reads from memory
+        # shared with this worker: a frozen or dead worker cannot keep it running
+        if self._horse_deadline is None:
+            self._horse_deadline = HorseDeadline()
+        lease = self.lock_manager.get(job.id) if self.lock_manager is not None else None
+        self._horse_job_id = job.id
+        self._horse_deadline.set(lease.valid_until if lease is not None else math.inf)
         super().fork_work_horse(job, queue)
+
+    def _on_lease_renewed(self, lease: Lease) -> None:
+        if self._horse_deadline is not None and lease.job_id == self._horse_job_id:
+            self._horse_deadline.set(lease.valid_until)
 
     def monitor_work_horse(self, job: Job, queue: Queue, *args: Any) -> None:
         try:
@@ -427,6 +461,31 @@ class SimpleLeaseWorker(LeaseMixin, SimpleWorker):
         self._interrupt_job_id = lease.job_id
         signal.pthread_kill(threading.main_thread().ident or 0, self.interrupt_signal)
 
+    def _on_lease_expired(self, lease: Lease) -> None:
+        """Interrupt the job; if its code does not give way (stuck in C code, where no
+        Python exception lands) within half the margin and half a renew interval, end the
+        whole process: a run that cannot be stopped must not outlive its lease while
+        another worker runs the job (the sweep's grace is at least 1.25 renew intervals, so
+        this exit still lands before any recovery)."""
+        super()._on_lease_expired(lease)
+        settings = self.lease_settings
+        if not settings.stop_on_lease_lost:
+            return
+        wait = (settings.lease_margin_ms + settings.renew_interval_ms) / 2000.0
+        timer = threading.Timer(wait, self._exit_if_still_running, args=(lease.job_id,))
+        timer.daemon = True
+        timer.start()
+
+    def _exit_if_still_running(self, job_id: str) -> None:
+        if self._running_job_id == job_id:
+            logger.critical(
+                "job %s did not stop when its local lease clock ran out; ending the worker process",
+                job_id,
+                extra={"job_id": job_id},
+            )
+            logging.shutdown()
+            os.kill(os.getpid(), signal.SIGKILL)
+
     def _interrupt_lost_job(self, signum: int, frame: FrameType | None) -> None:
         job_id, self._interrupt_job_id = self._interrupt_job_id, None
         # only the job's own code is interrupted: once it has ended (its outcome is being
@@ -435,13 +494,52 @@ class SimpleLeaseWorker(LeaseMixin, SimpleWorker):
             raise LeaseJobInterrupted(f"job {job_id}: lease lost, job stopped")
 
 
-def _own_client(connection: Redis) -> Redis:
+def _own_client(connection: Redis, timeout_s: float | None = None) -> Redis:
     """A client with its own pool, so the lock manager's thread shares no connection
-    (nor pool lock) with the main thread or a forked horse."""
+    (nor pool lock) with the main thread or a forked horse. With ``timeout_s`` its socket
+    and connect timeouts are that short (RQ's own are minutes), so no renewal or sweep
+    call hangs past a tick."""
     pool = connection.connection_pool
-    return Redis(
-        connection_pool=ConnectionPool(connection_class=pool.connection_class, **pool.connection_kwargs)
-    )
+    kwargs = dict(pool.connection_kwargs)
+    if timeout_s is not None:
+        kwargs["socket_timeout"] = timeout_s
+        kwargs["socket_connect_timeout"] = timeout_s
+    return Redis(connection_pool=ConnectionPool(connection_class=pool.connection_class, **kwargs))
+
+
+class HorseDeadline:
+    """The local lease deadline of the job a horse runs, in memory shared by the worker
+    and its horse (an anonymous shared ``mmap`` made before the fork). The worker writes it
+    after each renewal; a thread in the horse SIGKILLs the horse once ``time.monotonic()``
+    (CLOCK_MONOTONIC, one clock for every process on a host) has passed it."""
+
+    def __init__(self) -> None:
+        self._memory = mmap.mmap(-1, 8)  # MAP_SHARED | MAP_ANONYMOUS: survives the fork shared
+        self.set(math.inf)
+
+    def set(self, deadline: float) -> None:
+        self._memory[0:8] = struct.pack("d", deadline)
+
+    def get(self) -> float:
+        # read until two reads agree: a read torn by a concurrent write is never acted on
+        while True:
+            first = self._memory[0:8]
+            if self._memory[0:8] == first:
+                return float(struct.unpack("d", first)[0])
+
+    def guard(self, interval_s: float) -> None:
+        """In the horse: start the thread that ends it past the deadline. It runs until
+        the horse exits; a kill in the fenced finish writes nothing half-done."""
+        thread = threading.Thread(
+            target=self._watch, args=(interval_s,), name="rq-emq-horse-fence", daemon=True
+        )
+        thread.start()
+
+    def _watch(self, interval_s: float) -> None:
+        while True:
+            if time.monotonic() > self.get():
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(interval_s)
 
 
 @functools.cache

@@ -128,7 +128,7 @@ def test_a_renewal_against_a_stalled_redis_gives_up_within_a_renew_interval(
     lease = Lease("default", "job-1", "token")
     manager.add(lease)
     manager.tick()  # connected, scripts loaded
-    lease.lost = False  # (no such job: renewal refused it) renew it again
+    lease.settled = lease.lost = False  # (no such job: the renewal dropped it) renew it again
     own_server.pause()
     try:
         began = time.monotonic()

@@ -74,7 +74,11 @@ class Lease:
     @property
     def fence(self) -> Fence:
         own_max = "" if self.max_attempts is None else str(self.max_attempts)
-        return Fence(self.queue, self.job_id, self.token, max_attempts=own_max)
+        # past its local deadline this holder no longer trusts the lease: a token that
+        # matches nothing makes every fenced write refused, so the lease lapses in Redis
+        # and the sweep recovers the job (attempt counted) instead of a failure written
+        token = f"expired:{self.token}" if self.expired else self.token
+        return Fence(self.queue, self.job_id, token, max_attempts=own_max)
 
     def hand_back(self, client: Redis) -> bool:
         """Put the job back at the front of its queue, attempt refunded, if this lease
@@ -110,6 +114,8 @@ class LockManager(BackgroundLoop):
         on_expired: Callable[[Lease], None] | None = None,
         on_renewed: Callable[[Lease], None] | None = None,
     ) -> None:
+        """``on_renewed`` is told each time a lease's local deadline moves, and once when
+        its job's outcome is found committed (``settled``: the run needs no deadline)."""
         self.client = client
         self.lease_ms = lease_ms
         self.renew_interval_ms = renew_interval_ms
@@ -239,8 +245,10 @@ class LockManager(BackgroundLoop):
             return self.tick()
         for job_id in settled:
             done = self.get(job_id)
-            if done is not None:
+            if done is not None and not done.settled:
                 done.settled = True
+                if self.on_renewed is not None:
+                    self.on_renewed(done)  # its outcome is committed: no deadline any more
         for job_id in lost:
             held = self.get(job_id)
             if held is None or held.lost:

@@ -423,7 +423,9 @@ class LeaseWorker(LeaseMixin, Worker):
 
     def _on_lease_renewed(self, lease: Lease) -> None:
         if self._horse_deadline is not None and lease.job_id == self._horse_job_id:
-            self._horse_deadline.set(lease.valid_until)
+            # once the outcome is committed the horse's remaining work (RQ enqueuing the
+            # dependents, its bookkeeping) is no run of the job: nothing may recover it
+            self._horse_deadline.set(math.inf if lease.settled else lease.valid_until)
 
     def monitor_work_horse(self, job: Job, queue: Queue, *args: Any) -> None:
         try:

@@ -194,6 +194,7 @@ class LockManager(BackgroundLoop):
 
     def tick(self) -> list[str]:
         """Renew every held lease now; returns the ids of leases found lost."""
+        self.check_expiry()  # a lease past its local deadline is never renewed back to life
         leases = self.held()
         pipe = self.client.pipeline(transaction=False)
         by_queue: dict[str, list[Lease]] = {}
@@ -265,12 +266,12 @@ class LockManager(BackgroundLoop):
         return lost
 
     def _extend(self, renewed: list[Lease], sent_at: float) -> None:
-        """Move the local deadline of each lease this tick renewed (never back, and never
-        for a lease whose local clock already ran out: its job is being stopped)."""
+        """Move the local deadline of each lease this tick renewed: never back, and only
+        if the renewal was sent before the old deadline (else the job is being stopped)."""
         deadline = self.deadline(sent_at)
         for lease in renewed:
-            if lease.expired or deadline <= lease.valid_until:
-                continue
+            if lease.expired or sent_at > lease.valid_until or deadline <= lease.valid_until:
+                continue  # a renewal sent after the local deadline revives nothing
             lease.valid_until = deadline
             if self.on_renewed is not None:
                 self.on_renewed(lease)

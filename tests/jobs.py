@@ -116,3 +116,12 @@ def run_spans(log: str) -> dict[int, tuple[float, float]]:
         first, last = spans.get(pid, (at, at))
         spans[pid] = (min(first, at), max(last, at))
     return spans
+
+
+def uninterruptible_run(log: str, seconds: float) -> str:
+    """A :func:`ticking_run` that no Python exception can interrupt (as if stuck in C code):
+    it blocks SIGUSR1, the signal a ``SimpleLeaseWorker`` interrupts its job with."""
+    import signal
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    return ticking_run(log, seconds)

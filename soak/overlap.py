@@ -58,16 +58,17 @@ def overlaps(
                     continue
                 # a run frozen (SIGSTOP) while the later one began was not running: what
                 # counts is how long it ran on after it was resumed
-                resumed = _resumed(earlier, later.started, end, faults)
-                since = max([later.started, *resumed])
-                if end > since:
-                    ms = 1000 * (end - since)
-                    found.append(Overlap(job_id, earlier.pid, later.pid, ms, frozen=bool(resumed)))
+                if end <= later.started:
+                    continue
+                resumed = _resumed(earlier, later.started, faults)
+                ms = 1000 * (end - max([later.started, *resumed]))
+                found.append(Overlap(job_id, earlier.pid, later.pid, max(ms, 0.0), frozen=bool(resumed)))
     return found
 
 
-def _resumed(run: Run, after: float, before: float, faults: list[Fault]) -> list[float]:
-    """When a stop of ``run``'s own process, begun before ``after``, was lifted before ``before``."""
+def _resumed(run: Run, after: float, faults: list[Fault]) -> list[float]:
+    """When a stop of ``run``'s own process, begun before ``after``, was lifted (as the
+    soak recorded it, just after its SIGCONT: a run may write a line a moment before)."""
     return [
         fault.ended
         for fault in faults
@@ -75,5 +76,4 @@ def _resumed(run: Run, after: float, before: float, faults: list[Fault]) -> list
         and fault.hit(run.pid)
         and fault.started <= after
         and fault.ended is not None
-        and fault.ended <= before
     ]

@@ -521,6 +521,9 @@ def test_a_frozen_pair_may_run_on_briefly_once_resumed_and_no_longer() -> None:
     assert _overlap_violations(_two_runs(first_end=7.05), faults=frozen) == []  # 50 ms after resume
     (violation,) = _overlap_violations(_two_runs(first_end=7.5), faults=frozen)
     assert "500 ms" in violation and "resumed from a stop" in violation
+    # its end written a moment before the soak recorded the SIGCONT: no time run on
+    v = evaluate(evidence(_two_runs(first_end=6.9995), faults=frozen))
+    assert v.counts["overlapping_runs"] == 1 and v.counts["longest_overlap_ms"] == 0.0
 
 
 def test_the_overlap_counts_are_reported_for_the_baseline_too() -> None:

@@ -64,11 +64,21 @@ class Lease:
     lost: bool = field(default=False)
     #: Renewal found the job already finished by us (a tick raced the finish).
     settled: bool = field(default=False)
+    #: Local lease clock: monotonic time until which this holder trusts the lease (the
+    #: last successful renewal's or the take's send time + lease - margin). Past it the
+    #: job is stopped, whether or not Redis answers.
+    valid_until: float = field(default=math.inf)
+    #: The local clock ran out (the job was stopped for it).
+    expired: bool = field(default=False)
 
     @property
     def fence(self) -> Fence:
         own_max = "" if self.max_attempts is None else str(self.max_attempts)
-        return Fence(self.queue, self.job_id, self.token, max_attempts=own_max)
+        # past its local deadline this holder no longer trusts the lease: a token that
+        # matches nothing makes every fenced write refused, so the lease lapses in Redis
+        # and the sweep recovers the job (attempt counted) instead of a failure written
+        token = f"expired:{self.token}" if self.expired else self.token
+        return Fence(self.queue, self.job_id, token, max_attempts=own_max)
 
     def hand_back(self, client: Redis) -> bool:
         """Put the job back at the front of its queue, attempt refunded, if this lease
@@ -99,18 +109,63 @@ class LockManager(BackgroundLoop):
         on_tick: Callable[[Pipeline, list[Lease]], None] | None = None,
         name: str = "rq-emq-lock-manager",
         lease_writes: Callable[[Lease, Pipeline], None] | None = None,
+        margin_ms: int = 0,
+        check_interval_s: float | None = None,
+        on_expired: Callable[[Lease], None] | None = None,
+        on_renewed: Callable[[Lease], None] | None = None,
     ) -> None:
+        """``on_renewed`` is told each time a lease's local deadline moves, and once when
+        its job's outcome is found committed (``settled``: the run needs no deadline)."""
         self.client = client
         self.lease_ms = lease_ms
         self.renew_interval_ms = renew_interval_ms
         self.on_lost = on_lost
         self.on_tick = on_tick
         self.lease_writes = lease_writes
+        #: Local lease clock: a lease is trusted for ``lease_ms - margin_ms`` past the send
+        #: of its last successful renewal; ``on_expired`` stops a job past that.
+        self.margin_ms = margin_ms
+        self.on_expired = on_expired
+        self.on_renewed = on_renewed
         super().__init__(name)
+        self._clock = _LeaseClock(self, check_interval_s or renew_interval_ms / 4000.0, f"{name}:clock")
         self._leases: dict[str, Lease] = {}
         self._guard = threading.Lock()
         self.ticks = 0
         self._job_heartbeat_at = -math.inf  # monotonic time of the last tick that stamped jobs
+
+    def start(self) -> None:
+        super().start()
+        self._clock.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._clock.stop(timeout)
+        super().stop(timeout)
+
+    def deadline(self, sent_at: float) -> float:
+        """The local deadline of a lease granted or renewed by a call sent at ``sent_at``."""
+        return sent_at + (self.lease_ms - self.margin_ms) / 1000.0
+
+    def check_expiry(self) -> list[Lease]:
+        """Stop every held job whose local lease clock ran out; returns their leases. Runs
+        on its own thread, so a tick stuck on Redis (bounded by the client's socket
+        timeout) never delays it."""
+        now_m = time.monotonic()
+        expired = [lease for lease in self.held() if lease.valid_until < now_m]
+        for lease in expired:
+            lease.expired = True
+            lease.lost = True  # stop renewing: this holder no longer trusts the lease
+            logger.warning(
+                "job %s on queue %s: local lease clock ran out (no renewal landed for %d ms); stopping it",
+                lease.job_id,
+                lease.queue,
+                self.lease_ms - self.margin_ms,
+                extra={"job_id": lease.job_id, "queue": lease.queue},
+            )
+            events.emit("lease_lost", lease.queue, [lease.job_id], self.name)
+            if self.on_expired is not None:
+                self.on_expired(lease)
+        return expired
 
     # -- the set of leases -------------------------------------------------------------
     def add(self, lease: Lease) -> None:
@@ -139,6 +194,7 @@ class LockManager(BackgroundLoop):
 
     def tick(self) -> list[str]:
         """Renew every held lease now; returns the ids of leases found lost."""
+        self.check_expiry()  # a lease past its local deadline is never renewed back to life
         leases = self.held()
         pipe = self.client.pipeline(transaction=False)
         by_queue: dict[str, list[Lease]] = {}
@@ -163,12 +219,16 @@ class LockManager(BackgroundLoop):
             self.on_tick(pipe, leases)
         if not len(pipe):
             return []
+        sent_at = time.monotonic()
         replies = pipe.execute(raise_on_error=False)
         self.ticks += 1
         lost: list[str] = []
         settled: list[str] = []
         retry = False
+        renewed: list[Lease] = []
+        batches = iter(_batches(by_queue))
         for (called, queue), reply in zip(calls, replies, strict=False):
+            batch = next(batches) if called is script else []
             if scripts.is_noscript(reply):
                 called.load(self.client)
                 retry = True
@@ -177,14 +237,19 @@ class LockManager(BackgroundLoop):
             elif called is script:
                 lost += _ids(reply[0])
                 settled += _ids(reply[1])
+                refused = set(_ids(reply[0]))
+                renewed += [lease for lease in batch if lease.job_id not in refused]
+        self._extend(renewed, sent_at)
         if retry:
             return self.tick()
         if stamp_jobs:
             self._job_heartbeat_at = time.monotonic()
         for job_id in settled:
             done = self.get(job_id)
-            if done is not None:
+            if done is not None and not done.settled:
                 done.settled = True
+                if self.on_renewed is not None:
+                    self.on_renewed(done)  # its outcome is committed: no deadline any more
         for job_id in lost:
             held = self.get(job_id)
             if held is None or held.lost:
@@ -199,6 +264,17 @@ class LockManager(BackgroundLoop):
             events.emit("lease_lost", held.queue, [job_id], self.name)
             self.on_lost(held)
         return lost
+
+    def _extend(self, renewed: list[Lease], sent_at: float) -> None:
+        """Move the local deadline of each lease this tick renewed: never back, and only
+        if the renewal was sent before the old deadline (else the job is being stopped)."""
+        deadline = self.deadline(sent_at)
+        for lease in renewed:
+            if lease.expired or sent_at > lease.valid_until or deadline <= lease.valid_until:
+                continue  # a renewal sent after the local deadline revives nothing
+            lease.valid_until = deadline
+            if self.on_renewed is not None:
+                self.on_renewed(lease)
 
     def _queue_lease_writes(
         self, pipe: Pipeline, by_queue: dict[str, list[Lease]]
@@ -221,6 +297,29 @@ class LockManager(BackgroundLoop):
                     script.queue(pipe, [QueueKeys(queue).leases], args)
                     calls.append((script, queue))
         return calls
+
+
+class _LeaseClock(BackgroundLoop):
+    """The lock manager's second thread: checks local lease deadlines on its own schedule."""
+
+    def __init__(self, manager: LockManager, interval_s: float, name: str) -> None:
+        super().__init__(name)
+        self.manager = manager
+        self.interval_s = interval_s
+
+    def loop(self, stop: threading.Event) -> None:
+        while not stop.wait(self.interval_s):
+            try:
+                self.manager.check_expiry()
+            except Exception:  # the clock must keep running
+                logger.exception("lease clock check failed")
+
+
+def _batches(by_queue: dict[str, list[Lease]]) -> list[list[Lease]]:
+    """The leases of each ``renew_leases`` call, in the order :meth:`LockManager.tick` queues them."""
+    return [
+        group[i : i + RENEW_BATCH] for group in by_queue.values() for i in range(0, len(group), RENEW_BATCH)
+    ]
 
 
 def pack(commands: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> list[Any]:

@@ -116,6 +116,37 @@ class LeaseSettings:
         """
         return 2 * self.sweep_interval_ms + 60_000
 
+    @property
+    def lease_margin_ms(self) -> int:
+        """How much sooner than Redis a holder counts its own lease as lapsed.
+
+        A holder trusts a lease until ``sent + lease_ms - lease_margin_ms`` on its own
+        monotonic clock, ``sent`` being when its last successful renewal (or the take) was
+        sent; after that it stops the job whether or not Redis answers. The margin covers
+        clock-rate drift and the time a stop takes: the longer of one renew interval and a
+        tenth of the lease, but never more than half of what the lease leaves past one
+        renew interval, so that a healthy renewal always lands before the local deadline.
+        The sweep recovers no sooner than ``lease_ms + grace`` past the same renewal on
+        Redis's clock, so the local stop always comes first (see README, "no overlap").
+        """
+        wanted = max(self.renew_interval_ms, self.lease_ms // 10)
+        return max(min(wanted, (self.lease_ms - self.renew_interval_ms) // 2), 0)
+
+    @property
+    def redis_timeout_s(self) -> float:
+        """Socket and connect timeout of the lock manager's and the sweeper's client
+        (seconds): shorter than a renew interval (and than a quarter lease), so that no
+        renewal hangs past a tick and a slow Redis shows up as failed renewals. Floored
+        at 50 ms so a very short interval does not turn every round trip into a timeout."""
+        return max(min(self.renew_interval_ms, self.lease_ms / 4) / 1000.0, 0.05)
+
+    @property
+    def lease_check_interval_s(self) -> float:
+        """How often a holder compares its leases with their local deadlines (seconds)."""
+        return (
+            max(min(self.renew_interval_ms, self.lease_margin_ms or self.renew_interval_ms) / 4, 5) / 1000.0
+        )
+
     @classmethod
     def names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in fields(cls))

@@ -13,6 +13,7 @@ server refuses those, block on the first queue for ``idle_poll_ms`` at a time.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import threading
@@ -77,6 +78,9 @@ class Taken:
     token: str
     attempts: int
     raw: dict[bytes, bytes]
+    #: Monotonic time the granting call was sent: the start of the holder's local lease
+    #: clock (a grant is never older than its request).
+    sent_at: float = 0.0
 
 
 def _text(value: Any) -> str:
@@ -160,8 +164,10 @@ class Taker:
             if watch is not None:
                 watch.drain()
             with stop_signals_deferred():
+                sent_at = time.monotonic()
                 taken = self.pop(queue_names)
                 if taken is not None:
+                    taken = dataclasses.replace(taken, sent_at=sent_at)
                     record(taken)
             if taken is not None or deadline is None:
                 return taken
@@ -177,8 +183,10 @@ class Taker:
             job_id = self.connection.blmove(first.rq_queue, first.intermediate, block, "LEFT", "RIGHT")  # type: ignore[arg-type]
             if job_id is not None:
                 with stop_signals_deferred():
+                    sent_at = time.monotonic()
                     taken = self.claim(queue_names[0], _text(job_id))
                     if taken is not None:
+                        taken = dataclasses.replace(taken, sent_at=sent_at)
                         record(taken)
                 if taken is not None:
                     return taken

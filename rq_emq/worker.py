@@ -41,6 +41,7 @@ from rq.utils import now
 from . import compat, fencing, scripts
 from .blips import wait_for_redis
 from .fencing import LeaseLost, fenced
+from .horse_fence import HorseDeadline
 from .job_writes import JobWritesMixin, LeaseJobInterrupted
 from .keys import QueueKeys, job_key
 from .lease import Lease, LockManager
@@ -149,8 +150,9 @@ class LeaseMixin(JobWritesMixin):
         compat.resolve_driver_info_once(self.connection.connection_pool)
         fencing.prepare(self.connection)
         scripts.load_all(self.connection)
-        self._taker = Taker(self.connection, self.name, self.lease_settings)
-        self.lock_manager = self._new_lock_manager(_own_client(self.connection))
+        settings = self.lease_settings
+        self._taker = Taker(self.connection, self.name, settings)
+        self.lock_manager = self._new_lock_manager(_own_client(self.connection, settings.redis_timeout_s))
         self.lock_manager.start()
 
     def _new_lock_manager(self, client: Redis) -> LockManager:
@@ -163,6 +165,10 @@ class LeaseMixin(JobWritesMixin):
             on_tick=self._tick_heartbeats,
             name=f"rq-emq-lock-manager:{self.name}",
             lease_writes=self._heartbeat_execution,
+            margin_ms=settings.lease_margin_ms,
+            check_interval_s=settings.lease_check_interval_s,
+            on_expired=self._on_lease_expired,
+            on_renewed=self._on_lease_renewed,
         )
 
     def teardown(self) -> None:
@@ -223,6 +229,7 @@ class LeaseMixin(JobWritesMixin):
 
         def record(taken: Taken) -> None:
             lease = Lease(queues[taken.queue_index].name, taken.job_id, taken.token)
+            lease.valid_until = lock_manager.deadline(taken.sent_at or time.monotonic())
             lock_manager.add(lease)
             leases[taken.token] = lease
 
@@ -380,6 +387,17 @@ class LeaseMixin(JobWritesMixin):
             )
             self._stop_lost_job(lease)
 
+    def _on_lease_expired(self, lease: Lease) -> None:
+        """The local lease clock ran out: stop the job now, whatever Redis says (or does
+        not say), so that it has stopped before the sweep may hand it to someone else.
+        With ``stop_on_lease_lost`` off the job runs on (that setting gives up the
+        no-overlap guarantee; its outcome is still fenced)."""
+        if self.lease_settings.stop_on_lease_lost:
+            self._stop_lost_job(lease)
+
+    def _on_lease_renewed(self, lease: Lease) -> None:
+        """A renewal moved the lease's local deadline (fork mode tells its horse)."""
+
     def _stop_lost_job(self, lease: Lease) -> None:
         raise NotImplementedError
 
@@ -435,14 +453,32 @@ class LeaseMixin(JobWritesMixin):
 class LeaseWorker(LeaseMixin, Worker):
     """A forking RQ worker whose jobs hold lock leases (``rq worker -w rq_emq.LeaseWorker``)."""
 
+    _horse_deadline: HorseDeadline | None = None
+    _horse_job_id: str | None = None
+
     def main_work_horse(self, job: Job, queue: Queue) -> None:
         _die_with_parent(self._worker_pid)
+        if self._horse_deadline is not None and self.lease_settings.stop_on_lease_lost:
+            self._horse_deadline.guard(self.lease_settings.lease_check_interval_s)
         super().main_work_horse(job, queue)
 
     def fork_work_horse(self, job: Job, queue: Queue) -> None:
         self._worker_pid = os.getpid()
         _libc()
+        # the horse fences itself on the local lease deadline, which it reads from memory
+        # shared with this worker: a frozen or dead worker cannot keep it running
+        if self._horse_deadline is None:
+            self._horse_deadline = HorseDeadline()
+        lease = self.lock_manager.get(job.id) if self.lock_manager is not None else None
+        self._horse_job_id = job.id
+        self._horse_deadline.set(lease.valid_until if lease is not None else math.inf)
         super().fork_work_horse(job, queue)
+
+    def _on_lease_renewed(self, lease: Lease) -> None:
+        if self._horse_deadline is not None and lease.job_id == self._horse_job_id:
+            # once the outcome is committed the horse's remaining work (RQ enqueuing the
+            # dependents, its bookkeeping) is no run of the job: nothing may recover it
+            self._horse_deadline.set(math.inf if lease.settled else lease.valid_until)
 
     def monitor_work_horse(self, job: Job, queue: Queue, *args: Any) -> None:
         try:
@@ -480,6 +516,31 @@ class SimpleLeaseWorker(LeaseMixin, SimpleWorker):
         self._interrupt_job_id = lease.job_id
         signal.pthread_kill(threading.main_thread().ident or 0, self.interrupt_signal)
 
+    def _on_lease_expired(self, lease: Lease) -> None:
+        """Interrupt the job; if its code does not give way (stuck in C code, where no
+        Python exception lands) within half the margin and half a renew interval, end the
+        whole process: a run that cannot be stopped must not outlive its lease while
+        another worker runs the job (the sweep's grace is at least 1.25 renew intervals, so
+        this exit still lands before any recovery)."""
+        super()._on_lease_expired(lease)
+        settings = self.lease_settings
+        if not settings.stop_on_lease_lost:
+            return
+        wait = (settings.lease_margin_ms + settings.renew_interval_ms) / 2000.0
+        timer = threading.Timer(wait, self._exit_if_still_running, args=(lease.job_id,))
+        timer.daemon = True
+        timer.start()
+
+    def _exit_if_still_running(self, job_id: str) -> None:
+        if self._running_job_id == job_id:
+            logger.critical(
+                "job %s did not stop when its local lease clock ran out; ending the worker process",
+                job_id,
+                extra={"job_id": job_id},
+            )
+            logging.shutdown()
+            os.kill(os.getpid(), signal.SIGKILL)
+
     def _interrupt_lost_job(self, signum: int, frame: FrameType | None) -> None:
         job_id, self._interrupt_job_id = self._interrupt_job_id, None
         # only the job's own code is interrupted: once it has ended (its outcome is being
@@ -488,13 +549,17 @@ class SimpleLeaseWorker(LeaseMixin, SimpleWorker):
             raise LeaseJobInterrupted(f"job {job_id}: lease lost, job stopped")
 
 
-def _own_client(connection: Redis) -> Redis:
+def _own_client(connection: Redis, timeout_s: float | None = None) -> Redis:
     """A client with its own pool, so the lock manager's thread shares no connection
-    (nor pool lock) with the main thread or a forked horse."""
+    (nor pool lock) with the main thread or a forked horse. With ``timeout_s`` its socket
+    and connect timeouts are that short (RQ's own are minutes), so no renewal or sweep
+    call hangs past a tick."""
     pool = connection.connection_pool
-    return Redis(
-        connection_pool=ConnectionPool(connection_class=pool.connection_class, **pool.connection_kwargs)
-    )
+    kwargs = dict(pool.connection_kwargs)
+    if timeout_s is not None:
+        kwargs["socket_timeout"] = timeout_s
+        kwargs["socket_connect_timeout"] = timeout_s
+    return Redis(connection_pool=ConnectionPool(connection_class=pool.connection_class, **kwargs))
 
 
 @functools.cache

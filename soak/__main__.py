@@ -104,6 +104,7 @@ def table(ev: Evidence, v: Verdict) -> str:
         ),
         ("wrong outcome", c["wrong_outcome"]),
         ("duplicates (repeated runs no fault explains)", c["duplicates"]),
+        ("overlapping runs / longest overlap ms", f"{c['overlapping_runs']} / {c['longest_overlap_ms']}"),
         ("repeated runs, explained by a fault", c["repeated_runs"] - c["duplicates"]),
         ("queued twice", f"{c['queued_twice']} (in {c['queue_samples']} samples)"),
         (

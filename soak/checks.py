@@ -31,6 +31,7 @@ from typing import Any
 
 from .faults import CRASH_EXCUSED, LAPSING, REPEAT_EXCUSED, Fault
 from .jobs import Run
+from .overlap import overlaps
 
 
 @dataclass
@@ -219,8 +220,28 @@ def evaluate(ev: Any) -> Verdict:
             job_id for job_id, planned in ev.jobs.items() if _ended_by_lifecycle(planned, ev.final[job_id])
         }
         _check_recovery_bound(cfg, faults, v, ended)
+    _check_overlap(ev, v, lease)
     v.enforced = lease  # the baseline reports; it does not fail
     return v
+
+
+#: Longest a run may go on after its job began elsewhere (ms): a worker and horse frozen
+#: together past the lease may, once resumed, run a few instructions before the horse's
+#: self-fencing thread is scheduled; every other overlap must be 0.
+FROZEN_PAIR_OVERLAP_MS = 100.0
+
+
+def _check_overlap(ev: Any, v: Verdict, lease: bool) -> None:
+    """No two runs of one job overlap in time (:mod:`soak.overlap`)."""
+    found = overlaps(ev.runs, ev.faults, horse_dies_with_worker=lease)
+    v.counts["overlapping_runs"] = len(found)
+    v.counts["longest_overlap_ms"] = round(max((o.ms for o in found), default=0.0), 1)
+    for o in found:
+        if o.ms > (FROZEN_PAIR_OVERLAP_MS if o.frozen else 0.0):
+            v.violations.append(
+                f"{o.job_id}: the run in pid {o.earlier_pid} went on {o.ms:.0f} ms "
+                f"after pid {o.later_pid} began it{' (resumed from a stop)' if o.frozen else ''}"
+            )
 
 
 def _check_recovery_bound(

@@ -39,8 +39,13 @@ class Config:
 
     @property
     def grace_s(self) -> float:
-        """A paused holder's lease surely outlives a pause shorter than this."""
-        return (self.lease_ms - self.renew_ms) / 1000
+        """A paused holder's lease surely outlives a pause shorter than this, by its own
+        clock too: a holder trusts a lease for ``lease - margin`` past the send of its
+        last renewal (self-fencing), and that send may be a renew interval old."""
+        from rq_emq.settings import LeaseSettings
+
+        margin = LeaseSettings(lease_ms=self.lease_ms, renew_interval_ms=self.renew_ms).lease_margin_ms
+        return (self.lease_ms - margin - self.renew_ms) / 1000
 
     @property
     def bound_s(self) -> float:

@@ -85,3 +85,43 @@ def sleep_first_run_and_record(log: str, seconds: float) -> str:
         time.sleep(seconds)
     record(log, "end")
     return "done"
+
+
+def ticking_run(log: str, seconds: float) -> str:
+    """A run that leaves a trace while it lives: ``start``, then a ``tick`` every 20 ms,
+    then ``end``, each line with the pid and ``time.monotonic()`` (CLOCK_MONOTONIC, one
+    clock for every process on the host). A killed run's last tick is when it was last alive."""
+
+    def line(tag: str) -> None:
+        with open(log, "a") as out:
+            out.write(f"{tag} {os.getpid()} {time.monotonic():.6f}\n")
+
+    line("start")
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        time.sleep(0.02)
+        line("tick")
+    line("end")
+    return "done"
+
+
+def run_spans(log: str) -> dict[int, tuple[float, float]]:
+    """Per pid in a :func:`ticking_run` log: (first, last) monotonic time it was seen alive."""
+    spans: dict[int, tuple[float, float]] = {}
+    for text in runs(log):
+        parts = text.split()
+        if len(parts) != 3:
+            continue
+        pid, at = int(parts[1]), float(parts[2])
+        first, last = spans.get(pid, (at, at))
+        spans[pid] = (min(first, at), max(last, at))
+    return spans
+
+
+def uninterruptible_run(log: str, seconds: float) -> str:
+    """A :func:`ticking_run` that no Python exception can interrupt (as if stuck in C code):
+    it blocks SIGUSR1, the signal a ``SimpleLeaseWorker`` interrupts its job with."""
+    import signal
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    return ticking_run(log, seconds)

@@ -129,3 +129,25 @@ def test_intervals_follow_the_lease() -> None:
     assert (s.lease_ms, s.renew_interval_ms, s.sweep_interval_ms) == (30_000, 600, 1_000)
     s = LeaseSettings.resolve({"lease_ms": 60_000, "renew_interval_ms": 1_000}, environ={})
     assert s.sweep_interval_ms == 10_000
+
+
+@pytest.mark.parametrize(
+    ("lease_ms", "renew_ms", "sweep_ms"),
+    [(30_000, 3_000, 5_000), (1_000, 200, 250), (400, 100, 100), (2_000, 1_000, 5_000), (100, 10, 10)],
+)
+def test_the_local_lease_clock_stops_a_job_before_any_sweep_may_recover_it(
+    lease_ms: int, renew_ms: int, sweep_ms: int
+) -> None:
+    from redis import Redis
+
+    from rq_emq.sweep import Sweeper
+
+    s = LeaseSettings(lease_ms=lease_ms, renew_interval_ms=renew_ms, sweep_interval_ms=sweep_ms)
+    grace = Sweeper(Redis(), ["q"], s)  # never connects: only its grace is read
+    trusted = s.lease_ms - s.lease_margin_ms
+    # a healthy renewal (sent a renew interval after the last, answered within the socket
+    # timeout) lands before the local deadline ...
+    assert s.renew_interval_ms + 1000 * s.redis_timeout_s <= trusted or s.redis_timeout_s == 0.05
+    # ... and the local stop (checked every check interval) comes before lease + grace
+    assert trusted + 1000 * s.lease_check_interval_s < s.lease_ms + grace.grace_ms
+    assert 1000 * s.redis_timeout_s <= max(s.renew_interval_ms, 50)

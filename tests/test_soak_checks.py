@@ -474,3 +474,58 @@ def test_a_faulted_job_that_rq_ended_need_not_come_back() -> None:
     verdict = evaluate(ev)
     assert verdict.latency["not_seen"] == 0
     assert not any("never left its holder" in v for v in verdict.violations), verdict.violations
+
+
+# -- no two runs of one job overlap in time ---------------------------------------------------
+def _two_runs(first_end: float | None, second_start: float = 5.0) -> list[Run]:
+    return [
+        Run("j", HORSE, WORKER, 1.0, 1, first_end, None if first_end is None else "ok"),
+        Run("j", OTHER_HORSE, OTHER_WORKER, second_start, 2, 8.0, "ok"),
+    ]
+
+
+def _overlap_violations(
+    runs: list[Run], faults: list[Fault] | None = None, worker: str = "lease"
+) -> list[str]:
+    stop = faults or [Fault("kill_worker", 0.5, worker_pid=WORKER, horse_pids=[HORSE])]
+    return [
+        text for text in evaluate(evidence(runs, faults=stop, worker=worker)).violations if "went on" in text
+    ]
+
+
+def test_a_run_that_ends_before_the_next_begins_is_no_overlap() -> None:
+    assert _overlap_violations(_two_runs(first_end=4.9)) == []
+
+
+def test_a_run_that_writes_its_end_after_the_next_began_is_an_overlap() -> None:
+    (violation,) = _overlap_violations(_two_runs(first_end=5.3))
+    assert f"pid {HORSE} went on 300 ms after pid {OTHER_HORSE}" in violation
+
+
+def test_a_run_cut_short_lasts_until_the_fault_that_killed_it() -> None:
+    killed_late = [Fault("kill_horse", 6.0, worker_pid=WORKER, horse_pids=[HORSE], ended=6.0)]
+    assert _overlap_violations(_two_runs(first_end=None), faults=killed_late)
+    killed_early = [Fault("kill_horse", 4.0, worker_pid=WORKER, horse_pids=[HORSE], ended=4.0)]
+    assert _overlap_violations(_two_runs(first_end=None), faults=killed_early) == []
+
+
+def test_a_stock_horse_outlives_its_killed_worker_but_a_lease_horse_does_not() -> None:
+    worker_killed = [Fault("kill_worker", 6.0, worker_pid=WORKER, horse_pids=[HORSE], ended=6.0)]
+    assert _overlap_violations(_two_runs(first_end=None), faults=worker_killed)  # died at 6.0
+    counts = evaluate(evidence(_two_runs(first_end=None), faults=worker_killed, worker="stock")).counts
+    assert counts["overlapping_runs"] == 0  # stock: the horse ran on, but wrote no end: unseen
+
+
+def test_a_frozen_pair_may_run_on_briefly_once_resumed_and_no_longer() -> None:
+    frozen = [Fault("stop_long", 2.0, worker_pid=WORKER, horse_pids=[HORSE], ended=7.0)]
+    assert _overlap_violations(_two_runs(first_end=7.05), faults=frozen) == []  # 50 ms after resume
+    (violation,) = _overlap_violations(_two_runs(first_end=7.5), faults=frozen)
+    assert "500 ms" in violation and "resumed from a stop" in violation
+    # its end written a moment before the soak recorded the SIGCONT: no time run on
+    v = evaluate(evidence(_two_runs(first_end=6.9995), faults=frozen))
+    assert v.counts["overlapping_runs"] == 1 and v.counts["longest_overlap_ms"] == 0.0
+
+
+def test_the_overlap_counts_are_reported_for_the_baseline_too() -> None:
+    v = evaluate(evidence(_two_runs(first_end=6.0), worker="stock"))
+    assert v.counts["overlapping_runs"] == 1 and v.counts["longest_overlap_ms"] == 1000.0

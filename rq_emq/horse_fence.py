@@ -1,0 +1,52 @@
+"""The self-fencing horse: the local lease deadline of the job a horse runs, in memory
+the worker shares with it, and the thread in the horse that ends it past that deadline.
+
+A horse must not depend on its worker being scheduled: a worker that is SIGSTOPped,
+swapped out or cut off from Redis stops moving the deadline, and the horse ends itself
+when it passes, before the sweep may hand the job to another worker.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import signal
+import struct
+import threading
+import time
+
+
+class HorseDeadline:
+    """The local lease deadline of the job a horse runs, in memory shared by the worker
+    and its horse (an anonymous shared ``mmap`` made before the fork). The worker writes it
+    after each renewal; a thread in the horse SIGKILLs the horse once ``time.monotonic()``
+    (CLOCK_MONOTONIC, one clock for every process on a host) has passed it."""
+
+    def __init__(self) -> None:
+        self._memory = mmap.mmap(-1, 8)  # MAP_SHARED | MAP_ANONYMOUS: survives the fork shared
+        self.set(math.inf)
+
+    def set(self, deadline: float) -> None:
+        self._memory[0:8] = struct.pack("d", deadline)
+
+    def get(self) -> float:
+        # read until two reads agree: a read torn by a concurrent write is never acted on
+        while True:
+            first = self._memory[0:8]
+            if self._memory[0:8] == first:
+                return float(struct.unpack("d", first)[0])
+
+    def guard(self, interval_s: float) -> None:
+        """In the horse: start the thread that ends it past the deadline. It runs until
+        the horse exits; a kill in the fenced finish writes nothing half-done."""
+        thread = threading.Thread(
+            target=self._watch, args=(interval_s,), name="rq-emq-horse-fence", daemon=True
+        )
+        thread.start()
+
+    def _watch(self, interval_s: float) -> None:
+        while True:
+            if time.monotonic() > self.get():
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(interval_s)

@@ -1,0 +1,190 @@
+"""No two runs of one job overlap in time: a holder that cannot renew stops its job on
+its own lease clock, and a horse fences itself, before the sweep may hand the job to
+another worker. Real processes, real signals, a real (or proxied) Redis."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from helpers import status
+from jobs import run_spans, runs
+from procs import Processes, pid_alive, wait_for
+from redis_server import RedisServer
+from rq import Queue
+
+from rq_emq.lease import Lease, LockManager
+from rq_emq.settings import LeaseSettings
+from rq_emq.worker import _own_client
+from soak.proxy import TcpProxy
+
+pytestmark = pytest.mark.slow
+
+# lease 1 s, renewals every 200 ms: the local deadline is 800 ms past a renewal's send,
+# the sweep recovers no sooner than 1 s + 250 ms grace past it
+LEASE = {"RQ_EMQ_LEASE_MS": "1000", "RQ_EMQ_RENEW_INTERVAL_MS": "200", "RQ_EMQ_SWEEP_INTERVAL_MS": "250"}
+RUN_S = 4.0
+
+
+@pytest.fixture
+def proxy(redis_server: object) -> Iterator[TcpProxy]:
+    port = int(redis_server.url.rsplit(":", 1)[1].split("/")[0])  # type: ignore[attr-defined]
+    tcp = TcpProxy(port).start()
+    yield tcp
+    tcp.close()
+
+
+def _first_run_pid(log: str) -> int:
+    wait_for(lambda: runs(log), timeout=15, what="the first run to start")
+    return int(runs(log)[0].split()[1])
+
+
+def _assert_no_overlap(log: str, first_pid: int) -> None:
+    """The first run was last seen alive before any other run started."""
+    spans = run_spans(log)
+    first_last = spans[first_pid][1]
+    later_starts = [start for pid, (start, _) in spans.items() if pid != first_pid]
+    assert later_starts, "the job was not run again"
+    assert first_last < min(later_starts), (
+        f"runs overlap by {1000 * (first_last - min(later_starts)):.0f} ms: {spans}"
+    )
+
+
+def _recovered_elsewhere(r: redis.Redis, procs: Processes, redis_url: str, log: str, job_id: str) -> None:
+    procs.worker(redis_url, **LEASE)  # a healthy worker: its sweep recovers the job, then runs it
+    wait_for(lambda: len(run_spans(log)) >= 2, timeout=20, what="a second run")
+    wait_for(lambda: status(r, job_id) == "finished", timeout=20, what="the job to finish")
+
+
+def test_a_frozen_workers_horse_fences_itself_before_the_job_runs_elsewhere(
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path
+) -> None:
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("jobs.ticking_run", log, RUN_S, job_timeout=60)
+    frozen = procs.worker(redis_url, **LEASE)
+    horse = _first_run_pid(log)
+    os.kill(frozen.pid, signal.SIGSTOP)  # the worker alone: its horse is in a group of its own
+    try:
+        wait_for(lambda: not pid_alive(horse), timeout=3, what="the horse to end itself")
+        _recovered_elsewhere(r, procs, redis_url, log, job.id)
+        _assert_no_overlap(log, horse)
+    finally:
+        os.kill(frozen.pid, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("worker_class", ["rq_emq.LeaseWorker", "rq_emq.SimpleLeaseWorker"])
+@pytest.mark.parametrize("cut", ["blackhole", "reset"])
+def test_a_worker_cut_off_from_redis_stops_its_run_before_the_job_runs_elsewhere(
+    r: redis.Redis,
+    procs: Processes,
+    redis_url: str,
+    tmp_path: Path,
+    proxy: TcpProxy,
+    worker_class: str,
+    cut: str,
+) -> None:
+    """``blackhole``: renewals hang on connections that stay open (the client waits on its
+    socket timeout); ``reset``: a long partition, every connection refused."""
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("jobs.ticking_run", log, RUN_S, job_timeout=60)
+    cut_off = procs.worker(proxy.url, worker_class=worker_class, **LEASE)
+    first = _first_run_pid(log)
+    time.sleep(0.3)
+    proxy.cut(cut)
+    _recovered_elsewhere(r, procs, redis_url, log, job.id)
+    _assert_no_overlap(log, first)
+    if worker_class == "rq_emq.LeaseWorker":
+        assert not pid_alive(first)
+    proxy.heal()
+    time.sleep(0.5)
+    assert "local lease clock ran out" in procs.log(cut_off)
+    # a job in Python code is interrupted in place: the worker lives on (its process is
+    # ended only for a job that does not give way)
+    assert cut_off.poll() is None, procs.log(cut_off)
+
+
+def test_a_job_twenty_leases_long_runs_once_with_a_healthy_redis(
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path
+) -> None:
+    log = str(tmp_path / "runs.log")
+    fast = {"RQ_EMQ_LEASE_MS": "400", "RQ_EMQ_RENEW_INTERVAL_MS": "100", "RQ_EMQ_SWEEP_INTERVAL_MS": "100"}
+    job = Queue(connection=r).enqueue("jobs.ticking_run", log, 8.0, job_timeout=60)
+    worker = procs.worker(redis_url, **fast)
+    procs.worker(redis_url, **fast)  # a second worker, whose sweep would take a lapsed lease
+    wait_for(lambda: status(r, job.id) == "finished", timeout=30, what="the job to finish")
+    assert len(run_spans(log)) == 1
+    assert [line.split()[0] for line in runs(log)].count("end") == 1
+    assert "local lease clock ran out" not in procs.log(worker)
+
+
+def test_a_renewal_against_a_stalled_redis_gives_up_within_a_renew_interval(
+    own_server: RedisServer,
+) -> None:
+    settings = LeaseSettings(lease_ms=1000, renew_interval_ms=200)
+    client = _own_client(redis.Redis.from_url(own_server.url), settings.redis_timeout_s)
+    manager = LockManager(client, settings.lease_ms, settings.renew_interval_ms, on_lost=lambda lease: None)
+    lease = Lease("default", "job-1", "token")
+    manager.add(lease)
+    manager.tick()  # connected, scripts loaded
+    lease.settled = lease.lost = False  # (no such job: the renewal dropped it) renew it again
+    own_server.pause()
+    try:
+        began = time.monotonic()
+        with pytest.raises(redis.exceptions.TimeoutError):
+            manager.tick()
+        assert time.monotonic() - began < 0.2 + 0.15
+    finally:
+        own_server.resume()
+
+
+def test_a_lease_whose_local_clock_runs_out_is_stopped_though_redis_never_answers(
+    own_server: RedisServer,
+) -> None:
+    settings = LeaseSettings(lease_ms=1000, renew_interval_ms=200)
+    client = _own_client(redis.Redis.from_url(own_server.url), settings.redis_timeout_s)
+    stopped: list[tuple[str, float]] = []
+    manager = LockManager(
+        client,
+        settings.lease_ms,
+        settings.renew_interval_ms,
+        on_lost=lambda lease: None,
+        margin_ms=settings.lease_margin_ms,
+        check_interval_s=settings.lease_check_interval_s,
+        on_expired=lambda lease: stopped.append((lease.job_id, time.monotonic())),
+    )
+    sent = time.monotonic()
+    lease = Lease("default", "job-1", "token", valid_until=manager.deadline(sent))
+    manager.add(lease)
+    own_server.pause()
+    manager.start()
+    try:
+        wait_for(lambda: stopped, timeout=3, what="the local clock to stop the job")
+    finally:
+        manager.stop()
+        own_server.resume()
+    (job_id, at), *_ = stopped
+    assert job_id == "job-1" and lease.expired
+    # at the local deadline (lease - margin past the send), well before lease + grace
+    assert sent + 0.8 <= at < sent + 0.8 + 0.1
+
+
+def test_a_simple_workers_job_that_cannot_be_interrupted_ends_its_process_before_recovery(
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, proxy: TcpProxy
+) -> None:
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("jobs.uninterruptible_run", log, RUN_S, job_timeout=60)
+    cut_off = procs.worker(proxy.url, worker_class="rq_emq.SimpleLeaseWorker", **LEASE)
+    first = _first_run_pid(log)
+    time.sleep(0.3)
+    proxy.cut("reset")
+    wait_for(lambda: cut_off.poll() is not None, timeout=3, what="the worker to end itself")
+    assert cut_off.returncode == -signal.SIGKILL
+    proxy.heal()
+    _recovered_elsewhere(r, procs, redis_url, log, job.id)
+    _assert_no_overlap(log, first)
+    assert "did not stop when its local lease clock ran out" in procs.log(cut_off)

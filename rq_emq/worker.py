@@ -24,6 +24,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -39,7 +40,7 @@ from rq.queue import Queue
 from rq.utils import now
 
 from . import compat, fencing, scripts
-from .blips import wait_for_redis
+from .blips import BLIPS, wait_for_redis
 from .fencing import LeaseLost, fenced
 from .horse_fence import HorseDeadline
 from .job_writes import JobWritesMixin, LeaseJobInterrupted
@@ -181,6 +182,27 @@ class LeaseMixin(JobWritesMixin):
             if self._taker is not None:
                 self._taker.close()
         super().teardown()  # type: ignore[misc]
+
+    def check_for_suspension(self, burst: bool) -> None:
+        """RQ's `rq suspend` check, run by its work loop before each take."""
+        parent: Any = super()
+        self._riding_out_blips(lambda: parent.check_for_suspension(burst))
+
+    def run_maintenance_tasks(self) -> None:
+        """RQ's registry maintenance, run by its work loop between takes."""
+        parent: Any = super()
+        self._riding_out_blips(parent.run_maintenance_tasks)
+
+    def _riding_out_blips(self, step: Callable[[], Any]) -> None:
+        """A step of RQ's work loop outside its dequeue: a Redis blip there (a restart, a
+        reset) ended `rq worker` (found by the soak). A LeaseWorker waits for Redis and
+        goes on, as RQ's own dequeue does; the step runs again on the next loop."""
+        me: Any = self
+        try:
+            step()
+        except BLIPS as error:
+            me.log.error("Worker %s: could not reach Redis: %s; waiting for it", me.name, error)
+            wait_for_redis(self.connection, stop=lambda: bool(me._stop_requested))
 
     # -- take ----------------------------------------------------------------------------
     def dequeue_job_and_maintain_ttl(

@@ -27,16 +27,9 @@ Returns:
 -- @include lib/lease.lua
 
 local job_id, token = ARGV[1], ARGV[2]
-local state = lease_state(KEYS[1], token)
-if state == 'lost' then
-  redis.call('HINCRBY', KEYS[5], 'fenced', 1)
-  return {0}
-end
-if state == 'ended' then
-  drop_lease(KEYS[1], KEYS[2], KEYS[3], KEYS[4], job_id, 'done:' .. token)
-  redis.call('HINCRBY', KEYS[5], 'ended_by_rq', 1)
-  return {2, redis.call('HGET', KEYS[1], 'status') or ''}
-end
+local state = check_holder(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, token)
+if state == 'lost' then return {0} end
+if state == 'ended' then return {2, redis.call('HGET', KEYS[1], 'status') or ''} end
 local replies = run_packed(5, tonumber(ARGV[4]))
 if drop_lease(KEYS[1], KEYS[2], KEYS[3], KEYS[4], job_id, 'done:' .. token) then
   -- attempts count consecutive takes that did not end normally; this one did

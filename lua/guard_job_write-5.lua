@@ -32,17 +32,8 @@ Returns:
 -- @include lib/lease.lua
 
 local job_id, token = ARGV[1], ARGV[2]
-local state = lease_state(KEYS[1], token)
-if state ~= 'held' then
-  if state == 'ended' then
-    -- the job is RQ's again; the lock manager's next tick reads the lease as settled
-    drop_lease(KEYS[1], KEYS[2], KEYS[3], KEYS[4], job_id, 'done:' .. token)
-    redis.call('HINCRBY', KEYS[5], 'ended_by_rq', 1)
-  else
-    redis.call('HINCRBY', KEYS[5], 'fenced', 1)
-  end
-  return {0}
-end
+local state = check_holder(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, token)
+if state ~= 'held' then return {0} end
 local replies = run_packed(6, tonumber(ARGV[5]))
 local record = {}
 if ARGV[4] == '1' then

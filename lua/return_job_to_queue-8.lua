@@ -22,16 +22,8 @@ Returns: 1 when the job went back to its queue, 0 when the lease was no longer o
 -- @include lib/lease.lua
 
 local job_id, token = ARGV[1], ARGV[2]
-local state = lease_state(KEYS[1], token)
-if state ~= 'held' then
-  if state == 'ended' then
-    drop_lease(KEYS[1], KEYS[2], KEYS[3], KEYS[4], job_id, 'done:' .. token)
-    redis.call('HINCRBY', KEYS[5], 'ended_by_rq', 1)
-  else
-    redis.call('HINCRBY', KEYS[5], 'fenced', 1)
-  end
-  return 0
-end
+local state = check_holder(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, token)
+if state ~= 'held' then return 0 end
 remove_executions(KEYS[8], job_id)
 redis.call('LREM', KEYS[7], 0, job_id)  -- the intermediate list is short by construction
 drop_lease(KEYS[1], KEYS[2], KEYS[3], KEYS[4], job_id, false)

@@ -93,6 +93,20 @@ local function drop_lease(job_key, lock_key, leases_key, stalled_key, job_id, se
   return true
 end
 
+-- lease_state, with the bookkeeping of a refusal: a lease RQ ended is released (the
+-- holder's next renewal reads it as settled: the job is RQ's again) and counted in
+-- `ended_by_rq`; a lease that is not ours is counted in `fenced`. Returns the state.
+local function check_holder(job_key, lock_key, leases_key, stalled_key, stats_key, job_id, token)
+  local state = lease_state(job_key, token)
+  if state == 'ended' then
+    drop_lease(job_key, lock_key, leases_key, stalled_key, job_id, 'done:' .. token)
+    redis.call('HINCRBY', stats_key, 'ended_by_rq', 1)
+  elseif state == 'lost' then
+    redis.call('HINCRBY', stats_key, 'fenced', 1)
+  end
+  return state
+end
+
 -- Take job_id out of RQ's view of "in flight": its executions (rq:executions:<id>, a
 -- small per-job zset) name the started-registry members `<id>:<execution>` to remove,
 -- so no stale entry can later fall due and make stock cleanup fail a re-run.

@@ -153,25 +153,3 @@ def test_a_failure_whose_outcome_meets_a_blip_is_written_once_not_dropped(
     assert r.zscore("emq:{default}:leases", job.id) is None and r.llen("rq:queue:default") == 0
     assert (tmp_path / "blips").read_text() == "blip\n"  # the blip happened, once
     assert "failed to persist" not in procs.log(worker)  # RQ's swallowed traceback, hidden
-
-
-def test_an_idle_worker_lives_through_a_redis_restart_and_takes_the_next_job(
-    own_server: object, procs: Processes, tmp_path: Path
-) -> None:
-    """RQ's work loop checks `rq suspend` before each take; a restart of Redis there ended
-    `rq worker` (found by the soak): a LeaseWorker waits for Redis instead."""
-    url = own_server.url  # type: ignore[attr-defined]
-    worker = procs.worker(url, name="restart-worker", **STEADY)
-    client = redis.Redis.from_url(url)
-    wait_for(lambda: client.scard("rq:workers") == 1, timeout=15, what="the worker to register")
-    for _ in range(3):  # idle loops: the suspension check runs between the waits
-        own_server.kill()  # type: ignore[attr-defined]
-        time.sleep(1.2)
-        own_server.restart()  # type: ignore[attr-defined]
-        time.sleep(0.5)
-    client = redis.Redis.from_url(url)
-    log = str(tmp_path / "runs.log")
-    job = Queue(connection=client).enqueue("jobs.sleep_and_record", log, 0.1, job_timeout=30)
-    wait_for(lambda: status(client, job.id) == "finished", timeout=30, what="the job to finish")
-    assert worker.poll() is None, procs.log(worker)
-    assert "unhandled exception" not in procs.log(worker)

@@ -5,6 +5,7 @@ Producers keep ``queue.enqueue(...)``; operators run ``rq worker -w rq_emq.Lease
 
 from __future__ import annotations
 
+from .dequeue import META_MAX_ATTEMPTS
 from .events import LeaseEvent, subscribe, unsubscribe
 from .fencing import LeaseLost
 from .registries import (
@@ -18,7 +19,7 @@ from .registries import (
 )
 from .settings import MAX_ATTEMPTS_LIMIT, LeaseSettings, SettingsError, job_max_attempts
 from .startup import StartupError
-from .worker import META_MAX_ATTEMPTS, LeaseJobInterrupted, LeaseWorker, SimpleLeaseWorker
+from .worker import LeaseJobInterrupted, LeaseWorker, SimpleLeaseWorker
 
 __version__ = "0.1.0"
 

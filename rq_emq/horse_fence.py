@@ -8,6 +8,8 @@ when it passes, before the sweep may hand the job to another worker.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
 import mmap
 import os
@@ -15,6 +17,7 @@ import signal
 import struct
 import threading
 import time
+from typing import Any
 
 
 class HorseDeadline:
@@ -50,3 +53,26 @@ class HorseDeadline:
             if time.monotonic() > self.get():
                 os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(interval_s)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+@functools.cache
+def libc() -> Any:
+    """The C library, loaded once in the worker so that each horse need not load it."""
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL this horse when its worker dies, so a lapsed lease means that
+    nobody works on the job any more (RQ puts the horse in its own process group)."""
+    try:
+        libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except AttributeError:  # not Linux (no prctl): the worker's cold stop still kills it
+        return
+    if os.getppid() != parent_pid:  # the worker died before prctl took effect
+        os._exit(1)

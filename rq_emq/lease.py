@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis import Redis
+from redis import ConnectionPool, Redis
 from redis.client import Pipeline
 from rq.utils import now, utcformat
 
@@ -335,3 +335,16 @@ def pack(commands: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> list[Any]:
 
 def _ids(values: list[Any]) -> list[str]:
     return [v.decode() if isinstance(v, bytes) else str(v) for v in values]
+
+
+def own_client(connection: Redis, timeout_s: float | None = None) -> Redis:
+    """A client with its own pool, so the lock manager's thread shares no connection
+    (nor pool lock) with the main thread or a forked horse. With ``timeout_s`` its socket
+    and connect timeouts are that short (RQ's own are minutes), so no renewal or sweep
+    call hangs past a tick."""
+    pool = connection.connection_pool
+    kwargs = dict(pool.connection_kwargs)
+    if timeout_s is not None:
+        kwargs["socket_timeout"] = timeout_s
+        kwargs["socket_connect_timeout"] = timeout_s
+    return Redis(connection_pool=ConnectionPool(connection_class=pool.connection_class, **kwargs))

@@ -15,56 +15,42 @@ Operators switch with ``rq worker -w rq_emq.LeaseWorker`` (forking) or
 
 from __future__ import annotations
 
-import ctypes
-import dataclasses
-import functools
 import logging
 import math
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from redis import ConnectionPool, Redis
-from redis.client import Pipeline
+from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import SimpleWorker, Worker
 from rq.exceptions import InvalidJobOperation
 from rq.job import Job
-from rq.logutils import blue, green
 from rq.queue import Queue
 from rq.utils import now
 
 from . import compat, fencing, scripts
 from .blips import BLIPS, wait_for_redis
-from .fencing import LeaseLost, fenced
-from .horse_fence import HorseDeadline
+from .dequeue import DequeueMixin
+from .fencing import LeaseLost
+from .heartbeats import HeartbeatMixin
+from .horse_fence import HorseDeadline, die_with_parent, libc
 from .job_writes import JobWritesMixin, LeaseJobInterrupted
-from .keys import QueueKeys, job_key
-from .lease import Lease, LockManager
+from .lease import Lease, LockManager, own_client
 from .registries import as_lease_queue, lease_queue_class
-from .settings import LeaseSettings, job_max_attempts
+from .settings import LeaseSettings
 from .startup import check_redis, worker_settings
 from .sweep import Sweeper
-from .take import Taken, Taker
+from .take import Taker
 
 logger = logging.getLogger("rq_emq.lease")
 
-#: ``job.meta`` key a stock ``rq.Queue`` producer sets to give one job its own max attempts.
-META_MAX_ATTEMPTS = "emq_max_attempts"
 
-_PR_SET_PDEATHSIG = 1
-
-#: A worker heartbeat sent alone within this many seconds of one with at least its TTL is
-#: skipped (see :meth:`LeaseMixin.heartbeat`).
-HEARTBEAT_REPEAT_S = 1.0
-
-
-class LeaseMixin(JobWritesMixin):
+class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
     """The lease behaviour shared by both worker kinds (put before the RQ worker class)."""
 
     # Settings as class attributes; None means "environment variable, else default".
@@ -104,27 +90,6 @@ class LeaseMixin(JobWritesMixin):
         self._burst = bool(kwargs.get("burst", args[0] if args else False))
         return bool(super().work(*args, **kwargs))  # type: ignore[misc]
 
-    def _recover_before_exit(self) -> bool:
-        """A burst worker about to exit sweeps its queues first, and when a job stands
-        marked stalled it waits the grace and sweeps again, so that deployments running
-        only burst workers (cron, batch) recover crashed workers' jobs too. True when a
-        job went back to a queue."""
-        sweeper = self.sweeper
-        if sweeper is None:
-            return False
-        me: Any = self
-        for _ in range(2):
-            if any(report.requeued for report in sweeper.sweep_now()):
-                return True
-            if not sweeper.marks_standing():
-                return False
-            deadline = time.monotonic() + sweeper.grace_ms / 1000.0 + 0.01
-            while time.monotonic() < deadline and not me._stop_requested:
-                time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
-            if me._stop_requested:
-                return False
-        return False
-
     def bootstrap(self, *args: Any, **kwargs: Any) -> None:
         check_redis(self.connection)  # before RQ registers the worker: a refusal leaves no trace
         super().bootstrap(*args, **kwargs)  # type: ignore[misc]
@@ -153,7 +118,7 @@ class LeaseMixin(JobWritesMixin):
         scripts.load_all(self.connection)
         settings = self.lease_settings
         self._taker = Taker(self.connection, self.name, settings)
-        self.lock_manager = self._new_lock_manager(_own_client(self.connection, settings.redis_timeout_s))
+        self.lock_manager = self._new_lock_manager(own_client(self.connection, settings.redis_timeout_s))
         self.lock_manager.start()
 
     def _new_lock_manager(self, client: Redis) -> LockManager:
@@ -204,138 +169,6 @@ class LeaseMixin(JobWritesMixin):
             me.log.error("Worker %s: could not reach Redis: %s; waiting for it", me.name, error)
             wait_for_redis(self.connection, stop=lambda: bool(me._stop_requested))
 
-    # -- take ----------------------------------------------------------------------------
-    def dequeue_job_and_maintain_ttl(
-        self, timeout: int | None, max_idle_time: int | None = None
-    ) -> tuple[Job, Queue] | None:
-        """RQ's wait loop, with RQ's dequeue replaced by an atomic take under a lease."""
-        me: Any = self
-        qnames = ",".join(q.name for q in me._ordered_queues)
-        me.set_state(compat.WorkerStatus.IDLE)
-        me.procline("Listening on " + qnames)
-        wait_time = 1.0
-        idle_since = now()
-        result: tuple[Job, Queue] | None = None
-        while True:
-            try:
-                me.heartbeat()
-                if me.should_run_maintenance_tasks:
-                    me.run_maintenance_tasks()
-                wait = timeout
-                if timeout is not None and max_idle_time is not None:
-                    idle_left = max_idle_time - (now() - idle_since).total_seconds()
-                    if idle_left <= 0:
-                        break
-                    wait = min(timeout, math.ceil(idle_left))
-                result = self._take(wait)
-                if result is None and timeout is None and self._burst and self._recover_before_exit():
-                    continue  # a crashed worker's job is back in a queue: take it
-                if result is not None or timeout is None:
-                    break
-            except (RedisConnectionError, RedisTimeoutError) as error:
-                me.log.error(
-                    "Worker %s: could not reach Redis: %s; retrying in %ds", me.name, error, wait_time
-                )
-                time.sleep(wait_time)
-                wait_time = min(wait_time * me.exponential_backoff_factor, me.max_connection_wait_time)
-        me.heartbeat()
-        return result
-
-    def _take(self, timeout: float | None) -> tuple[Job, Queue] | None:
-        me: Any = self
-        self._start_leasing()
-        assert self._taker is not None and self.lock_manager is not None
-        lock_manager = self.lock_manager
-        queues: list[Queue] = list(me._ordered_queues)
-        leases: dict[str, Lease] = {}
-
-        def record(taken: Taken) -> None:
-            lease = Lease(queues[taken.queue_index].name, taken.job_id, taken.token)
-            lease.valid_until = lock_manager.deadline(taken.sent_at or time.monotonic())
-            lock_manager.add(lease)
-            leases[taken.token] = lease
-
-        while True:  # an unreadable job is moved to failed; the worker takes the next one
-            taken = self._taker.take([q.name for q in queues], timeout, record)
-            if taken is None:
-                return None
-            queue = queues[taken.queue_index]
-            lease = leases[taken.token]
-            job = self._job_from(taken, queue, lease)
-            if job is not None:
-                break
-        lease.job = job
-        me.reorder_queues(reference_queue=queue)
-        self._log_take(job, queue, taken.attempts)
-        return job, queue
-
-    def _log_take(self, job: Job, queue: Queue, attempt: int) -> None:
-        """RQ's dequeue line (``<queue>: <description> (<id>)``, the description left out
-        under ``--disable-job-desc-logging``), with the attempt appended."""
-        me: Any = self
-        extra = {"job_id": job.id, "queue": queue.name}
-        if me.log_job_description:
-            me.log.info(
-                "Worker %s: %s: %s (%s), attempt %d",
-                me.name,
-                green(queue.name),
-                blue(job.description or ""),
-                job.id,
-                attempt,
-                extra=extra,
-            )
-        else:
-            me.log.info(
-                "Worker %s: %s: %s, attempt %d", me.name, green(queue.name), job.id, attempt, extra=extra
-            )
-
-    def _job_from(self, taken: Taken, queue: Queue, lease: Lease) -> Job | None:
-        """Build the Job from the hash the take returned; a malformed one goes to failed.
-        The job's own max attempts (its meta) rides along with its guarded start."""
-        me: Any = self
-        job = me.job_class(taken.job_id, connection=self.connection, serializer=me.serializer)
-        try:
-            job.restore(taken.raw)
-            wanted = job.meta.get(META_MAX_ATTEMPTS)
-        except Exception as error:
-            self._fail_unreadable(queue, lease, error)
-            return None
-        if wanted is not None:
-            lease.max_attempts = job_max_attempts(wanted)
-            if lease.max_attempts is None:
-                logger.warning(
-                    "job %s on queue %s: meta %s=%r is not a whole number from 1 to 1000; "
-                    "the worker's max_attempts applies",
-                    job.id,
-                    queue.name,
-                    META_MAX_ATTEMPTS,
-                    wanted,
-                    extra={"job_id": job.id, "queue": queue.name},
-                )
-        return job
-
-    def _fail_unreadable(self, queue: Queue, lease: Lease, error: Exception) -> None:
-        logger.error(
-            "job %s on queue %s cannot be read (%s); moved to failed",
-            lease.job_id,
-            queue.name,
-            error,
-            extra={"job_id": lease.job_id, "queue": queue.name},
-        )
-        assert self.lock_manager is not None
-        self.lock_manager.remove(lease.job_id)
-        try:
-            with fenced(self.connection, dataclasses.replace(lease.fence, counter="unreadable")):
-                pipe = self.connection.pipeline()
-                pipe.zadd(QueueKeys(queue.name).failed, {lease.job_id: now().timestamp() + 365 * 86400})
-                pipe.hset(
-                    job_key(lease.job_id),
-                    mapping={"status": "failed", "exc_info": f"unreadable job: {error}"},
-                )
-                pipe.execute()
-        except LeaseLost:
-            pass
-
     # -- run -----------------------------------------------------------------------------
     def execute_job(self, job: Job, queue: Queue) -> Any:
         try:
@@ -358,46 +191,6 @@ class LeaseMixin(JobWritesMixin):
         finally:
             if self.lock_manager is not None:
                 self.lock_manager.remove(job.id)
-
-    def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
-        """RQ's worker heartbeat. RQ's loop sends one on its own three times per job (before
-        and after the take, after the job): its three commands share one round trip, and
-        one that would repeat, within a second, a heartbeat with at least its TTL is skipped
-        (the worker key's expiry moves by less than that second; its TTL is minutes)."""
-        if pipeline is not None:
-            super().heartbeat(timeout, pipeline=pipeline)  # type: ignore[misc]
-            return
-        me: Any = self
-        ttl = timeout or me.worker_ttl + 60  # RQ's default
-        sent_at, sent_ttl = self._last_heartbeat
-        if time.monotonic() - sent_at < HEARTBEAT_REPEAT_S and ttl <= sent_ttl:
-            return
-        with self.connection.pipeline(transaction=False) as pipe:
-            super().heartbeat(ttl, pipeline=pipe)  # type: ignore[misc]
-            pipe.execute()
-        self._last_heartbeat = (time.monotonic(), ttl)
-
-    def get_heartbeat_ttl(self, job: Job, *args: Any, **kwargs: Any) -> int:
-        """Seconds RQ's started-registry entry stays valid: the lease plus a grace that lets
-        our sweep act before stock cleanup would; the lock manager refreshes it every tick."""
-        settings = self.lease_settings
-        return math.ceil((settings.lease_ms + settings.registry_grace_ms) / 1000)
-
-    def maintain_heartbeats(self, *args: Any, **kwargs: Any) -> None:
-        """Nothing to do: the lock manager's tick sends these with the lease renewals."""
-
-    def _tick_heartbeats(self, pipe: Pipeline, leases: list[Lease]) -> None:
-        if not leases:
-            return
-        me: Any = self
-        me.heartbeat(me.job_monitoring_interval + 60, pipeline=pipe)
-
-    def _heartbeat_execution(self, lease: Lease, pipe: Pipeline) -> None:
-        """RQ's execution heartbeat for one lease's run (the lock manager applies it only
-        while the lease is held: a late tick must not re-create what a recovery removed)."""
-        if lease.execution is not None and lease.job is not None:
-            ttl = self.get_heartbeat_ttl(lease.job)
-            lease.execution.heartbeat(lease.job.started_job_registry, ttl, pipeline=pipe)
 
     def _on_lease_lost(self, lease: Lease) -> None:
         if self.lease_settings.stop_on_lease_lost:
@@ -479,14 +272,14 @@ class LeaseWorker(LeaseMixin, Worker):
     _horse_job_id: str | None = None
 
     def main_work_horse(self, job: Job, queue: Queue) -> None:
-        _die_with_parent(self._worker_pid)
+        die_with_parent(self._worker_pid)
         if self._horse_deadline is not None and self.lease_settings.stop_on_lease_lost:
             self._horse_deadline.guard(self.lease_settings.lease_check_interval_s)
         super().main_work_horse(job, queue)
 
     def fork_work_horse(self, job: Job, queue: Queue) -> None:
         self._worker_pid = os.getpid()
-        _libc()
+        libc()
         # the horse fences itself on the local lease deadline, which it reads from memory
         # shared with this worker: a frozen or dead worker cannot keep it running
         if self._horse_deadline is None:
@@ -569,36 +362,3 @@ class SimpleLeaseWorker(LeaseMixin, SimpleWorker):
         # written, or RQ's bookkeeping runs) the interrupt would hit RQ's code instead
         if job_id is not None and job_id == self._running_job_id:
             raise LeaseJobInterrupted(f"job {job_id}: lease lost, job stopped")
-
-
-def _own_client(connection: Redis, timeout_s: float | None = None) -> Redis:
-    """A client with its own pool, so the lock manager's thread shares no connection
-    (nor pool lock) with the main thread or a forked horse. With ``timeout_s`` its socket
-    and connect timeouts are that short (RQ's own are minutes), so no renewal or sweep
-    call hangs past a tick."""
-    pool = connection.connection_pool
-    kwargs = dict(pool.connection_kwargs)
-    if timeout_s is not None:
-        kwargs["socket_timeout"] = timeout_s
-        kwargs["socket_connect_timeout"] = timeout_s
-    return Redis(connection_pool=ConnectionPool(connection_class=pool.connection_class, **kwargs))
-
-
-@functools.cache
-def _libc() -> Any:
-    """The C library, loaded once in the worker so that each horse need not load it."""
-    try:
-        return ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return None
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to SIGKILL this horse when its worker dies, so a lapsed lease means that
-    nobody works on the job any more (RQ puts the horse in its own process group)."""
-    try:
-        _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except AttributeError:  # not Linux (no prctl): the worker's cold stop still kills it
-        return
-    if os.getppid() != parent_pid:  # the worker died before prctl took effect
-        os._exit(1)

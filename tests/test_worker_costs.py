@@ -46,7 +46,7 @@ def test_a_heartbeat_a_second_later_is_sent(r: redis.Redis, monkeypatch: pytest.
     r.config_resetstat()
     worker.heartbeat()
     clock = [1_000.0]
-    monkeypatch.setattr("rq_emq.worker.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("rq_emq.heartbeats.time.monotonic", lambda: clock[0])
     worker._last_heartbeat = (clock[0], worker.worker_ttl + 60)
     clock[0] += 1.01
     worker.heartbeat()

@@ -1,0 +1,68 @@
+"""RQ's worker and execution heartbeats under leases: sent with the lease renewals, in
+the lock manager's round trip, and never repeated needlessly.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from redis import Redis
+from redis.client import Pipeline
+from rq.job import Job
+
+from .lease import Lease
+from .settings import LeaseSettings
+
+#: A worker heartbeat sent alone within this many seconds of one with at least its TTL is
+#: skipped (see :meth:`HeartbeatMixin.heartbeat`).
+HEARTBEAT_REPEAT_S = 1.0
+
+
+class HeartbeatMixin:
+    """The heartbeat half of :class:`rq_emq.worker.LeaseMixin`."""
+
+    connection: Redis
+    lease_settings: LeaseSettings
+    _last_heartbeat: tuple[float, int]
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
+        """RQ's worker heartbeat. RQ's loop sends one on its own three times per job (before
+        and after the take, after the job): its three commands share one round trip, and
+        one that would repeat, within a second, a heartbeat with at least its TTL is skipped
+        (the worker key's expiry moves by less than that second; its TTL is minutes)."""
+        if pipeline is not None:
+            super().heartbeat(timeout, pipeline=pipeline)  # type: ignore[misc]
+            return
+        me: Any = self
+        ttl = timeout or me.worker_ttl + 60  # RQ's default
+        sent_at, sent_ttl = self._last_heartbeat
+        if time.monotonic() - sent_at < HEARTBEAT_REPEAT_S and ttl <= sent_ttl:
+            return
+        with self.connection.pipeline(transaction=False) as pipe:
+            super().heartbeat(ttl, pipeline=pipe)  # type: ignore[misc]
+            pipe.execute()
+        self._last_heartbeat = (time.monotonic(), ttl)
+
+    def get_heartbeat_ttl(self, job: Job, *args: Any, **kwargs: Any) -> int:
+        """Seconds RQ's started-registry entry stays valid: the lease plus a grace that lets
+        our sweep act before stock cleanup would; the lock manager refreshes it every tick."""
+        settings = self.lease_settings
+        return math.ceil((settings.lease_ms + settings.registry_grace_ms) / 1000)
+
+    def maintain_heartbeats(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing to do: the lock manager's tick sends these with the lease renewals."""
+
+    def _tick_heartbeats(self, pipe: Pipeline, leases: list[Lease]) -> None:
+        if not leases:
+            return
+        me: Any = self
+        me.heartbeat(me.job_monitoring_interval + 60, pipeline=pipe)
+
+    def _heartbeat_execution(self, lease: Lease, pipe: Pipeline) -> None:
+        """RQ's execution heartbeat for one lease's run (the lock manager applies it only
+        while the lease is held: a late tick must not re-create what a recovery removed)."""
+        if lease.execution is not None and lease.job is not None:
+            ttl = self.get_heartbeat_ttl(lease.job)
+            lease.execution.heartbeat(lease.job.started_job_registry, ttl, pipeline=pipe)

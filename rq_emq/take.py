@@ -2,13 +2,13 @@
 
 When jobs are waiting, ``pop_job`` takes the first one across the worker's queues (in
 order) and leases it in one EVALSHA, which also returns the job's hash: one round trip,
-where RQ spends two (pop, then fetch). When every queue is empty the worker blocks like
-RQ does, with ``BLMOVE`` into the first queue's intermediate list, then ``claim_job``
-leases what arrived. A crash between the two leaves the job in the intermediate list,
-where the sweep finds it. RQ's multi-queue ``BLPOP`` (which drops a job popped by a worker
-that dies before recording it) is never used; with several queues idle
-workers wake on Redis's key-change notifications (:mod:`rq_emq.watch`), or, where the
-server refuses those, block on the first queue for ``idle_poll_ms`` at a time.
+where RQ spends two (pop, then fetch). When every queue is empty the worker blocks with
+one ``BLMOVE`` per queue into that queue's intermediate list (:mod:`rq_emq.wake`), so
+Redis wakes one worker per push however many wait; ``claim_job`` then leases what
+arrived, and a job a second queue moved at the same moment goes back to the head of its
+queue. A crash between a move and its claim leaves the job in the intermediate list,
+where the sweep finds it. RQ's multi-queue ``BLPOP`` (which drops a job popped by a
+worker that dies before recording it) is never used.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from . import scripts
 from .keys import QueueKeys
 from .lease import new_token
 from .settings import LeaseSettings
-from .watch import QueueWatch
+from .wake import SELECT_MARGIN_S, QueueWait
 
 logger = logging.getLogger("rq_emq.lease")
 
@@ -99,7 +99,7 @@ class Taker:
         self.connection = connection
         self.worker_name = worker_name
         self.settings = settings
-        self._watches: dict[frozenset[str], QueueWatch] = {}
+        self._wait = QueueWait(connection)
 
     def pop(self, queue_names: Sequence[str]) -> Taken | None:
         """Lease the first waiting job across ``queue_names``; None when all are empty."""
@@ -129,7 +129,7 @@ class Taker:
                 continue
             return Taken(index - 1, _text(reply[1]), token, int(reply[2]), _as_hash(reply[4:]))
 
-    def claim(self, queue_name: str, job_id: str) -> Taken | None:
+    def claim(self, queue_name: str, job_id: str, queue_index: int = 0) -> Taken | None:
         """Lease a job that ``BLMOVE`` put in ``queue_name``'s intermediate list."""
         q = QueueKeys(queue_name)
         token = new_token(self.worker_name)
@@ -146,7 +146,7 @@ class Taker:
             )
         if status != 1:
             return None
-        return Taken(0, job_id, token, int(reply[1]), _as_hash(reply[2:]))
+        return Taken(queue_index, job_id, token, int(reply[1]), _as_hash(reply[2:]))
 
     def take(
         self,
@@ -158,11 +158,7 @@ class Taker:
         ``record`` registers the lease with its holder; the grant and ``record`` run with
         stop signals held back (:func:`stop_signals_deferred`)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        first = QueueKeys(queue_names[0])
-        watch = self._watch(queue_names) if len(queue_names) > 1 and timeout is not None else None
         while True:
-            if watch is not None:
-                watch.drain()
             with stop_signals_deferred():
                 sent_at = time.monotonic()
                 taken = self.pop(queue_names)
@@ -174,29 +170,38 @@ class Taker:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
-            if watch is not None and watch.available:
-                if watch.wait(remaining) or watch.armed:
-                    continue
-            # one queue, or several without tracking: block on the first queue (briefly, if several)
-            wait = remaining if len(queue_names) == 1 else min(remaining, self.settings.idle_poll_ms / 1000.0)
-            block = max(wait, 0.001)  # Redis reads 0 as "forever"
-            job_id = self.connection.blmove(first.rq_queue, first.intermediate, block, "LEFT", "RIGHT")  # type: ignore[arg-type]
-            if job_id is not None:
-                with stop_signals_deferred():
+            taken = self._wait_and_claim(queue_names, remaining, record)
+            if taken is not None:
+                return taken
+
+    def _wait_and_claim(
+        self, queue_names: Sequence[str], timeout: float, record: Callable[[Taken], None]
+    ) -> Taken | None:
+        """Block on every queue at once; claim the job of the first queue that hands one
+        over and give back any other that arrived with it (never left in an intermediate
+        list). A stop that interrupts the wait hands back whatever was moved meanwhile."""
+        queues = [QueueKeys(name) for name in queue_names]
+        waiting = self._wait.start(queues, timeout)
+        moved: list[tuple[int, str]] = []
+        try:
+            waiting.ready(timeout + SELECT_MARGIN_S)
+            with stop_signals_deferred():
+                moved = waiting.collect()
+                taken = None
+                while moved and taken is None:
+                    index, job_id = moved.pop(0)
                     sent_at = time.monotonic()
-                    taken = self.claim(queue_names[0], _text(job_id))
+                    taken = self.claim(queue_names[index], job_id, index)
                     if taken is not None:
                         taken = dataclasses.replace(taken, sent_at=sent_at)
                         record(taken)
-                if taken is not None:
-                    return taken
-
-    def _watch(self, queue_names: Sequence[str]) -> QueueWatch:
-        key = frozenset(queue_names)
-        if self._watches.get(key) is None:
-            self._watches[key] = QueueWatch(self.connection, [QueueKeys(q).rq_queue for q in queue_names])
-        return self._watches[key]
+                return taken
+        finally:
+            with stop_signals_deferred():
+                if not waiting.done:  # the wait was interrupted (a stop, a broken connection)
+                    moved = waiting.collect()
+                for index, job_id in moved:
+                    self._wait.hand_back(queues[index], job_id)
 
     def close(self) -> None:
-        for watch in self._watches.values():
-            watch.close()
+        """Nothing to close: the waits' connections belong to the client's pool."""

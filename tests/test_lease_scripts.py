@@ -417,27 +417,6 @@ def test_release_reports_whether_the_lease_was_ours(r: redis.Redis) -> None:
     assert lease.fence.release(r) is True
 
 
-def test_a_watch_wakes_on_a_push_to_any_watched_queue_and_stays_quiet_otherwise(r: redis.Redis) -> None:
-    import threading
-    import time
-
-    from rq_emq.watch import QueueWatch
-
-    watch = QueueWatch(r, ["rq:queue:a", "rq:queue:ab", "rq:queue:b"])
-    assert watch.prefixes == ["rq:queue:a", "rq:queue:b"]  # overlapping prefixes folded
-    assert watch.arm()
-    threading.Timer(0.2, lambda: r.rpush("rq:queue:b", "x")).start()
-    started = time.monotonic()
-    assert watch.wait(5.0) is True
-    assert time.monotonic() - started < 2.0
-    r.rpush("rq:other", "x")
-    assert watch.wait(0.3) is False  # quiet: other keys do not wake it
-    r.client_kill_filter(_type="pubsub")  # a dropped connection is noticed, then re-armed
-    assert watch.wait(0.3) is False and not watch.armed
-    assert watch.arm()
-    watch.close()
-
-
 def test_a_finish_that_runs_a_script_of_its_own_is_checked_then_committed(r: redis.Redis) -> None:
     # Lua cannot nest scripts: such a batch is owner-checked, committed, then released
     job, lease = _leased(r)

@@ -31,8 +31,8 @@ USER, PASSWORD = "rq-emq", "lease-me"
 #: (scripts, the lock manager, the sweep, the multi-queue idle wait) together.
 COMMANDS = (
     # connection; RQ names its connection and reads its address back
-    # (RQ 3: CLIENT INFO, RQ 2: CLIENT LIST); our idle multi-queue wait: CLIENT ID, TRACKING
-    *"ping info client|setname client|info client|list client|id client|tracking".split(),
+    # (RQ 3: CLIENT INFO, RQ 2: CLIENT LIST); our idle wait: CLIENT ID, UNBLOCK
+    *"ping info client|setname client|info client|list client|id client|unblock".split(),
     # our Lua scripts (the commands they run are checked too) and RQ's transactions
     *"evalsha script|load script|exists multi exec watch unwatch time".split(),
     # RQ's worker channel (its commands: stop job, shutdown)
@@ -54,7 +54,6 @@ ACL_RULES = (
     "~emq:*",
     "resetchannels",
     "&rq:*",
-    "&__redis__:invalidate",
     "-@all",
     *(f"+{command}" for command in COMMANDS),
 )
@@ -166,18 +165,24 @@ def test_the_acl_user_is_really_limited(own_server: RedisServer) -> None:
         r.eval("return 1", 0)  # EVAL is not needed: scripts run by SHA
 
 
-def test_without_client_tracking_an_idle_worker_on_several_queues_polls_and_still_works(
+def test_without_client_unblock_an_idle_worker_on_several_queues_closes_its_waits_and_still_works(
     own_server: RedisServer, procs: Processes
 ) -> None:
     admin = redis.Redis.from_url(own_server.url)
-    rules = tuple(rule for rule in ACL_RULES if rule not in ("+client|tracking", "&__redis__:invalidate"))
+    rules = tuple(rule for rule in ACL_RULES if rule != "+client|unblock")
     create_user(admin, rules)
     url = acl_url(own_server)
     r = redis.Redis.from_url(url)
     worker = procs.worker(url, "other", "default", **FAST)
-    wait_for(lambda: denials(admin), timeout=15, what="the refused tracking request")
+    waits = lambda: sum(c.get("cmd") == "blmove" for c in admin.client_list())  # noqa: E731
+    wait_for(lambda: waits() == 2, timeout=15, what="the worker's two waits")
+    first = Queue("other", connection=r).enqueue("jobs.add", 1, 1)  # wakes it: the other wait is cancelled
+    wait_status(r, first.id, "finished", timeout=15)
+    wait_for(lambda: denials(admin), timeout=15, what="the refused CLIENT UNBLOCK")
+    wait_for(lambda: waits() == 2, timeout=15, what="the closed wait gone, both queues waited on again")
     job = Queue("default", connection=r).enqueue("jobs.add", 1, 1)
     wait_status(r, job.id, "finished", timeout=15)
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0, procs.log(worker)
-    assert all("__redis__:invalidate" in d or "tracking" in d for d in denials(admin)), denials(admin)
+    assert all("unblock" in d for d in denials(admin)), denials(admin)
+    assert not any(r.llen(f"rq:queue:{q}:intermediate") for q in ("other", "default"))

@@ -128,8 +128,10 @@ def test_lease_workers_through_a_sentinel_recover_a_killed_workers_job(
     survivor = sentinel_worker(procs, settings, tmp_path, "other", "default")
     wait_status(r, job.id, "finished", timeout=30)
     assert starts(log) == 2 and stat(r, "default", "recovered") == 1
-    # its idle wait on two queues rides on CLIENT TRACKING through Sentinel-managed connections
-    wait_for(lambda: any("B" in c["flags"] for c in r.client_list()), timeout=10, what="the tracking")
+    # its idle wait on two queues: one blocked BLMOVE each, on Sentinel-managed connections
+    wait_for(
+        lambda: sum(c.get("cmd") == "blmove" for c in r.client_list()) == 2, timeout=10, what="the waits"
+    )
     assert survivor.poll() is None, procs.log(survivor)
 
 

@@ -62,14 +62,14 @@ def test_a_killed_workers_job_is_recovered_over_tls(
     wait_for(lambda: starts(log) == 1, timeout=20, what="the job to start")
     assert r.get(QueueKeys("default").lock(job.id)) == r.hget(job_key(job.id), "emq_token")
     os.kill(first.pid, signal.SIGKILL)
-    # the survivor listens on two queues: its idle wait rides on CLIENT TRACKING over TLS too
+    # the survivor listens on two queues: its idle wait (a blocked BLMOVE each) over TLS too
     survivor = procs.worker(url, "other", "default", **FAST)
     wait_status(r, job.id, "finished", timeout=30)
     assert starts(log) == 2 and stat(r, "default", "recovered") == 1
     wait_for(
-        lambda: any("B" in c["flags"] for c in r.client_list()),
+        lambda: sum(c.get("cmd") == "blmove" for c in r.client_list()) == 2,
         timeout=10,
-        what="the survivor's tracking connection",
+        what="the survivor's two waits",
     )
     woken = Queue("other", connection=r).enqueue("jobs.add", 2, 3)
     wait_status(r, woken.id, "finished", timeout=15)

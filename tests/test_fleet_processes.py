@@ -1,0 +1,166 @@
+"""A fleet of idle ``rq worker -w rq_emq.LeaseWorker`` processes on several queues: each push
+wakes one worker whatever the fleet size, jobs are taken in the worker's queue order, and
+no stop or crash of an idle worker strands a job in an intermediate list.
+
+Real processes, real signals, a real redis-server. The idle wait itself (one blocked
+``BLMOVE`` per queue, :mod:`rq_emq.wake`) is specified in ``test_wake.py``."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+
+import pytest
+import redis
+from helpers import FAST, status, wait_status
+from procs import Processes, wait_for
+from rq import Queue
+from rq.job import Job
+
+from rq_emq.testing import RedisServer
+
+pytestmark = pytest.mark.slow
+
+QUEUES = ("q0", "q1", "q2")
+#: Idle workers do next to nothing in Redis: no sweep or renewal comes between the pushes.
+QUIET = {"RQ_EMQ_LEASE_MS": "600000", "RQ_EMQ_SWEEP_INTERVAL_MS": "60000"}
+
+
+def blocked_waits(r: redis.Redis) -> int:
+    return sum(c.get("cmd") == "blmove" and "b" in str(c.get("flags")) for c in r.client_list())
+
+
+def intermediates(r: redis.Redis) -> dict[str, int]:
+    return {q: int(r.llen(f"rq:queue:{q}:intermediate")) for q in QUEUES}
+
+
+def start_fleet(procs: Processes, url: str, r: redis.Redis, n: int, **env: str) -> None:
+    """Grow the fleet to ``n`` idle workers."""
+    for _ in range(n - blocked_waits(r) // len(QUEUES)):
+        procs.worker(url, *QUEUES, **env)
+    wait_for(lambda: blocked_waits(r) == n * len(QUEUES), timeout=60 + 5 * n, what=f"{n} idle workers")
+
+
+def lua_and_waits_per_job(r: redis.Redis, n: int, jobs: int) -> tuple[float, float]:
+    """Trickle ``jobs`` no-op jobs into the last queue, one at a time, every worker idle
+    before each push; Lua calls (EVALSHA) and BLMOVE calls per job."""
+    queue = Queue(QUEUES[-1], connection=r)
+
+    def calls() -> tuple[int, int]:
+        stats = r.info("commandstats")
+        lua = sum(stats.get(k, {}).get("calls", 0) for k in ("cmdstat_evalsha", "cmdstat_eval"))
+        return lua, stats.get("cmdstat_blmove", {}).get("calls", 0)
+
+    lua0, waits0 = calls()
+    for _ in range(jobs):
+        job = queue.enqueue("jobs.add", 1, 2)
+        wait_status(r, job.id, "finished", timeout=20)
+        wait_for(lambda: blocked_waits(r) == n * len(QUEUES), timeout=20, what="every worker idle again")
+    lua1, waits1 = calls()
+    return (lua1 - lua0) / jobs, (waits1 - waits0) / jobs
+
+
+def test_lua_calls_and_wakes_per_job_do_not_grow_with_the_number_of_idle_workers(
+    own_server: RedisServer, procs: Processes
+) -> None:
+    url = own_server.url
+    r = redis.Redis.from_url(url)
+    start_fleet(procs, url, r, 2, **QUIET)
+    small = lua_and_waits_per_job(r, 2, 20)
+    start_fleet(procs, url, r, 12, **QUIET)
+    large = lua_and_waits_per_job(r, 12, 20)
+    # the woken worker claims (1 Lua call), runs the job (its start and finish scripts),
+    # looks at its queues once (pop_job) and waits again: none of it depends on the fleet
+    assert large[0] <= small[0] + 1.0, (small, large)
+    assert large[1] <= small[1] + 1.0, (small, large)  # one worker re-arms its waits per job
+    assert large[1] <= len(QUEUES) + 1, (small, large)
+    print(f"per job at N=2: {small[0]:.1f} Lua calls, {small[1]:.1f} BLMOVE; at N=12: {large[0]:.1f}, {large[1]:.1f}")
+
+
+def test_an_idle_worker_takes_jobs_arriving_together_in_its_queue_order_and_strands_none(
+    redis_url: str, r: redis.Redis, procs: Processes
+) -> None:
+    worker = procs.worker(redis_url, *QUEUES, **QUIET)
+    wait_for(lambda: blocked_waits(r) == 3, timeout=30, what="the worker's three waits")
+    jobs: dict[str, Job] = {}
+    pipe = r.pipeline(transaction=True)  # one EXEC: Redis serves all three waits at once
+    for name in reversed(QUEUES):
+        jobs[name] = Queue(name, connection=r).enqueue("jobs.add", 1, 1, pipeline=pipe)
+    pipe.execute()
+    for job in jobs.values():  # no sweep would rescue a stranded one within this test
+        wait_status(r, job.id, "finished", timeout=20)
+    ended = [Job.fetch(jobs[q].id, connection=r).ended_at for q in QUEUES]
+    assert ended == sorted(ended), ended  # q0 first, then q1, then q2
+    assert intermediates(r) == dict.fromkeys(QUEUES, 0)
+    assert worker.poll() is None, procs.log(worker)
+
+
+def test_two_jobs_won_at_once_by_one_worker_go_one_to_it_and_one_back_to_the_fleet(
+    redis_url: str, r: redis.Redis, procs: Processes
+) -> None:
+    for _ in range(3):
+        procs.worker(redis_url, *QUEUES, **QUIET)
+    wait_for(lambda: blocked_waits(r) == 9, timeout=60, what="three idle workers")
+    pipe = r.pipeline(transaction=True)
+    slow = Queue("q0", connection=r).enqueue("time.sleep", 3.0, pipeline=pipe)
+    other = Queue("q1", connection=r).enqueue("jobs.add", 1, 1, pipeline=pipe)
+    pipe.execute()
+    # the first worker to wait won both; the q1 job, handed back, is run by another worker
+    # while the q0 job still runs
+    wait_status(r, other.id, "finished", timeout=2.5)
+    assert status(r, slow.id) == "started"
+    wait_status(r, slow.id, "finished", timeout=20)
+    assert intermediates(r) == dict.fromkeys(QUEUES, 0)
+
+
+def _paused_with_a_job_moved(r: redis.Redis, worker_pid: int) -> Job:
+    """Freeze the idle worker, push a job: Redis moves it into q1's intermediate list for
+    the frozen worker's wait, which never claims it."""
+    os.kill(worker_pid, signal.SIGSTOP)
+    job = Queue("q1", connection=r).enqueue("jobs.add", 2, 2)
+    wait_for(lambda: intermediates(r)["q1"] == 1, timeout=10, what="the job moved for the frozen worker")
+    return job
+
+
+def test_a_warm_stop_of_an_idle_worker_hands_back_a_job_already_moved_for_it(
+    redis_url: str, r: redis.Redis, procs: Processes
+) -> None:
+    worker = procs.worker(redis_url, *QUEUES, **QUIET)
+    wait_for(lambda: blocked_waits(r) == 3, timeout=30, what="the worker's three waits")
+    job = _paused_with_a_job_moved(r, worker.pid)
+    worker.send_signal(signal.SIGTERM)
+    os.kill(worker.pid, signal.SIGCONT)
+    assert worker.wait(timeout=20) == 0, procs.log(worker)
+    assert r.lrange("rq:queue:q1", 0, -1) == [job.id.encode()]  # at once, not after a sweep
+    assert intermediates(r) == dict.fromkeys(QUEUES, 0)
+    assert blocked_waits(r) == 0 and status(r, job.id) == "queued"
+
+
+def test_an_idle_worker_killed_after_redis_moved_a_job_for_it_loses_nothing(
+    redis_url: str, r: redis.Redis, procs: Processes
+) -> None:
+    worker = procs.worker(redis_url, *QUEUES, **FAST)
+    wait_for(lambda: blocked_waits(r) == 3, timeout=30, what="the worker's three waits")
+    job = _paused_with_a_job_moved(r, worker.pid)
+    os.killpg(worker.pid, signal.SIGKILL)
+    worker.wait(timeout=10)
+    procs.worker(redis_url, "q1", **FAST)  # the sweep finds the lock-less entry and requeues it
+    wait_status(r, job.id, "finished", timeout=30)
+    assert intermediates(r) == dict.fromkeys(QUEUES, 0)
+
+
+@pytest.mark.parametrize("strategy", ["round_robin", "random"])
+def test_dequeue_strategies_keep_working_with_the_per_queue_wait(
+    strategy: str, redis_url: str, r: redis.Redis, procs: Processes
+) -> None:
+    worker = procs.worker(redis_url, *QUEUES, args=("--dequeue-strategy", strategy), **QUIET)
+    wait_for(lambda: blocked_waits(r) == 3, timeout=30, what="the worker's three waits")
+    pushed: list[Job] = []
+    for round_ in range(2):
+        for name in QUEUES:
+            pushed.append(Queue(name, connection=r).enqueue("jobs.add", round_, 1))
+            done: Callable[[], object] = lambda j=pushed[-1]: status(r, j.id) == "finished"  # noqa: E731
+            wait_for(done, timeout=20, what=f"{name}'s job")
+    assert intermediates(r) == dict.fromkeys(QUEUES, 0)
+    assert worker.poll() is None, procs.log(worker)

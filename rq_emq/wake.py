@@ -156,7 +156,9 @@ class QueueWait:
                 connection = _borrow(self.pool)
                 try:
                     client_id = self._client_id(connection)
-                    connection.send_command("BLMOVE", queue.rq_queue, queue.intermediate, "LEFT", "RIGHT", block)
+                    connection.send_command(
+                        "BLMOVE", queue.rq_queue, queue.intermediate, "LEFT", "RIGHT", block
+                    )
                 except BaseException:
                     connection.disconnect()
                     self.release(connection)
@@ -243,4 +245,6 @@ class QueueWait:
     def hand_back(self, queue: QueueKeys, job_id: str) -> bool:
         """Put a job that one of our waits moved, and that we will not claim, back at the
         head of its queue (where another idle worker's wait takes it)."""
-        return bool(scripts.load("return_moved_job")(self.client, [queue.intermediate, queue.rq_queue], [job_id]))
+        return bool(
+            scripts.load("return_moved_job")(self.client, [queue.intermediate, queue.rq_queue], [job_id])
+        )

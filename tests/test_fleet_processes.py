@@ -75,7 +75,7 @@ def test_lua_calls_and_wakes_per_job_do_not_grow_with_the_number_of_idle_workers
     assert large[0] <= small[0] + 1.0, (small, large)
     assert large[1] <= small[1] + 1.0, (small, large)  # one worker re-arms its waits per job
     assert large[1] <= len(QUEUES) + 1, (small, large)
-    print(f"per job at N=2: {small[0]:.1f} Lua calls, {small[1]:.1f} BLMOVE; at N=12: {large[0]:.1f}, {large[1]:.1f}")
+    print(f"per job (Lua calls, BLMOVE): N=2 {small}, N=12 {large}")
 
 
 def test_an_idle_worker_takes_jobs_arriving_together_in_its_queue_order_and_strands_none(

@@ -312,10 +312,12 @@ def test_an_idle_worker_on_several_queues_stops_on_sigterm(
 ) -> None:
     worker = procs.worker(redis_url, "a", "b", worker_class=worker_class, **FAST)
     wait_for(lambda: r.keys("rq:worker:*"), what="the worker to register")
-    # idle in its key-change wait: RQ's warm-stop signal handler raises there
-    wait_for(lambda: any("B" in c["flags"] for c in r.client_list()), what="the idle wait to be armed")
+    # idle in its wait, one blocked BLMOVE per queue: RQ's warm-stop signal handler raises there
+    waits = lambda: sum(c.get("cmd") == "blmove" and "b" in c["flags"] for c in r.client_list())  # noqa: E731
+    wait_for(lambda: waits() == 2, what="the idle waits")
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0, procs.log(worker)
+    assert waits() == 0  # cancelled, not left blocked on the server
 
 
 def test_worker_pool_runs_lease_workers(r: redis.Redis, redis_url: str, procs: Processes) -> None:

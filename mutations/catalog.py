@@ -15,6 +15,7 @@ LEASES = "tests/test_lease_scripts.py"
 LIFE = "tests/test_lifecycle.py"
 LIFE_MODEL = "tests/test_state_machine_lifecycle.py::test_leases_hold_across_rqs_job_lifecycle"
 SWEEP = "tests/test_sweep.py"
+WAKE = "tests/test_wake.py"
 SOAK = "tests/test_soak_checks.py"
 SETTINGS_T = "tests/test_settings.py"
 MODEL = "tests/test_state_machine.py::test_the_lease_protocol_holds_its_invariants"
@@ -185,6 +186,39 @@ CATALOG: list[Mutation] = [
         "local _ = 0",
         [f"{LEASES}::test_claim_leases_a_job_moved_to_the_intermediate_list"],
         "two workers claim one BLMOVEd job",
+    ),
+    # -- the idle wait: one blocked BLMOVE per queue -------------------------------------------
+    _m(
+        "second_win_not_handed_back",
+        "rq_emq/take.py",
+        "                    self._wait.hand_back(queues[index], job_id)",
+        "                    pass",
+        [f"{WAKE}::test_two_queues_handing_over_a_job_at_once_claim_the_first_and_hand_back_the_other"],
+        "a job a second queue moved at the same moment sits in the intermediate list until a sweep",
+    ),
+    _m(
+        "later_queue_claimed_first",
+        "rq_emq/wake.py",
+        "        return sorted(moved)",
+        "        return sorted(moved, reverse=True)",
+        [f"{WAKE}::test_two_queues_handing_over_a_job_at_once_claim_the_first_and_hand_back_the_other"],
+        "jobs arriving together are taken against the worker's queue order",
+    ),
+    _m(
+        "other_waits_not_unblocked",
+        "rq_emq/wake.py",
+        '                    control.send_command("CLIENT", "UNBLOCK", client_id)',
+        "                    pass",
+        [f"{WAKE}::test_an_idle_taker_blocks_on_every_queue_and_wakes_on_a_push_to_any"],
+        "the woken worker waits out its other BLMOVEs (or they take jobs it will not run)",
+    ),
+    _m(
+        "stop_in_the_wait_strands_the_moved_job",
+        "rq_emq/take.py",
+        "                if not waiting.done:  # the wait was interrupted (a stop, a broken connection)",
+        "                if False:",
+        [f"{WAKE}::test_a_stop_during_the_wait_hands_back_a_job_moved_meanwhile"],
+        "a worker stopped while idle leaves a job Redis moved for it to the sweep (or blocked waits behind)",
     ),
     _m(
         "lost_lease_renewed_again",

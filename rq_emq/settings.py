@@ -61,8 +61,8 @@ class LeaseSettings:
     #: When renewal finds the lease lost while the job runs: True stops the job, False lets
     #: it finish (its outcome is still fenced and discarded).
     stop_on_lease_lost: bool = True
-    #: With several queues, how long one blocking wait on the first queue lasts before the
-    #: worker looks at the others again (milliseconds).
+    #: Unused since idle workers block on every queue at once (:mod:`rq_emq.wake`); still
+    #: accepted (and checked) so that configurations setting it keep starting.
     idle_poll_ms: int = 200
     #: Lease event hooks to load at startup, ``package.module:function`` separated by commas
     #: (see :mod:`rq_emq.events`).

@@ -164,3 +164,31 @@ def test_dequeue_strategies_keep_working_with_the_per_queue_wait(
             wait_for(done, timeout=20, what=f"{name}'s job")
     assert intermediates(r) == dict.fromkeys(QUEUES, 0)
     assert worker.poll() is None, procs.log(worker)
+
+
+def _client_memory(r: redis.Redis, ids: set[int]) -> tuple[int, int]:
+    """(largest output buffer, total memory) over the given clients, from CLIENT LIST."""
+    clients = [c for c in r.client_list() if int(c["id"]) in ids]
+    return max(int(c["omem"]) for c in clients), sum(int(c["tot-mem"]) for c in clients)
+
+
+def test_nothing_piles_up_in_redis_for_a_busy_worker_over_100k_queue_writes(
+    redis_url: str, r: redis.Redis, procs: Processes
+) -> None:
+    others = {int(c["id"]) for c in r.client_list()}
+    worker = procs.worker(redis_url, *QUEUES, **QUIET)
+    wait_for(lambda: blocked_waits(r) == 3, timeout=30, what="the worker's three waits")
+    mine = {int(c["id"]) for c in r.client_list()} - others - {int(r.client_id())}
+    busy = Queue("q0", connection=r).enqueue("time.sleep", 120)
+    wait_status(r, busy.id, "started", timeout=20)
+    baseline = _client_memory(r, mine)
+    # one write per round trip (Redis would fold a pipeline's into one notification): to
+    # the busy worker's queues, and to names they prefix
+    for i in range(50_000):
+        key = ("rq:queue:q1", "rq:queue:q1x", "rq:queue:q2:intermediate")[i % 3]
+        r.rpush(key, "x")
+        r.rpop(key)
+    largest, total = _client_memory(r, mine)
+    print(f"worker's connections: omem max {baseline[0]} -> {largest}, tot-mem {baseline[1]} -> {total}")
+    assert largest == 0 and total <= baseline[1] + 64 * 1024, (baseline, largest, total)
+    assert worker.poll() is None, procs.log(worker)

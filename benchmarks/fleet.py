@@ -1,0 +1,188 @@
+"""A fleet of idle workers: what one job costs Redis as the fleet grows, ours beside stock RQ.
+
+Real ``rq worker`` processes (N = 1, 10, 50, 200 by default, started in batches) on one
+queue and on three, ``rq_emq.LeaseWorker`` and stock ``rq.Worker``, one private
+redis-server. Per N:
+
+- idle Redis commands per second per worker (every worker blocked, nothing pushed);
+- under a trickle (one job at a time into the last queue, every worker idle before each
+  push): Redis commands and Lua calls per job (the producer's enqueue included), Redis
+  CPU per job (INFO cpu, user + sys), pick-up latency (enqueue to ``started_at``) p50/p95;
+- connections per worker (CLIENT LIST while idle).
+
+The benchmark's own polling uses commands no worker sends (CLIENT LIST, INFO, HSTRLEN)
+and those are left out of the counts.
+
+    python benchmarks/fleet.py [--ns 1 10 50 200] [--jobs 30] [--idle-seconds 20] [--quick]
+                               [--queues 1 3] [--worker-env RQ_EMQ_...=...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from datetime import datetime
+
+import redis
+from common import HERE, OURS, RQ_BIN, STOCK, percentile, private_redis, table, wait_until
+from rq import Queue
+
+#: The benchmark's own commands (no worker sends them): left out of every count.
+OWN = ("cmdstat_info", "cmdstat_client|list", "cmdstat_hstrlen", "cmdstat_config|resetstat")
+LUA = ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_evalsha_ro", "cmdstat_eval_ro")
+BATCH = 10  # workers started at a time: 200 Python processes at once would stall a small machine
+
+
+class Fleet:
+    """Worker processes of one class on one set of queues, grown on demand."""
+
+    def __init__(
+        self, url: str, r: redis.Redis, worker_class: str, queues: Sequence[str], env: dict[str, str]
+    ) -> None:
+        self.url, self.r, self.worker_class, self.queues = url, r, worker_class, list(queues)
+        self.processes: list[subprocess.Popen[bytes]] = []
+        path = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
+        self.env = {**os.environ, "PYTHONPATH": path, **env}
+
+    @property
+    def waits_per_worker(self) -> int:
+        """Blocked commands an idle worker holds: ours one per queue, stock one (BLPOP/BLMOVE)."""
+        return len(self.queues) if self.worker_class == OURS else 1
+
+    def blocked(self) -> int:
+        return sum("b" in str(c.get("flags")) for c in self.r.client_list())
+
+    def all_idle(self) -> bool:
+        return self.blocked() == len(self.processes) * self.waits_per_worker
+
+    def grow(self, n: int) -> None:
+        while len(self.processes) < n:
+            for _ in range(min(BATCH, n - len(self.processes))):
+                args = [RQ_BIN, "worker", "-w", self.worker_class, "--url", self.url, "-q", *self.queues]
+                self.processes.append(
+                    subprocess.Popen(
+                        args,
+                        env=self.env,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                        start_new_session=True,
+                    )
+                )
+            wait_until(self.all_idle, timeout=120, interval=0.2)
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+        for process in self.processes:
+            process.wait()
+        self.processes.clear()
+
+
+def counters(r: redis.Redis) -> tuple[int, int, float]:
+    """(commands, Lua calls, Redis CPU seconds) so far, the benchmark's own commands left out."""
+    stats = r.info("commandstats")
+    cpu = r.info("cpu")
+    commands = sum(v["calls"] for k, v in stats.items() if k not in OWN)
+    lua = sum(stats.get(k, {}).get("calls", 0) for k in LUA)
+    return commands, lua, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+def _when(value: bytes | None) -> float:
+    text = (value or b"").decode().rstrip("Z")
+    return datetime.fromisoformat(text).timestamp()
+
+
+def measure(fleet: Fleet, n: int, jobs: int, idle_seconds: float) -> list[object]:
+    r = fleet.r
+    fleet.grow(n)
+    time.sleep(1.0)
+    connections = (len(r.client_list()) - 1) / n  # less the benchmark's own
+    before = counters(r)
+    time.sleep(idle_seconds)
+    idle = (counters(r)[0] - before[0]) / idle_seconds / n
+
+    target = Queue(fleet.queues[-1], connection=r)  # the last queue: looked at last
+    ids = []
+    start = counters(r)
+    for _ in range(jobs):
+        time.sleep(random.uniform(0.05, 0.15))
+        job = target.enqueue("bench_jobs.noop")
+        ids.append(job.id)
+        wait_until(lambda key=job.key: r.hstrlen(key, "status") == len("finished"), 30, interval=0.002)
+        wait_until(fleet.all_idle, 30, interval=0.005)
+    end = counters(r)
+    latencies = []
+    for job_id in ids:
+        enqueued, started = r.hmget(f"rq:job:{job_id}", "enqueued_at", "started_at")
+        latencies.append((_when(started) - _when(enqueued)) * 1000)
+    per_job = [(e - s) / jobs for s, e in zip(start, end, strict=True)]
+    return [
+        len(fleet.queues),
+        n,
+        "stock rq.Worker" if fleet.worker_class == STOCK else "LeaseWorker",
+        f"{idle:.2f}",
+        f"{per_job[0]:.1f}",
+        f"{per_job[1]:.1f}",
+        f"{per_job[2] * 1e6:.0f}",
+        f"{connections:.1f}",
+        f"{percentile(latencies, 50):.1f}",
+        f"{percentile(latencies, 95):.1f}",
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ns", type=int, nargs="+", default=[1, 10, 50, 200])
+    parser.add_argument("--jobs", type=int, default=30)
+    parser.add_argument("--idle-seconds", type=float, default=20.0)
+    parser.add_argument("--queues", type=int, nargs="+", default=[1, 3], choices=[1, 3])
+    parser.add_argument("--quick", action="store_true", help="N <= 10, a few jobs: shows the script works")
+    parser.add_argument(
+        "--worker-env",
+        nargs="*",
+        default=[],
+        metavar="NAME=VALUE",
+        help="settings for every worker, e.g. RQ_EMQ_SWEEP_INTERVAL_MS=60000 to set idle sweeps aside",
+    )
+    options = parser.parse_args()
+    worker_env = dict(item.split("=", 1) for item in options.worker_env)
+    if options.quick:
+        options.ns, options.jobs, options.idle_seconds = [1, 5], 5, 2.0
+    rows = []
+    with private_redis() as url:
+        r = redis.Redis.from_url(url)
+        for count in options.queues:
+            queues = ["q0", "q1", "q2"][:count]
+            for worker_class in (STOCK, OURS):
+                r.flushdb()
+                fleet = Fleet(url, r, worker_class, queues, worker_env)
+                try:
+                    for n in sorted(options.ns):
+                        rows.append(measure(fleet, n, options.jobs, options.idle_seconds))
+                        print(" | ".join(map(str, rows[-1])), file=sys.stderr, flush=True)
+                finally:
+                    fleet.stop()
+    headers = [
+        "queues",
+        "idle workers",
+        "worker",
+        "idle cmds/s per worker",
+        "cmds per job",
+        "Lua calls per job",
+        "Redis CPU µs per job",
+        "connections per worker",
+        "pick-up p50 ms",
+        "pick-up p95 ms",
+    ]
+    print(table(headers, rows))
+
+
+if __name__ == "__main__":
+    main()

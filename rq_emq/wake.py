@@ -15,9 +15,9 @@ A cancelled or timed-out wait returns nil, and its connection goes back to the p
 
 Where an ACL refuses ``CLIENT ID`` or ``CLIENT UNBLOCK``, a wait is cancelled by
 half-closing its connection: Redis frees the client on the end of its input, and a reply
-already on its way (Redis served the wait just before) is still read from the open
-half and handed back. Redis writes a served wait's reply before it reads further input,
-so that residue is small; whatever is left (TLS connections cannot half-close, so they are
+it wrote in an earlier pass of its event loop (it served the wait just before) is still
+read from the open half and handed back. What is left (a wait served in the very pass in
+which Redis reads the end of input; TLS connections, which cannot half-close and are
 closed) is a job without a lock in the intermediate list, where the sweep finds it, as it
 finds the job of a worker that died between its ``BLMOVE`` and its claim.
 

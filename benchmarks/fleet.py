@@ -6,8 +6,9 @@ redis-server. Per N:
 
 - idle Redis commands per second per worker (every worker blocked, nothing pushed);
 - under a trickle (one job at a time into the last queue, every worker idle before each
-  push): Redis commands and Lua calls per job (the producer's enqueue included), Redis
-  CPU per job (INFO cpu, user + sys), pick-up latency (enqueue to ``started_at``) p50/p95;
+  push): Redis commands and Lua calls per job (the producer's enqueue included), the
+  waiting's own share (BLMOVE/BLPOP and CLIENT UNBLOCK per job), Redis CPU per job
+  (INFO cpu, user + sys), pick-up latency (enqueue to ``started_at``) p50/p95;
 - connections per worker (CLIENT LIST while idle).
 
 The benchmark's own polling uses commands no worker sends (CLIENT LIST, INFO, HSTRLEN)
@@ -36,6 +37,8 @@ from rq import Queue
 #: The benchmark's own commands (no worker sends them): left out of every count.
 OWN = ("cmdstat_info", "cmdstat_client|list", "cmdstat_hstrlen", "cmdstat_config|resetstat")
 LUA = ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_evalsha_ro", "cmdstat_eval_ro")
+#: The waiting itself: blocking pops and moves, and our cancels of the waits a push did not serve.
+WAITS = ("cmdstat_blmove", "cmdstat_blpop", "cmdstat_blmpop", "cmdstat_brpoplpush", "cmdstat_client|unblock")
 BATCH = 10  # workers started at a time: 200 Python processes at once would stall a small machine
 
 
@@ -85,13 +88,15 @@ class Fleet:
         self.processes.clear()
 
 
-def counters(r: redis.Redis) -> tuple[int, int, float]:
-    """(commands, Lua calls, Redis CPU seconds) so far, the benchmark's own commands left out."""
+def counters(r: redis.Redis) -> tuple[int, int, int, float]:
+    """(commands, Lua calls, wait commands, Redis CPU seconds) so far, the benchmark's own
+    commands left out."""
     stats = r.info("commandstats")
     cpu = r.info("cpu")
     commands = sum(v["calls"] for k, v in stats.items() if k not in OWN)
     lua = sum(stats.get(k, {}).get("calls", 0) for k in LUA)
-    return commands, lua, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+    waits = sum(stats.get(k, {}).get("calls", 0) for k in WAITS)
+    return commands, lua, waits, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
 def _when(value: bytes | None) -> float:
@@ -130,7 +135,8 @@ def measure(fleet: Fleet, n: int, jobs: int, idle_seconds: float) -> list[object
         f"{idle:.2f}",
         f"{per_job[0]:.1f}",
         f"{per_job[1]:.1f}",
-        f"{per_job[2] * 1e6:.0f}",
+        f"{per_job[2]:.1f}",
+        f"{per_job[3] * 1e6:.0f}",
         f"{connections:.1f}",
         f"{percentile(latencies, 50):.1f}",
         f"{percentile(latencies, 95):.1f}",
@@ -176,6 +182,7 @@ def main() -> None:
         "idle cmds/s per worker",
         "cmds per job",
         "Lua calls per job",
+        "wait cmds per job",
         "Redis CPU µs per job",
         "connections per worker",
         "pick-up p50 ms",

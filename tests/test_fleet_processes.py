@@ -10,13 +10,14 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable
+from datetime import datetime, timezone
 
 import pytest
 import redis
 from helpers import FAST, status, wait_status
 from procs import Processes, wait_for
 from rq import Queue
-from rq.job import Job
+from rq.job import Job, JobStatus
 
 from rq_emq.testing import RedisServer
 
@@ -83,11 +84,8 @@ def test_an_idle_worker_takes_jobs_arriving_together_in_its_queue_order_and_stra
 ) -> None:
     worker = procs.worker(redis_url, *QUEUES, **QUIET)
     wait_for(lambda: blocked_waits(r) == 3, timeout=30, what="the worker's three waits")
-    jobs: dict[str, Job] = {}
-    pipe = r.pipeline(transaction=True)  # one EXEC: Redis serves all three waits at once
-    for name in reversed(QUEUES):
-        jobs[name] = Queue(name, connection=r).enqueue("jobs.add", 1, 1, pipeline=pipe)
-    pipe.execute()
+    pushed = push_together(r, [(name, "jobs.add", (1, 1)) for name in reversed(QUEUES)])
+    jobs = dict(zip(reversed(QUEUES), pushed, strict=True))
     for job in jobs.values():  # no sweep would rescue a stranded one within this test
         wait_status(r, job.id, "finished", timeout=20)
     ended = [Job.fetch(jobs[q].id, connection=r).ended_at for q in QUEUES]
@@ -102,16 +100,31 @@ def test_two_jobs_won_at_once_by_one_worker_go_one_to_it_and_one_back_to_the_fle
     for _ in range(3):
         procs.worker(redis_url, *QUEUES, **QUIET)
     wait_for(lambda: blocked_waits(r) == 9, timeout=60, what="three idle workers")
-    pipe = r.pipeline(transaction=True)
-    slow = Queue("q0", connection=r).enqueue("time.sleep", 3.0, pipeline=pipe)
-    other = Queue("q1", connection=r).enqueue("jobs.add", 1, 1, pipeline=pipe)
-    pipe.execute()
+    slow, other = push_together(r, [("q0", "time.sleep", (3.0,)), ("q1", "jobs.add", (1, 1))])
     # the first worker to wait won both; the q1 job, handed back, is run by another worker
     # while the q0 job still runs
     wait_status(r, other.id, "finished", timeout=2.5)
     assert status(r, slow.id) == "started"
     wait_status(r, slow.id, "finished", timeout=20)
     assert intermediates(r) == dict.fromkeys(QUEUES, 0)
+
+
+def push_together(r: redis.Redis, calls: list[tuple[str, str, tuple[object, ...]]]) -> list[Job]:
+    """Queue one job per (queue, function, args) in one MULTI/EXEC: Redis serves the waits
+    blocked on those queues all at once, after the EXEC. (RQ 2's enqueue cannot join an
+    outer transaction, so the jobs are saved first and only the pushes are batched.)"""
+    jobs = []
+    for queue, func, args in calls:
+        job = Job.create(func, args=args, connection=r, origin=queue, status=JobStatus.QUEUED)
+        job.enqueued_at = datetime.now(timezone.utc).replace(tzinfo=None)
+        job.save()
+        jobs.append(job)
+    pipe = r.pipeline(transaction=True)
+    for (queue, _, _), job in zip(calls, jobs, strict=True):
+        pipe.sadd("rq:queues", f"rq:queue:{queue}")
+        pipe.rpush(f"rq:queue:{queue}", job.id)
+    pipe.execute()
+    return jobs
 
 
 def _paused_with_a_job_moved(r: redis.Redis, worker_pid: int) -> Job:

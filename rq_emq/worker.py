@@ -104,6 +104,7 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
             name=f"rq-emq-sweeper:{self.name}",
             job_class=me.job_class,
             serializer=me.serializer,
+            elect=True,  # one sweeper per queue set across the fleet; the others stand by
         )
         self.sweeper.start()
 

@@ -164,8 +164,8 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "release_keeps_lock",
-        "lua/lib/lease.lua",
-        "redis.call('DEL', lock_key)",
+        "lua/finish_job-5.lua",
+        "redis.call('DEL', KEYS[2])",
         "local _ = 0",
         [f"{LEASES}::test_a_fenced_transaction_commits_and_releases_the_lease"],
         "a finished job's lock lingers",
@@ -173,8 +173,8 @@ CATALOG: list[Mutation] = [
     _m(
         "finish_keeps_attempts",
         "lua/finish_job-5.lua",
-        "redis.call('HDEL', KEYS[1], 'emq_attempts', 'emq_status')",
-        "local _ = 0",
+        "if redis.call('HDEL', KEYS[1], 'emq_attempts', 'emq_status') > 0 then",
+        "if redis.call('HEXISTS', KEYS[1], 'emq_token') == 1 then",
         [f"{LEASES}::test_a_fenced_transaction_commits_and_releases_the_lease"],
         "a job retried by RQ after a normal finish inherits its old stall count",
     ),
@@ -536,8 +536,8 @@ CATALOG: list[Mutation] = [
     _m(
         "start_does_not_record_rqs_status",
         "rq_emq/fencing.py",
-        '"1" if fence.records_status else "0"',
-        '"0"',
+        'extra = ["emq_status", status]',
+        "extra = []",
         [f"{LIFE}::test_a_fenced_finish_records_the_jobs_own_max_attempts_with_its_start"],
         "the run's start leaves emq_status at queued: RQ's later changes are not recognised",
     ),

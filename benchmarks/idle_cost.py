@@ -67,7 +67,7 @@ def monitored(url: str, seconds: float) -> dict[str, int]:
     def watch() -> None:
         script: str | None = None  # the script whose inner commands MONITOR shows next
         counting = False
-        with redis.Redis.from_url(url).monitor() as monitor:
+        with redis.Redis.from_url(url, socket_timeout=None).monitor() as monitor:
             started.set()
             while True:
                 seen = monitor.next_command()

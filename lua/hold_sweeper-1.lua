@@ -18,7 +18,8 @@ if redis.call('GET', key) == token then
     redis.call('DEL', key)
     return 0
   end
-  redis.call('PEXPIRE', key, hold_ms)
+  -- SET rather than PEXPIRE: the ACL that runs rq-emq (README) allows no more commands
+  redis.call('SET', key, token, 'PX', hold_ms)
   return 1
 end
 if hold_ms > 0 and redis.call('SET', key, token, 'NX', 'PX', hold_ms) then

@@ -352,6 +352,27 @@ CATALOG: list[Mutation] = [
         [f"{SWEEP}::test_a_drainer_whose_claim_was_taken_over_writes_no_result"],
         "a slow drainer and its successor both write the failure Result",
     ),
+    # -- the sweeper election ---------------------------------------------------------------------
+    _m(
+        "every_worker_sweeps",
+        "rq_emq/worker.py",
+        "elect=True,",
+        "elect=False,",
+        ["tests/test_fleet_sweep.py::test_sweep_script_calls_of_an_idle_fleet_do_not_grow_with_its_size"],
+        "every idle worker runs sweep rounds: Redis work grows with the fleet",
+        fast=False,
+    ),
+    _m(
+        "standby_checks_too_rarely",
+        "rq_emq/election.py",
+        "self.standby_ms = max(idle_ms * 2 // 3, 1)",
+        "self.standby_ms = max(idle_ms * 20, 1)",
+        [
+            "tests/test_fleet_sweep.py::test_a_killed_sweepers_own_job_is_recovered_by_a_standby_within_the_bound"
+        ],
+        "a dead sweeper's job waits for a standby far past lease + 2 sweep intervals",
+        fast=False,
+    ),
     # -- settings ---------------------------------------------------------------------------------
     _m(
         "renew_interval_may_exceed_the_lease",

@@ -38,7 +38,13 @@ WAKE = ("client", "ping", "blmove", "blpop", "brpoplpush", "lmove", "subscribe",
 def script_names() -> dict[str, str]:
     from rq_emq import scripts
 
-    return {scripts.load(name).sha: name for name in (*SWEEP_SCRIPTS, *WAKE_SCRIPTS)}
+    shas = {}
+    for name in (*SWEEP_SCRIPTS, *WAKE_SCRIPTS):
+        try:
+            shas[scripts.load(name).sha] = name
+        except FileNotFoundError:  # an older checkout (measuring the base) lacks it
+            continue
+    return shas
 
 
 def kind(command: str, script: str | None) -> str:

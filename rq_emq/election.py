@@ -50,6 +50,8 @@ class SweeperElection:
         self.hold_ms = max(idle_ms * 4 // 3, 1)
         self.standby_ms = max(idle_ms * 2 // 3, 1)
         self.elected = False
+        #: The last call's answer was lost (a timeout): the election may be ours.
+        self._unsure = False
         self._renewed_at = -math.inf  # monotonic send time of the last successful hold
 
     def standby_pause(self) -> float:
@@ -60,17 +62,24 @@ class SweeperElection:
         """Whether this worker sweeps now: a standby checks whether the election is free
         (one ``SET NX PX``); the sweeper renews it when a third of its hold has passed."""
         sent = time.monotonic()
-        if not self.elected:
-            taken = bool(self.client.set(self.key, self.token, nx=True, px=self.hold_ms))
-            if taken:
-                logger.info("elected sweeper of %s", self.key)
-        elif (sent - self._renewed_at) * 1000 < self.hold_ms / 3:
+        if self.elected and (sent - self._renewed_at) * 1000 < self.hold_ms / 3:
             return True
-        else:
-            taken = bool(scripts.load("hold_sweeper")(self.client, [self.key], [self.token, self.hold_ms]))
-            if not taken:
-                logger.info("no longer the sweeper of %s (its hold lapsed); standing by", self.key)
-        self.elected = taken
+        try:
+            if not self.elected and not self._unsure:
+                taken = bool(self.client.set(self.key, self.token, nx=True, px=self.hold_ms))
+            else:
+                # keep it; or, after a call whose answer was lost, find out whether that
+                # SET NX took it (a standby's plain SET NX would then wait out its own hold)
+                hold = scripts.load("hold_sweeper")
+                taken = bool(hold(self.client, [self.key], [self.token, self.hold_ms]))
+        except Exception:
+            self.elected, self._unsure = False, True
+            raise
+        if taken and not self.elected:
+            logger.info("elected sweeper of %s", self.key)
+        elif self.elected and not taken:
+            logger.info("no longer the sweeper of %s (its hold lapsed); standing by", self.key)
+        self.elected, self._unsure = taken, False
         if taken:
             self._renewed_at = sent
         return taken
@@ -78,7 +87,7 @@ class SweeperElection:
     def resign(self) -> None:
         """Give the election up (a stopping worker), so that a standby takes over at its
         next check instead of after the hold."""
-        if not self.elected:
+        if not (self.elected or self._unsure):
             return
         self.elected = False
         self._renewed_at = -math.inf

@@ -103,13 +103,16 @@ def test_a_killed_sweepers_own_job_is_recovered_by_a_standby_within_the_bound(
     log = str(tmp_path / "runs.log")
     a = procs.worker(redis_url, name="worker-a", **BOUND)
     wait_for(lambda: elected(r) == "rq-emq-sweeper:worker-a", timeout=15, what="worker-a to be the sweeper")
-    job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 1.0, job_timeout=30)
+    # a minute on its first run (killed long before that), at once on the next
+    job = Queue(connection=r).enqueue("integration_jobs.slow_on_first_run", log, 60.0, job_timeout=120)
     wait_for(lambda: runs(log), timeout=10, what="the job to start")
     assert r.hget(job_key(job.id), "worker_name") == b"worker-a"
     procs.worker(redis_url, name="worker-b", **BOUND)
     wait_for(lambda: r.scard("rq:workers") == 2, timeout=15, what="worker-b to register")
-    assert elected(r) == "rq-emq-sweeper:worker-a"  # b stands by
+    time.sleep(0.5)  # b's start-up round is over: from now on it stands by
+    assert elected(r) == "rq-emq-sweeper:worker-a"
     token = r.hget(job_key(job.id), "emq_token")
+    assert token == r.get(Q.lock(job.id))  # a holds the running job
     killed_at = time.monotonic()
     os.killpg(a.pid, signal.SIGKILL)
     wait_for(
@@ -119,6 +122,7 @@ def test_a_killed_sweepers_own_job_is_recovered_by_a_standby_within_the_bound(
     assert after_kill <= BOUND_LEASE_S + 2 * BOUND_SWEEP_S + SCHEDULING_SLACK_S, after_kill
     assert elected(r) == "rq-emq-sweeper:worker-b"
     wait_for(lambda: r.hget(job_key(job.id), "status") == b"finished", timeout=15, what="the job to finish")
+    assert [line.split()[0] for line in runs(log)] == ["start", "start", "end"]
 
 
 def test_a_worker_that_stops_gives_its_election_up(r: redis.Redis, redis_url: str, procs: Processes) -> None:

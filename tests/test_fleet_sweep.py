@@ -14,6 +14,7 @@ from jobs import runs
 from procs import Processes, wait_for
 from rq import Queue
 
+from rq_emq.election import SweeperElection
 from rq_emq.keys import QueueKeys, job_key, sweeper_election_key
 
 pytestmark = pytest.mark.slow
@@ -140,3 +141,25 @@ def test_workers_on_different_queue_sets_each_have_a_sweeper(
     procs.worker(redis_url, "b", "c", name="bc", **IDLE)
     wait_for(lambda: r.exists(sweeper_election_key(["a", "b"])), timeout=15, what="a sweeper of a, b")
     wait_for(lambda: r.exists(sweeper_election_key(["c", "b"])), timeout=15, what="a sweeper of b, c")
+
+
+def test_the_election_is_kept_only_by_its_holder_and_given_up_only_by_it(r: redis.Redis) -> None:
+    a = SweeperElection(r, ["q"], idle_ms=3_000, name="a")
+    b = SweeperElection(r, ["q"], idle_ms=3_000, name="b")
+    assert a.hold() and not b.hold()  # one SET NX each: a takes it, b stands by
+    assert 3_500 < r.pttl(a.key) <= 4_000  # hold = 4/3 idle
+    b.resign()  # not b's to give up
+    assert r.get(a.key) == a.token.encode()
+    r.delete(a.key)  # a's hold lapsed (a froze) ...
+    assert b.hold()  # ... b takes over
+    a._renewed_at = -1e9  # a wakes: its renewal finds b's token and it stands by
+    assert not a.hold() and not a.elected and r.get(a.key) == b.token.encode()
+    b.resign()
+    assert not r.exists(a.key)
+
+
+def test_a_standby_whose_set_nx_answer_was_lost_finds_the_election_its_own(r: redis.Redis) -> None:
+    a = SweeperElection(r, ["q"], idle_ms=3_000, name="a")
+    r.set(a.key, a.token, px=4_000)  # its SET NX landed; the reply did not
+    a._unsure = True
+    assert a.hold() and a.elected  # not a wait for its own hold to lapse

@@ -287,7 +287,7 @@ def _start_record(fence: Fence, commands: list[Any], pieces: list[tuple[list[lis
     command fewer; else the script records them itself."""
     if not fence.records_status:
         return [fence.max_attempts, "0"]
-    status, at = _status_written(fence.job_id, commands)
+    status, at = _status_written(fence.keys[0], commands)
     if status is None or at is None or pieces[at][1] != "one":
         return [fence.max_attempts, "1" if status is None else "=" + status]
     extra = ["emq_status", status]
@@ -297,11 +297,10 @@ def _start_record(fence: Fence, commands: list[Any], pieces: list[tuple[list[lis
     return ["", "0"]
 
 
-def _status_written(job_id: str, commands: list[Any]) -> tuple[str | None, int | None]:
-    """The RQ status ``commands`` leave on the job hash and the index of the HSET that
-    writes it, when nothing but plain HSETs (and expiry changes, reads) touch the hash;
-    else (None, None): the script reads the status back, the only sure answer then."""
-    key = job_key(job_id)
+def _status_written(key: str, commands: list[Any]) -> tuple[str | None, int | None]:
+    """The RQ status ``commands`` leave on the job hash ``key`` and the index of the HSET
+    that writes it, when nothing but plain HSETs (and expiry changes, reads) touch the
+    hash; else (None, None): the script reads the status back, the only sure answer then."""
     keys = (key, key.encode())  # a pickled job's data need not decode: compare as sent
     status: str | None = None
     at: int | None = None

@@ -27,6 +27,7 @@ HERE = Path(__file__).resolve().parent
 BENCHMARKS = {
     "pickup": "Idle workers: pick-up latency and idle Redis cost",
     "fleet": "A fleet of idle workers: Redis work per job, connections and pick-up as it grows",
+    "idle_cost": "Idle fleets: Redis commands per second per idle worker (N = 1, 10, 50)",
     "throughput": "No-op jobs: throughput, Redis commands, round trips and Redis CPU per job",
     "renewal": "Keeping N jobs alive: cost of one heartbeat tick",
     "sweep_cost": "Sweep: Redis time with 1k-100k jobs in flight",

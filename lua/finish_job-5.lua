@@ -31,9 +31,16 @@ local state = check_holder(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, 
 if state == 'lost' then return {0} end
 if state == 'ended' then return {2, redis.call('HGET', KEYS[1], 'status') or ''} end
 local replies = run_packed(5, tonumber(ARGV[4]))
-if drop_lease(KEYS[1], KEYS[2], KEYS[3], KEYS[4], job_id, 'done:' .. token) then
-  -- attempts count consecutive takes that did not end normally; this one did
-  redis.call('HDEL', KEYS[1], 'emq_attempts', 'emq_status')
+-- the lease goes: lock, index entry, stall mark
+redis.call('DEL', KEYS[2])
+redis.call('ZREM', KEYS[3], job_id)
+redis.call('ZREM', KEYS[4], job_id)
+-- Attempts count consecutive takes that did not end normally; this one did. The take
+-- wrote both fields with the token, so finding neither means RQ's commands deleted the
+-- job (result_ttl=0): then nothing is written back (no hash re-created). Else the owner
+-- becomes `done:<token>`, so the holder's next renewal learns the job ended normally.
+if redis.call('HDEL', KEYS[1], 'emq_attempts', 'emq_status') > 0 then
+  redis.call('HSET', KEYS[1], 'emq_token', 'done:' .. token)
 end
 redis.call('HINCRBY', KEYS[5], ARGV[3], 1)
 return {1, replies}

@@ -22,7 +22,8 @@ ARGV:
   1  job id
   2  token
   3  the job's own max attempts to record ('' for none)
-  4  '1' to record the job's RQ status after RQ's commands as ours, '0' not to
+  4  how to record the job's RQ status after RQ's commands as ours: '1' read it back,
+     '=<status>' the status RQ's commands write (the caller read it off them), '0' not at all
   5  number of commands; then per command: its argument count, then the arguments
 Returns:
   {0}               fenced out: the lease is not ours (or RQ ended the job since the
@@ -38,6 +39,8 @@ local replies = run_packed(6, tonumber(ARGV[5]))
 local record = {}
 if ARGV[4] == '1' then
   record = {'emq_status', redis.call('HGET', KEYS[1], 'status') or ''}
+elseif ARGV[4]:sub(1, 1) == '=' then
+  record = {'emq_status', ARGV[4]:sub(2)}
 end
 if ARGV[3] ~= '' then
   record[#record + 1] = 'emq_max_attempts'

@@ -165,8 +165,8 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "release_keeps_lock",
-        "lua/lib/lease.lua",
-        "redis.call('DEL', lock_key)",
+        "lua/finish_job-5.lua",
+        "redis.call('DEL', KEYS[2])",
         "local _ = 0",
         [f"{LEASES}::test_a_fenced_transaction_commits_and_releases_the_lease"],
         "a finished job's lock lingers",
@@ -174,8 +174,8 @@ CATALOG: list[Mutation] = [
     _m(
         "finish_keeps_attempts",
         "lua/finish_job-5.lua",
-        "redis.call('HDEL', KEYS[1], 'emq_attempts', 'emq_status')",
-        "local _ = 0",
+        "if redis.call('HDEL', KEYS[1], 'emq_attempts', 'emq_status') > 0 then",
+        "if redis.call('HEXISTS', KEYS[1], 'emq_token') == 1 then",
         [f"{LEASES}::test_a_fenced_transaction_commits_and_releases_the_lease"],
         "a job retried by RQ after a normal finish inherits its old stall count",
     ),
@@ -386,6 +386,27 @@ CATALOG: list[Mutation] = [
         [f"{SWEEP}::test_a_drainer_whose_claim_was_taken_over_writes_no_result"],
         "a slow drainer and its successor both write the failure Result",
     ),
+    # -- the sweeper election ---------------------------------------------------------------------
+    _m(
+        "every_worker_sweeps",
+        "rq_emq/worker.py",
+        "elect=True,",
+        "elect=False,",
+        ["tests/test_fleet_sweep.py::test_sweep_script_calls_of_an_idle_fleet_do_not_grow_with_its_size"],
+        "every idle worker runs sweep rounds: Redis work grows with the fleet",
+        fast=False,
+    ),
+    _m(
+        "standby_checks_too_rarely",
+        "rq_emq/election.py",
+        "self.standby_ms = max(idle_ms * 2 // 3, 1)",
+        "self.standby_ms = max(idle_ms * 20, 1)",
+        [
+            "tests/test_fleet_sweep.py::test_a_killed_sweepers_own_job_is_recovered_by_a_standby_within_the_bound"
+        ],
+        "a dead sweeper's job waits for a standby far past lease + 2 sweep intervals",
+        fast=False,
+    ),
     # -- settings ---------------------------------------------------------------------------------
     _m(
         "renew_interval_may_exceed_the_lease",
@@ -570,8 +591,8 @@ CATALOG: list[Mutation] = [
     _m(
         "start_does_not_record_rqs_status",
         "rq_emq/fencing.py",
-        '"1" if fence.records_status else "0"',
-        '"0"',
+        'extra = ["emq_status", status]',
+        "extra = []",
         [f"{LIFE}::test_a_fenced_finish_records_the_jobs_own_max_attempts_with_its_start"],
         "the run's start leaves emq_status at queued: RQ's later changes are not recognised",
     ),

@@ -82,6 +82,21 @@ def resolve_driver_info_once(pool: Any) -> None:
     kwargs["driver_info"] = resolve_driver_info()
 
 
+def resolve_server_version_once(connection: Any) -> None:
+    """Cache the Redis server version on ``connection`` as RQ does (``rq.utils.get_version``).
+
+    RQ 2 asks a job's connection for it as the job's result is saved; stock RQ's dequeue
+    has asked already, ours has not, so every horse would open a second connection (its
+    first is held by the finish's WATCH) to send ``INFO server``. Asked once here, in the
+    worker, every horse inherits the answer. A server that will not tell is left to RQ."""
+    try:
+        from rq.utils import get_version
+
+        get_version(connection)
+    except Exception:  # RQ's own call, later, reports what is wrong
+        return
+
+
 def execution_ids(worker: Any) -> set[str]:
     """Ids of the executions ``worker`` keeps (RQ 3: a dict ``executions``; RQ 2: one
     ``execution``)."""

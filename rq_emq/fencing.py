@@ -192,7 +192,7 @@ class _FencedPipelineMixin:
         if session.release:
             packed: list[Any] = [fence.job_id, fence.token, fence.counter]
         else:
-            packed = [fence.job_id, fence.token, fence.max_attempts, "1" if fence.records_status else "0"]
+            packed = [fence.job_id, fence.token, *_start_record(fence, commands, pieces)]
         packed.append(sum(len(parts) for parts, _ in pieces))
         for parts, _ in pieces:
             for words in parts:
@@ -202,7 +202,7 @@ class _FencedPipelineMixin:
         for attempt in (1, 2):
             pipe.command_stack = []
             pipe.pipeline_execute_command("EVALSHA", script.sha, len(keys), *keys, *packed)
-            (reply,) = super().execute(raise_on_error=False)  # type: ignore[misc]
+            (reply,) = self._send_script(watching)
             if not scripts.is_noscript(reply) or attempt == 2:
                 break
             script.load(Redis(connection_pool=pipe.connection_pool))
@@ -219,6 +219,20 @@ class _FencedPipelineMixin:
         session.committed = True
         replies = _merge_replies(pieces, list(reply[1]))
         return self._apply_callbacks(commands, replies, raise_on_error)
+
+    def _send_script(self, watching: bool) -> list[Any]:
+        """Send the one EVALSHA: inside MULTI/EXEC only when RQ WATCHes a key (its
+        dependents check), which the EXEC then guards; otherwise alone, since a script
+        is atomic already (MULTI and EXEC would be two more commands for nothing)."""
+        pipe: Any = self
+        if watching:
+            return list(super().execute(raise_on_error=False))  # type: ignore[misc]
+        transaction = pipe.transaction
+        pipe.transaction = pipe.explicit_transaction = False
+        try:
+            return list(super().execute(raise_on_error=False))  # type: ignore[misc]
+        finally:
+            pipe.transaction = transaction
 
     def _execute_checked(self, commands: list[Any], raise_on_error: bool) -> list[Any]:
         # Scripting commands cannot be nested in our script: check, commit, then release.
@@ -257,6 +271,61 @@ class _FencedPipelineMixin:
 
 def _reads_only(commands: list[Any]) -> bool:
     return all(_command_name(args) in _READ_ONLY for args, _ in commands)
+
+
+#: Commands on the job hash that leave its ``status`` field as it was.
+_KEEP_FIELDS = frozenset(
+    {"PERSIST", "EXPIRE", "PEXPIRE", "EXPIREAT", "PEXPIREAT", "HGET", "HMGET", "HGETALL"}
+)
+
+
+def _start_record(fence: Fence, commands: list[Any], pieces: list[tuple[list[list[Any]], str]]) -> list[str]:
+    """``guard_job_write``'s max attempts and status arguments: what it records on the job
+    hash with RQ's commands. When RQ's last HSET of the job's status is known here, the
+    status it writes (and the job's own max attempts) ride in that very HSET, which
+    changes the job hash in the same way as the script's own write after it would, one
+    command fewer; else the script records them itself."""
+    if not fence.records_status:
+        return [fence.max_attempts, "0"]
+    status, at = _status_written(fence.keys[0], commands)
+    if status is None or at is None or pieces[at][1] != "one":
+        return [fence.max_attempts, "1" if status is None else "=" + status]
+    extra = ["emq_status", status]
+    if fence.max_attempts:
+        extra += ["emq_max_attempts", fence.max_attempts]
+    pieces[at][0][0].extend(extra)
+    return ["", "0"]
+
+
+def _status_written(key: str, commands: list[Any]) -> tuple[str | None, int | None]:
+    """The RQ status ``commands`` leave on the job hash ``key`` and the index of the HSET
+    that writes it, when nothing but plain HSETs (and expiry changes, reads) touch the
+    hash; else (None, None): the script reads the status back, the only sure answer then."""
+    keys = (key, key.encode())  # a pickled job's data need not decode: compare as sent
+    status: str | None = None
+    at: int | None = None
+    for index, (args, _) in enumerate(commands):
+        if not any(word in keys for word in args[1:] if isinstance(word, (str, bytes))):
+            continue
+        name = _command_name(args)
+        if name in _KEEP_FIELDS and args[1] in keys:
+            continue
+        if name != "HSET" or args[1] not in keys or len(args) % 2:
+            return None, None
+        for field, value in zip(args[2::2], args[3::2], strict=True):
+            if field in ("status", b"status"):
+                status, at = _sent(value), index
+    return (status, at) if status is not None else (None, None)
+
+
+def _sent(value: Any) -> str | None:
+    """A command argument as redis-py sends it (RQ's statuses are str enums: their text
+    is the value, not what ``str()`` of the member says); None for other types."""
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, str):
+        return value.encode().decode()
+    return None
 
 
 def _text(value: Any) -> str:

@@ -26,14 +26,24 @@ class HeartbeatMixin:
     connection: Redis
     lease_settings: LeaseSettings
     _last_heartbeat: tuple[float, int]
+    _starting_run: bool
+    #: (monotonic, state) of the last worker state written alone.
+    _state_sent: tuple[float, str] = (-math.inf, "")
 
     def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
         """RQ's worker heartbeat. RQ's loop sends one on its own three times per job (before
         and after the take, after the job): its three commands share one round trip, and
         one that would repeat, within a second, a heartbeat with at least its TTL is skipped
-        (the worker key's expiry moves by less than that second; its TTL is minutes)."""
+        (the worker key's expiry moves by less than that second; its TTL is minutes).
+
+        The one RQ sends as a run starts (``prepare_job_execution``, three commands in the
+        start's transaction) is left out: the worker key's TTL is minutes when the job is
+        taken (RQ's loop beats right before and after the take), and from the take on the
+        lock manager beats with every renewal while the lease is held, as it does for the
+        rest of the run."""
         if pipeline is not None:
-            super().heartbeat(timeout, pipeline=pipeline)  # type: ignore[misc]
+            if not self._starting_run:
+                super().heartbeat(timeout, pipeline=pipeline)  # type: ignore[misc]
             return
         me: Any = self
         ttl = timeout or me.worker_ttl + 60  # RQ's default
@@ -44,6 +54,19 @@ class HeartbeatMixin:
             super().heartbeat(ttl, pipeline=pipe)  # type: ignore[misc]
             pipe.execute()
         self._last_heartbeat = (time.monotonic(), ttl)
+
+    def set_state(self, state: str, pipeline: Pipeline | None = None) -> None:
+        """RQ's worker state. RQ's loop writes "idle" twice in a row after each job (after
+        the job, then as its wait begins): a write alone of the state this worker wrote
+        alone less than a second ago, nothing else in between, is skipped."""
+        me: Any = self
+        sent_at, sent_state = self._state_sent
+        if pipeline is None and state == sent_state and time.monotonic() - sent_at < HEARTBEAT_REPEAT_S:
+            me._state = state  # RQ's own record of it, as its set_state keeps it
+            return
+        super().set_state(state, pipeline=pipeline)  # type: ignore[misc]
+        # a state written in a transaction may not land: the next one alone is sent
+        self._state_sent = (time.monotonic(), state) if pipeline is None else (-math.inf, "")
 
     def get_heartbeat_ttl(self, job: Job, *args: Any, **kwargs: Any) -> int:
         """Seconds RQ's started-registry entry stays valid: the lease plus a grace that lets

@@ -6,6 +6,7 @@ keep their meaning so ``rq info``, rq-dashboard and django-rq read them as usual
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 JOB_PREFIX = "rq:job:"
@@ -65,3 +66,9 @@ class QueueKeys:
     @property
     def failed(self) -> str:
         return "rq:failed:" + self.queue
+
+
+def sweeper_election_key(queues: list[str]) -> str:
+    """The sweeper election of one set of queues (order and repeats do not matter): JSON
+    keeps every set apart, even of names holding commas or quotes."""
+    return "emq:sweeper:" + json.dumps(sorted(set(queues)))

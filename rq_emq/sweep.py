@@ -7,8 +7,11 @@ says there is more, and drains the outbox of jobs it failed at max attempts: RQ'
 callback runs before that commit, and dependents follow RQ's rules after it. The sweep
 itself never unpickles anything; only the drain, like RQ's own cleanup, loads the job.
 
-Every LeaseWorker runs a :class:`Sweeper` thread for its queues; ``rq-emq reaper`` runs
-the same loop on its own.
+Every LeaseWorker runs a :class:`Sweeper` thread for its queues, but only the one elected
+for its queue set (:mod:`rq_emq.election`) sweeps; the others stand by. ``rq-emq reaper``
+runs the same loop on its own, always sweeping. A sweeper that finds nothing in flight
+(one ``EXISTS``) looks again only after half a lease: a job taken meanwhile cannot lapse
+before that look, which then finds it and returns to rounds every sweep interval.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from rq.utils import now, utcformat
 
 from . import compat, events, scripts
 from .background import BackgroundLoop
+from .election import SweeperElection
 from .fencing import Fence, LeaseLost, fenced
 from .keys import QueueKeys
 from .lease import new_token
@@ -83,6 +87,7 @@ class Sweeper(BackgroundLoop):
         job_class: type[Job] = Job,
         serializer: Any = None,
         drain: bool = True,
+        elect: bool = False,
     ) -> None:
         super().__init__(name)
         self.client = client
@@ -93,6 +98,8 @@ class Sweeper(BackgroundLoop):
         #: Drain the outbox after a round; off where the app's code (the job's serializer,
         #: its failure callback) is not importable, leaving it to the workers' sweepers.
         self.drain = drain
+        #: Sweep only while elected for this queue set (workers); None sweeps always (reaper).
+        self.election = SweeperElection(client, self.queues, self.idle_ms, name) if elect else None
         events.subscribe_paths(settings.event_hooks)
 
     # A round runs at most once per window (0.8 interval) per queue, fleet-wide, and each
@@ -106,6 +113,13 @@ class Sweeper(BackgroundLoop):
     @property
     def poll_ms(self) -> int:
         return max(self.settings.sweep_interval_ms * 9 // 10, 1)
+
+    @property
+    def idle_ms(self) -> int:
+        """How long a sweeper that found nothing in flight waits before it looks again:
+        half a lease, so that a job taken just after the look is seen at the next one,
+        well before its lease could lapse (and never less than the poll)."""
+        return max(self.settings.lease_ms // 2, self.poll_ms)
 
     @property
     def grace_ms(self) -> int:
@@ -246,7 +260,24 @@ class Sweeper(BackgroundLoop):
         return 1
 
     # -- the loop --------------------------------------------------------------------------
+    def _work_keys(self) -> list[str]:
+        """Keys that exist whenever a round has anything to do on one of the queues: a
+        lease, a mark, the intermediate list (a take's BLMOVE) or a failure to complete."""
+        keys: list[str] = []
+        for queue in self.queues:
+            q = QueueKeys(queue)
+            keys += [q.leases, q.stalled, q.intermediate, q.outbox]
+        return keys
+
+    def has_work(self) -> bool:
+        """Whether any of the queues has anything a round would look at (one command)."""
+        return bool(self.queues) and bool(self.client.exists(*self._work_keys()))
+
     def run_once(self) -> list[SweepReport]:
+        """A rate-limited round on every queue, unless none has anything in flight (then
+        no round runs and no report comes back)."""
+        if not self.has_work():
+            return []
         reports = self.sweep_all()
         for report in reports:
             if report.outbox_due and self.drain:
@@ -269,14 +300,33 @@ class Sweeper(BackgroundLoop):
             pipe.zcard(QueueKeys(queue).stalled)
         return any(int(count) for count in pipe.execute())
 
+    def tick(self) -> float:
+        """One step of the loop: sweep if elected (or not electing); returns the seconds
+        to wait before the next step."""
+        if self.election is not None and not self.election.hold():
+            return self.election.standby_pause()
+        busy = bool(self.run_once())
+        return (self.poll_ms if busy else self.idle_ms) / 1000.0
+
     def loop(self, stop: threading.Event) -> None:
-        # The first round runs at once, so that a restarted worker recovers its
-        # predecessor's job without waiting; then a random phase spreads the fleet's tries.
-        pause = random.uniform(self.window_ms, self.poll_ms) / 1000.0
+        # The first round runs at once, elected or not, so that a restarted worker recovers
+        # its predecessor's job without waiting (one EXISTS when nothing is in flight).
+        try:
+            pause = self.idle_ms / 1000.0 if not self.run_once() else self.poll_ms / 1000.0
+        except Exception:
+            logger.exception("sweep failed; retrying")
+            pause = self.poll_ms / 1000.0
+        # then a random phase spreads the fleet's standbys (and reapers)
+        stop.wait(random.uniform(0, min(pause, self.poll_ms / 1000.0)))
         while not stop.is_set():
             try:
-                self.run_once()
+                pause = self.tick()
             except Exception:
                 logger.exception("sweep failed; retrying")
+                pause = self.poll_ms / 1000.0
             stop.wait(pause)
-            pause = self.poll_ms / 1000.0
+
+    def stop(self, timeout: float = 5.0) -> None:
+        super().stop(timeout)
+        if self.election is not None:
+            self.election.resign()

@@ -104,6 +104,7 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
             name=f"rq-emq-sweeper:{self.name}",
             job_class=me.job_class,
             serializer=me.serializer,
+            elect=True,  # one sweeper per queue set across the fleet; the others stand by
         )
         self.sweeper.start()
 
@@ -114,6 +115,7 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
             return
         # work every horse would otherwise repeat per job, done once before any fork
         compat.resolve_driver_info_once(self.connection.connection_pool)
+        compat.resolve_server_version_once(self.connection)
         fencing.prepare(self.connection)
         scripts.load_all(self.connection)
         settings = self.lease_settings

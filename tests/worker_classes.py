@@ -39,7 +39,9 @@ class BlipAtFailureLeaseWorker(LeaseWorker):
         blipped: list[bool] = []
 
         def execute(pipe: Any, *a: Any, **kw: Any) -> Any:
-            if pipe.transaction and pipe.command_stack and not blipped:
+            # RQ's transaction, or the fenced script it became (sent without MULTI/EXEC)
+            fenced = getattr(pipe, "_emq_session", None) is not None
+            if (pipe.transaction or fenced) and pipe.command_stack and not blipped:
                 blipped.append(True)
                 with open(os.environ["EMQ_TEST_BLIP_MARKER"], "a") as marker:
                     marker.write("blip\n")

@@ -377,9 +377,6 @@ CATALOG: list[Mutation] = [
         "if fault.kind not in REPEAT_EXCUSED:",
         [f"{SOAK}::test_a_kill_before_the_run_or_after_its_repeat_explains_nothing"],
         "one kill of a worker excuses every later repeat of any job it ran",
-        # survives since the soak's overlap check (issue 11) changed the verdict's path;
-        # out of the CI subset until its test is re-aimed (see the closing note)
-        fast=False,
     ),
     _m(
         "soak_recovery_bound_not_enforced",

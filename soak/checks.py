@@ -31,7 +31,7 @@ from typing import Any
 
 from .faults import CRASH_EXCUSED, LAPSING, REPEAT_EXCUSED, Fault
 from .jobs import Run
-from .overlap import overlaps
+from .overlap import by_kind, overlaps
 
 
 @dataclass
@@ -236,6 +236,7 @@ def _check_overlap(ev: Any, v: Verdict, lease: bool) -> None:
     found = overlaps(ev.runs, ev.faults, horse_dies_with_worker=lease)
     v.counts["overlapping_runs"] = len(found)
     v.counts["longest_overlap_ms"] = round(max((o.ms for o in found), default=0.0), 1)
+    v.counts["overlap_by_kind"] = by_kind(found, ev.runs, ev.faults)
     for o in found:
         if o.ms > (FROZEN_PAIR_OVERLAP_MS if o.frozen else 0.0):
             v.violations.append(

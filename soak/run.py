@@ -164,9 +164,9 @@ class Soak:
                     out.append((slot, horses))
         return out
 
-    def held_job(self, slot: Slot, horses: list[int]) -> str | None:
+    def held_job(self, slot: Slot, horses: list[int], runs: dict[str, list[Any]] | None = None) -> str | None:
         """The job the slot's horse is running, from the side-effect log."""
-        for job_id, job_runs in read_runs(self.log).items():
+        for job_id, job_runs in (read_runs(self.log) if runs is None else runs).items():
             if any(r.pid in horses and r.ended is None for r in job_runs):
                 return job_id
         return None
@@ -190,12 +190,15 @@ class Soak:
             fault.detail = f"down {1000 * (fault.ended - now):.0f} ms"
             return fault
         victims = self.busy_victims()
-        if kind.startswith("cut"):
+        if kind.startswith("cut") or kind in ("hang", "partition_long"):
             victims = [v for v in victims if v[0].proxy is not None]
-        if not victims:
+        runs = read_runs(self.log)
+        held = [(slot, horses, self.held_job(slot, horses, runs)) for slot, horses in victims]
+        if kind in F.MID_JOB:  # only a horse inside its job function: a run to overlap with
+            held = [v for v in held if v[2] is not None]
+        if not held:
             return None
-        slot, horses = rng.choice(victims)
-        job_id = self.held_job(slot, horses)
+        slot, horses, job_id = rng.choice(held)
         token = None
         if job_id and cfg.worker == "lease":
             token = self.redis_call(lambda: self.lease_of(job_id))[0]
@@ -215,14 +218,17 @@ class Soak:
                 addresses = F.redis_addresses([slot.pid, *horses], self.server.port)
             killed = self.redis_call(lambda: F.client_kill(self.client, addresses))
             fault.detail = f"{killed} connections"
-        elif kind.startswith(("stop", "cut")):
+        elif kind in F.HELD:
             short = kind.endswith("short")
             hold = rng.uniform(0.3, 0.8) * cfg.grace_s if short else rng.uniform(1.3, 2.0) * cfg.bound_s + 0.5
             slot.faulted = True
-            if kind.startswith("stop"):
+            if kind == "stop_worker":
+                F.send(F.signal.SIGSTOP, slot.pid)  # the worker alone: its horse runs on
+            elif kind.startswith("stop"):
                 F.send(F.signal.SIGSTOP, slot.pid, *horses)
             else:
-                mode = rng.choice(["reset", "blackhole"])
+                modes = {"hang": ["hang"], "partition_long": ["blackhole"]}.get(kind, ["reset", "blackhole"])
+                mode = rng.choice(modes)
                 assert slot.proxy is not None
                 slot.proxy.cut(mode)
                 fault.detail = mode
@@ -240,7 +246,9 @@ class Soak:
         return fault
 
     def release(self, slot: Slot, fault: Fault, horses: list[int]) -> None:
-        if fault.kind.startswith("stop"):
+        if fault.kind == "stop_worker":
+            F.send(F.signal.SIGCONT, *(p for p in (slot.pid,) if p is not None))
+        elif fault.kind.startswith("stop"):
             F.send(F.signal.SIGCONT, *(p for p in (slot.pid, *horses) if p is not None))
         elif slot.proxy is not None:
             slot.proxy.heal()
@@ -275,7 +283,7 @@ class Soak:
             except Exception as error:  # noqa: BLE001 - a failed injection is reported, not fatal
                 fault = self.record(Fault(kind, time.time(), detail=f"injection failed: {error!r}"))
                 fault.ended = fault.started
-            if fault is not None and not fault.kind.startswith(("stop", "cut")):
+            if fault is not None and fault.kind not in F.HELD:
                 fault.ended = fault.ended or time.time()
             time.sleep(min(max(self.chaos_rng.expovariate(1 / self.config.fault_every), 0.2), 5.0))
 

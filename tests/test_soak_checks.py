@@ -535,3 +535,36 @@ def test_a_frozen_pair_may_run_on_briefly_once_resumed_and_no_longer() -> None:
 def test_the_overlap_counts_are_reported_for_the_baseline_too() -> None:
     v = evaluate(evidence(_two_runs(first_end=6.0), worker="stock"))
     assert v.counts["overlapping_runs"] == 1 and v.counts["longest_overlap_ms"] == 1000.0
+
+
+def test_a_run_stopped_without_its_end_lasts_until_its_last_alive_line(tmp_path: Any) -> None:
+    """A run its holder did not stop (no end written, no fault killed it) but that went on
+    after its job began elsewhere is seen by its ``alive`` lines."""
+    log = tmp_path / "runs.log"
+    log.write_text(
+        f"start j {HORSE} {WORKER} 1.0 1 0.9\n"
+        f"alive j {HORSE} 4.0\n"
+        f"alive j {HORSE} 5.4\n"  # still going 400 ms after the second run began
+        f"start j {OTHER_HORSE} {OTHER_WORKER} 5.0 2 4.9\n"
+        f"end j {OTHER_HORSE} 6.0 ok\n"
+    )
+    runs = read_runs(str(log))["j"]
+    assert runs[0].last_seen == 5.4 and runs[0].ended is None
+    stop = [Fault("stop_worker", 2.0, "w", WORKER, [HORSE], "j", b"t", ended=6.0)]
+    (violation,) = _overlap_violations(runs, faults=stop)
+    assert "went on 400 ms" in violation and "resumed" not in violation  # its horse was not frozen
+    # stopped in time (its last line before the second start): no overlap
+    runs[0].last_seen = 4.0
+    assert _overlap_violations(runs, faults=stop) == []
+
+
+def test_overlaps_are_reported_per_fault_kind() -> None:
+    faults = [
+        Fault("stop_worker", 2.0, "w", WORKER, [HORSE], "j", b"t", ended=6.0),
+        Fault("hang", 3.0, "x", 300, [301], "k", b"t", ended=6.0),
+    ]
+    v = evaluate(evidence(_two_runs(first_end=5.25), faults=faults, worker="stock"))
+    assert v.counts["overlap_by_kind"] == {
+        "hang": {"faults": 1, "overlaps": 0, "longest_ms": 0.0},
+        "stop_worker": {"faults": 1, "overlaps": 1, "longest_ms": 250.0},
+    }

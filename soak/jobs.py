@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from rq import get_current_job
 
 #: How often a run writes an ``alive`` line: the resolution of the no-overlap check.
-TICK_S = 0.025
+TICK_S = 0.05
 
 
 def append_line(path: str, line: str) -> None:

@@ -122,8 +122,13 @@ class Soak:
 
     def cancel_or_delete(self, job: Planned) -> None:
         def running() -> bool:
-            runs = read_runs(self.log).get(job.job_id, [])
-            return bool(runs)
+            # a substring search, not a parse: the log grows by an ``alive`` line per run
+            # every TICK_S, and this polls every 50 ms per waiting job
+            try:
+                with open(self.log) as log:
+                    return f"start {job.job_id} " in log.read()
+            except FileNotFoundError:
+                return False
 
         lifecycle.wait_to_act(job, running, self._stop)
         if not self._stop.is_set():
@@ -292,6 +297,14 @@ class Soak:
         """Respawns dead workers; one that exited without a kill from the soak is recorded
         as a ``crash`` (it died of something a fault did to it, e.g. a connection error)."""
         while not self._stop.is_set():
+            if self.fleet.any_dead():
+                # as a supervisor with a readiness check would: not while Redis loads its
+                # AOF after a restart (RQ's CLI exits at once on that, before any worker
+                # code runs: a harness effect, not a crash)
+                try:
+                    self.redis_call(self.client.dbsize)
+                except redis.RedisError:
+                    pass
             for name, pid, code in self.fleet.respawn_dead():
                 with self._guard:
                     killed = any(f.worker_pid == pid and f.kind in F.KILLS for f in self.faults)

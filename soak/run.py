@@ -410,7 +410,10 @@ class Soak:
                 timer.cancel()
             for f in self.faults:
                 if f.ended is None:
-                    slot = next(s for s in self.fleet.slots if s.name == f.slot)
+                    # the slot by its position: a fault whose injection failed half-way may
+                    # have outlived its worker's generation (respawned under another name)
+                    position = f.slot.rsplit("-", 1)[0]
+                    slot = next(s for s in self.fleet.slots if s.name.rsplit("-", 1)[0] == position)
                     self.release(slot, f, f.horse_pids)
             drain_start = last_progress = time.monotonic()
             # stop early once nothing moves for long enough to recover and run any job

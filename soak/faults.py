@@ -47,6 +47,7 @@ REPEAT_EXCUSED = {
     "hang",
     "stop_worker",
     "partition_long",
+    "restart_long",  # a restart that outlasted the grace (checks.py renames it so)
 }
 #: Faults after which a worker may crash: RQ's worker quits on a Redis error outside its
 #: dequeue, and a long cut outlasts the finish's patience (one lease). Any other crash is a

@@ -568,3 +568,20 @@ def test_overlaps_are_reported_per_fault_kind() -> None:
         "hang": {"faults": 1, "overlaps": 0, "longest_ms": 0.0},
         "stop_worker": {"faults": 1, "overlaps": 1, "longest_ms": 250.0},
     }
+
+
+def test_a_redis_restart_longer_than_the_grace_explains_a_repeat_and_a_short_one_does_not() -> None:
+    """Self-fencing stops a run whose holder cannot renew for lease - margin, whatever the
+    cause: a restart the soak meant to keep short that took longer (a loaded machine)
+    repeats runs, one within the grace never does."""
+    runs = [run(1, 1.0), run(2, 5.0, 6.0, "ok", pid=OTHER_HORSE, ppid=OTHER_WORKER)]
+    grace = Config().grace_s
+
+    def restart(down_s: float) -> Fault:
+        return Fault("restart", 2.0, ended=2.0 + down_s)
+
+    short = evaluate(evidence(runs, faults=[restart(0.8 * grace)]))
+    assert any("no fault explains" in v for v in short.violations)
+    long = evaluate(evidence(runs, faults=[restart(1.5 * grace)]))
+    assert not any("no fault explains" in v for v in long.violations), long.violations
+    assert long.counts["faults"] == {"restart_long": 1}

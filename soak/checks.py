@@ -263,7 +263,11 @@ def _check_recovery_bound(
     lease + 2 sweep intervals from the fault, plus a stated slack for a loaded machine; a
     job that never left its holder at all fails the soak too, unless RQ ended it (a
     cancel, a delete: ``ended``), which the sweep rightly leaves where RQ put it."""
-    lapsed = [f for f in faults if f.kind in LAPSING and f.lapse_at and f.token and f.job_id not in ended]
+    lapsed = [
+        f
+        for f in faults
+        if f.kind in LAPSING and f.lapse_at and f.token and f.job_id not in ended and not _done_before(f)
+    ]
     seen = [f for f in lapsed if f.requeued_at]
     # "!": the holder finished the job as the fault began; its lease never lapsed
     not_back = [f for f in lapsed if not f.requeued_at and not f.detail.endswith("!")]
@@ -293,6 +297,14 @@ def _check_recovery_bound(
         "fault_max": max(after_fault) if after_fault else None,
         "over_bound": over,
     }
+
+
+def _done_before(fault: Fault) -> bool:
+    """The fault hit a horse whose job's outcome was already committed (the token the soak
+    read at the fault is the finish's ``done:<token>``): no lease was left to lapse."""
+    token = fault.token
+    text = token.decode(errors="replace") if isinstance(token, bytes) else str(token or "")
+    return text.startswith(("done:", "b'done:", 'b"done:'))
 
 
 def _rq_finished(run: Run, faults: list[Fault]) -> bool:

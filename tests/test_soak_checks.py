@@ -585,3 +585,15 @@ def test_a_redis_restart_longer_than_the_grace_explains_a_repeat_and_a_short_one
     long = evaluate(evidence(runs, faults=[restart(1.5 * grace)]))
     assert not any("no fault explains" in v for v in long.violations), long.violations
     assert long.counts["faults"] == {"restart_long": 1}
+
+
+def test_a_fault_on_a_horse_whose_job_was_already_done_needs_no_recovery() -> None:
+    """The soak read ``done:<token>``: the outcome was committed before the kill (the horse
+    was in RQ's bookkeeping), so no lease was left to lapse and nothing comes back."""
+    runs = [run(1, 1.0, 1.5, "ok")]
+    done = kill("kill_group", 2.0)
+    done.token, done.lapse_at = b"done:token", 2.0
+    assert not any("never left its holder" in v for v in evaluate(evidence(runs, faults=[done])).violations)
+    held = kill("kill_group", 2.0)
+    held.lapse_at = 2.0
+    assert any("never left its holder" in v for v in evaluate(evidence(runs, faults=[held])).violations)

@@ -432,9 +432,6 @@ CATALOG: list[Mutation] = [
         "if fault.kind not in REPEAT_EXCUSED:",
         [f"{SOAK}::test_a_kill_before_the_run_or_after_its_repeat_explains_nothing"],
         "one kill of a worker excuses every later repeat of any job it ran",
-        # survives since the soak's overlap check (issue 11) changed the verdict's path;
-        # out of the CI subset until its test is re-aimed (see the closing note)
-        fast=False,
     ),
     _m(
         "soak_recovery_bound_not_enforced",
@@ -451,6 +448,22 @@ CATALOG: list[Mutation] = [
         "for f in not_back[:0]:",
         [f"{SOAK}::test_a_fault_whose_job_never_came_back_fails_the_soak"],
         "a dead worker's job that is never recovered passes the soak",
+    ),
+    _m(
+        "soak_overlap_ignores_alive_lines",
+        "soak/overlap.py",
+        "seen = run.last_seen if run.last_seen is not None else run.started",
+        "seen = run.started",
+        [f"{SOAK}::test_a_run_stopped_without_its_end_lasts_until_its_last_alive_line"],
+        "a run that went on after its job began elsewhere, then was stopped before its end, passes",
+    ),
+    _m(
+        "idle_state_blip_ends_the_worker",
+        "rq_emq/dequeue.py",
+        "me._riding_out_blips(lambda: me.set_state(compat.WorkerStatus.IDLE))",
+        "me.set_state(compat.WorkerStatus.IDLE)",
+        ["tests/test_worker_direct.py::test_a_blip_as_the_worker_turns_idle_does_not_end_it"],
+        "a CLIENT KILL as the worker turns idle ends rq worker",
     ),
     # -- RQ's lifecycle: what RQ ended stays ended (issue 10) ---------------------------------
     _m(

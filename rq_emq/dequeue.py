@@ -76,7 +76,9 @@ class DequeueMixin:
         """RQ's wait loop, with RQ's dequeue replaced by an atomic take under a lease."""
         me: Any = self
         qnames = ",".join(q.name for q in me._ordered_queues)
-        me.set_state(compat.WorkerStatus.IDLE)
+        # outside RQ's retry below: a blip here (a CLIENT KILL, a restart) ended `rq worker`
+        # (found by the soak); the state is written again on the next loop
+        me._riding_out_blips(lambda: me.set_state(compat.WorkerStatus.IDLE))
         me.procline("Listening on " + qnames)
         wait_time = 1.0
         idle_since = now()

@@ -4,6 +4,11 @@ the worker shares with it, and the thread in the horse that ends it past that de
 A horse must not depend on its worker being scheduled: a worker that is SIGSTOPped,
 swapped out or cut off from Redis stops moving the deadline, and the horse ends itself
 when it passes, before the sweep may hand the job to another worker.
+
+A horse frozen together with its worker (SIGSTOP of both, a paused container) must not
+run on after it is resumed past its deadline: its SIGCONT handler checks the deadline
+before the job's next Python instruction, and the thread covers freezes that send no
+SIGCONT (a cgroup freezer, a VM pause) within one check interval.
 """
 
 from __future__ import annotations
@@ -41,17 +46,31 @@ class HorseDeadline:
                 return float(struct.unpack("d", first)[0])
 
     def guard(self, interval_s: float) -> None:
-        """In the horse: start the thread that ends it past the deadline. It runs until
-        the horse exits; a kill in the fenced finish writes nothing half-done."""
+        """In the horse (its main thread): start the thread that ends it past the
+        deadline, and check the deadline the moment the horse is resumed from a stop. The
+        thread runs until the horse exits; a kill in the fenced finish writes nothing
+        half-done."""
+        # Python runs a signal's handler in the main thread before that thread's next
+        # instruction (a sleep is interrupted for it): a resumed horse past its deadline
+        # ends before any more of the job's code runs, however the scheduler orders its
+        # threads after the resume (the thread alone left up to a check interval)
+        signal.signal(signal.SIGCONT, self._on_resume)
         thread = threading.Thread(
             target=self._watch, args=(interval_s,), name="rq-emq-horse-fence", daemon=True
         )
         thread.start()
 
+    def check(self) -> None:
+        """End this process (SIGKILL) if the deadline has passed."""
+        if time.monotonic() > self.get():
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def _on_resume(self, signum: int, frame: object) -> None:
+        self.check()
+
     def _watch(self, interval_s: float) -> None:
         while True:
-            if time.monotonic() > self.get():
-                os.kill(os.getpid(), signal.SIGKILL)
+            self.check()
             time.sleep(interval_s)
 
 

@@ -92,8 +92,11 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
 
     def bootstrap(self, *args: Any, **kwargs: Any) -> None:
         check_redis(self.connection)  # before RQ registers the worker: a refusal leaves no trace
-        super().bootstrap(*args, **kwargs)  # type: ignore[misc]
-        self._start_leasing()
+        try:
+            super().bootstrap(*args, **kwargs)  # type: ignore[misc]
+        except BLIPS as error:
+            self._finish_rq_bootstrap(error)
+        self._riding_out_blips(self._start_leasing, until_done=True)
         settings = self.lease_settings
         me: Any = self
         assert self.lock_manager is not None
@@ -107,6 +110,24 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
             elect=True,  # one sweeper per queue set across the fleet; the others stand by
         )
         self.sweeper.start()
+
+    def _finish_rq_bootstrap(self, error: Exception) -> None:
+        """Redis went away after the startup check, within RQ's bootstrap (its birth,
+        pubsub and state writes): found by a restart test, where it ended `rq worker`. Wait
+        for Redis and do what is missing; each step is safe to repeat."""
+        me: Any = self
+        while True:
+            me.log.error("Worker %s: could not reach Redis as it started: %s; waiting for it", me.name, error)
+            wait_for_redis(self.connection, stop=lambda: bool(me._stop_requested))
+            try:
+                if not self.connection.exists(me.key):  # a restarted Redis forgot the birth
+                    me.register_birth()
+                if getattr(me, "pubsub_thread", None) is None:
+                    me.subscribe()
+                me.set_state(compat.WorkerStatus.STARTED)
+                return
+            except BLIPS as again:
+                error = again
 
     def _start_leasing(self) -> None:
         """What a take needs: the scripts, a taker and a running lock manager. Done by
@@ -160,16 +181,21 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
         parent: Any = super()
         self._riding_out_blips(parent.run_maintenance_tasks)
 
-    def _riding_out_blips(self, step: Callable[[], Any]) -> None:
+    def _riding_out_blips(self, step: Callable[[], Any], until_done: bool = False) -> None:
         """A step of RQ's work loop outside its dequeue: a Redis blip there (a restart, a
         reset) ended `rq worker` (found by the soak). A LeaseWorker waits for Redis and
-        goes on, as RQ's own dequeue does; the step runs again on the next loop."""
+        goes on, as RQ's own dequeue does; the step runs again on the next loop (or, with
+        ``until_done``, at once, until it succeeds or a stop is requested)."""
         me: Any = self
-        try:
-            step()
-        except BLIPS as error:
-            me.log.error("Worker %s: could not reach Redis: %s; waiting for it", me.name, error)
-            wait_for_redis(self.connection, stop=lambda: bool(me._stop_requested))
+        while True:
+            try:
+                step()
+                return
+            except BLIPS as error:
+                me.log.error("Worker %s: could not reach Redis: %s; waiting for it", me.name, error)
+                wait_for_redis(self.connection, stop=lambda: bool(me._stop_requested))
+                if not until_done or me._stop_requested:
+                    return
 
     # -- run -----------------------------------------------------------------------------
     def execute_job(self, job: Job, queue: Queue) -> Any:

@@ -13,6 +13,7 @@ import sys
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from .checks import Verdict, evaluate
 from .faults import KINDS
@@ -138,6 +139,7 @@ def table(ev: Evidence, v: Verdict) -> str:
             ),
         ]
     lines += [f"| {name} | {value} |" for name, value in rows]
+    lines += ["", *overlap_table(c.get("overlap_by_kind", {}))]
     lines += [f"note: {note}" for note in ev.notes]
     if v.violations:
         what = "violation(s)" if v.enforced else "finding(s) (the baseline is not held to them)"
@@ -147,6 +149,17 @@ def table(ev: Evidence, v: Verdict) -> str:
     )
     lines += ["", f"result: {verdict}"]
     return "\n".join(lines)
+
+
+def overlap_table(rows: dict[str, dict[str, Any]]) -> list[str]:
+    """Overlapping runs per fault kind (the kind that hit the earlier run's worker or horse
+    last before the later run began): the issue-11 table, ours beside stock."""
+    lines = ["| fault kind | faults | overlapping runs | longest overlap ms |", "|---|---|---|---|"]
+    lines += [
+        f"| {kind} | {row['faults']} | {row['overlaps']} | {row['longest_ms']:.0f} |"
+        for kind, row in rows.items()
+    ]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

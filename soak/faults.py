@@ -11,7 +11,15 @@ Kinds (the victim is a worker that is running a job, when the kind needs one):
 - ``client_kill``: ``CLIENT KILL`` every Redis connection of the worker and its horse;
 - ``cut_short`` / ``cut_long``: the worker's TCP proxy cuts it off (reset or blackhole),
   healed after less or more than the grace;
-- ``restart``: Redis is SIGKILLed and restarted from its AOF (``appendfsync always``).
+- ``restart``: Redis is SIGKILLed and restarted from its AOF (``appendfsync always``);
+- the faults that let a run go on while its job runs elsewhere unless the holder fences
+  itself (issue 11), each hitting a worker whose horse is mid-job (its job function began
+  and has not returned), held past the lease:
+  - ``hang``: the worker's proxy holds Redis's replies without closing anything: renewals
+    still reach Redis, the client waits on its socket timeout for each answer;
+  - ``stop_worker``: SIGSTOP of the worker alone; its horse runs on, nobody renews;
+  - ``partition_long``: the worker's proxy blackholes both ways (``cut_long`` is the same
+    fault with a reset or a blackhole, and may hit a horse between jobs).
 
 The soak also records a ``crash`` when a worker exits that it did not kill: a worker that
 dies of what a fault did to it has died, and its job may run again; the report counts them.
@@ -29,15 +37,32 @@ import redis
 #: Kinds after which a job's run may legitimately be repeated (the run's holder died, or
 #: was away past the grace). The others must never cause a second run: a Redis restart
 #: is kept shorter than the grace, so no lease lapses in it.
-REPEAT_EXCUSED = {"kill_worker", "kill_group", "kill_horse", "stop_long", "cut_long", "crash"}
+REPEAT_EXCUSED = {
+    "kill_worker",
+    "kill_group",
+    "kill_horse",
+    "stop_long",
+    "cut_long",
+    "crash",
+    "hang",
+    "stop_worker",
+    "partition_long",
+    "restart_long",  # a restart that outlasted the grace (checks.py renames it so)
+}
 #: Faults after which a worker may crash: RQ's worker quits on a Redis error outside its
 #: dequeue, and a long cut outlasts the finish's patience (one lease). Any other crash is a
 #: finding: the soak then fails, however well the job itself came through.
-CRASH_EXCUSED = {"cut_long"}
+CRASH_EXCUSED = {"cut_long", "partition_long", "hang"}
 #: Kinds that kill the worker process itself (its exit is no crash).
 KILLS = {"kill_worker", "kill_group"}
 #: Kinds after which the job's lease lapses and the sweep must requeue it (the latency).
-LAPSING = {"kill_worker", "kill_group", "stop_long", "cut_long"}
+#: Not ``hang``: its renewals still reach Redis until the holder's own clock gives up on
+#: them, so its lease lapses up to a lease later than the fault, past the bound.
+LAPSING = {"kill_worker", "kill_group", "stop_long", "cut_long", "stop_worker", "partition_long"}
+#: Kinds held for a while and lifted by a timer (SIGCONT, heal), which records their end.
+HELD = {"stop_short", "stop_long", "cut_short", "cut_long", "hang", "stop_worker", "partition_long"}
+#: Kinds whose victim must be mid-job: the job function began in the horse and has not returned.
+MID_JOB = {"hang", "stop_worker", "partition_long"}
 KINDS = (
     "kill_worker",
     "kill_group",
@@ -48,6 +73,9 @@ KINDS = (
     "cut_short",
     "cut_long",
     "restart",
+    "hang",
+    "stop_worker",
+    "partition_long",
 )
 
 

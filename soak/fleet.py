@@ -86,6 +86,12 @@ class Fleet:
         for slot in self.slots:
             self.spawn(slot)
 
+    def any_dead(self) -> bool:
+        return any(
+            not slot.faulted and slot.process is not None and slot.process.poll() is not None
+            for slot in self.slots
+        )
+
     def respawn_dead(self) -> list[tuple[str, int, int]]:
         """Replace dead workers; returns (name, pid, exit status) of each dead one."""
         dead = []

@@ -5,7 +5,12 @@ function returns or raises (``O_APPEND``, one ``write`` per line, so lines from 
 runs never interleave):
 
     start <job_id> <pid> <ppid> <unix time> <attempt> <rq start>
+    alive <job_id> <pid> <unix time>          (every TICK_S while it runs)
     end <job_id> <pid> <unix time> ok|raise
+
+A run stopped before its end (killed, or fenced by its own holder) was last seen alive
+at its last ``alive`` line: the no-overlap check (:mod:`soak.overlap`) needs that, not
+just its start, to see a run that went on after its job began elsewhere.
 
 ``attempt`` is the job hash's ``emq_attempts`` as the run begins (``-`` under stock RQ).
 ``rq start`` is the time the horse stamped on the job as it wrote status ``started``
@@ -21,6 +26,9 @@ import time
 from dataclasses import dataclass
 
 from rq import get_current_job
+
+#: How often a run writes an ``alive`` line: the resolution of the no-overlap check.
+TICK_S = 0.05
 
 
 def append_line(path: str, line: str) -> None:
@@ -48,7 +56,10 @@ def work(log: str, seconds: float, outcome: str = "ok", retries: int = 0) -> str
     append_line(
         log, f"start {job.id} {os.getpid()} {os.getppid()} {time.time():.6f} {_attempt(job)} {stamp:.6f}"
     )
-    time.sleep(seconds)
+    until = time.monotonic() + seconds
+    while (left := until - time.monotonic()) > 0:
+        time.sleep(min(left, TICK_S))
+        append_line(log, f"alive {job.id} {os.getpid()} {time.time():.6f}")
     fails = outcome == "raise" or (outcome == "flaky" and job.retries_left == retries)
     append_line(log, f"end {job.id} {os.getpid()} {time.time():.6f} {'raise' if fails else 'ok'}")
     if fails:
@@ -69,6 +80,8 @@ class Run:
     outcome: str | None = None
     #: when RQ marked it started (the horse's stamp); None in logs that predate the field
     rq_started: float | None = None
+    #: the last time the run was seen alive (its last ``alive`` line, else its start)
+    last_seen: float | None = None
 
 
 def read_runs(path: str) -> dict[str, list[Run]]:
@@ -88,6 +101,10 @@ def read_runs(path: str) -> dict[str, list[Run]]:
             run.rq_started = float(parts[6]) if len(parts) == 7 and float(parts[6]) > 0 else None
             runs.setdefault(job_id, []).append(run)
             open_runs[(job_id, run.pid)] = run
+        elif len(parts) == 4 and parts[0] == "alive":
+            alive = open_runs.get((parts[1], int(parts[2])))
+            if alive is not None:
+                alive.last_seen = max(alive.last_seen or alive.started, float(parts[3]))
         elif len(parts) == 5 and parts[0] == "end":
             _, job_id, pid, t, outcome = parts
             started = open_runs.pop((job_id, int(pid)), None)

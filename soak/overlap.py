@@ -1,16 +1,17 @@
 """The no-overlap check: for every job, no two runs overlap in time.
 
 A run lasts from its ``start`` line until its ``end`` line; a run with no end was cut
-short, and lasted until the fault that killed its process (from the fault record), if
-one did. A run that wrote no end and that no recorded fault killed was stopped by its own
-holder (the self-fencing horse, the local lease clock) and wrote nothing after its start:
-nothing shows it alive past that, so it is measured as ending at its last line. The times
-are the side-effect log's, written by every process from one host clock.
+short: killed by a fault or stopped by its own holder (the self-fencing horse, the local
+lease clock). It lasted until the fault that killed it (the soak chose a live process, so
+it was alive then), else until its last ``alive`` line (a run writes one every
+``soak.jobs.TICK_S``: the check's resolution for a run its holder stopped). The times are
+the side-effect log's, written by every process from one host clock.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .faults import Fault
 from .jobs import Run
@@ -41,7 +42,8 @@ def run_end(run: Run, faults: list[Fault], horse_dies_with_worker: bool) -> floa
         for fault in faults
         if fault.kind in kills and fault.started >= run.started and fault.hit(run.pid)
     ]
-    return min(deaths) if deaths else run.started
+    seen = run.last_seen if run.last_seen is not None else run.started
+    return max(seen, min(deaths)) if deaths else seen
 
 
 def overlaps(
@@ -77,3 +79,32 @@ def _resumed(run: Run, after: float, faults: list[Fault]) -> list[float]:
         and fault.started <= after
         and fault.ended is not None
     ]
+
+
+def blame(overlap: Overlap, runs: dict[str, list[Run]], faults: list[Fault]) -> str:
+    """The fault kind that let the earlier run go on: the last fault that hit its worker or
+    horse between its start and the later run's start ("none" if no fault did)."""
+    by_pid = {run.pid: run for run in runs.get(overlap.job_id, [])}
+    earlier, later = by_pid.get(overlap.earlier_pid), by_pid.get(overlap.later_pid)
+    if earlier is None or later is None:
+        return "none"
+    hits = [
+        fault
+        for fault in faults
+        if earlier.started <= fault.started <= later.started
+        and (fault.hit(earlier.pid) or fault.hit(earlier.ppid))
+    ]
+    return max(hits, key=lambda fault: fault.started).kind if hits else "none"
+
+
+def by_kind(found: list[Overlap], runs: dict[str, list[Run]], faults: list[Fault]) -> dict[str, Any]:
+    """Per fault kind: faults injected, overlapping runs it let happen, the longest (ms)."""
+    table: dict[str, dict[str, Any]] = {}
+    for fault in faults:
+        if fault.kind != "crash":
+            table.setdefault(fault.kind, {"faults": 0, "overlaps": 0, "longest_ms": 0.0})["faults"] += 1
+    for o in found:
+        row = table.setdefault(blame(o, runs, faults), {"faults": 0, "overlaps": 0, "longest_ms": 0.0})
+        row["overlaps"] += 1
+        row["longest_ms"] = round(max(row["longest_ms"], o.ms), 1)
+    return dict(sorted(table.items()))

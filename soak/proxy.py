@@ -4,7 +4,9 @@
 at once): the worker sees connection errors until ``heal()``. ``cut("blackhole")`` is a
 network partition: bytes stop flowing both ways, new connections are accepted but carry
 nothing, and nobody is told; on ``heal()`` what was held is delivered, as TCP would after a
-partition heals. Threads, one pair of pumps per connection: the soak needs a handful.
+partition heals. ``cut("hang")`` holds only Redis's replies: commands still reach Redis
+and run, the client waits for an answer until its socket timeout (a half-open connection,
+a stuck middlebox). Threads, one pair of pumps per connection: the soak needs a handful.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ class TcpProxy:
         self._guard = threading.Lock()
         self._flowing = threading.Event()  # cleared during a blackhole
         self._flowing.set()
+        self._replying = threading.Event()  # cleared during a hang: replies held, requests pass
+        self._replying.set()
         self._refusing = False
         self._stopped = False
         self._thread = threading.Thread(target=self._accept_loop, name=f"soak-proxy:{self.port}", daemon=True)
@@ -57,7 +61,7 @@ class TcpProxy:
 
     @property
     def is_cut(self) -> bool:
-        return self._refusing or not self._flowing.is_set()
+        return self._refusing or not (self._flowing.is_set() and self._replying.is_set())
 
     def start(self) -> TcpProxy:
         self._thread.start()
@@ -65,9 +69,13 @@ class TcpProxy:
 
     def cut(self, mode: str = "reset") -> None:
         """``reset``: drop live connections, refuse new ones; ``blackhole``: a partition;
+        ``hang``: Redis's replies held, nothing closed (requests still get through);
         ``new``: refuse new connections only (a forked horse's, say) and keep live ones."""
-        if mode not in ("reset", "blackhole", "new"):
-            raise ValueError(f"cut mode must be reset, blackhole or new, got {mode!r}")
+        if mode not in ("reset", "blackhole", "hang", "new"):
+            raise ValueError(f"cut mode must be reset, blackhole, hang or new, got {mode!r}")
+        if mode == "hang":
+            self._replying.clear()
+            return
         if mode == "blackhole":
             self._flowing.clear()
             return
@@ -83,6 +91,7 @@ class TcpProxy:
         with self._guard:
             self._refusing = False
         self._flowing.set()
+        self._replying.set()
 
     def drop(self, client_addresses: set[str]) -> int:
         """Close the live connections whose client end is one of ``ip:port`` (one process's,
@@ -111,6 +120,7 @@ class TcpProxy:
     def close(self) -> None:
         self._stopped = True
         self._flowing.set()
+        self._replying.set()
         try:
             self._listener.close()
         except OSError:
@@ -139,16 +149,18 @@ class TcpProxy:
             link = _Link(client, upstream)
             with self._guard:
                 self._links.add(link)
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(link, src, dst), daemon=True).start()
+            for src, dst, reply in ((client, upstream, False), (upstream, client, True)):
+                threading.Thread(target=self._pump, args=(link, src, dst, reply), daemon=True).start()
 
-    def _pump(self, link: _Link, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, link: _Link, src: socket.socket, dst: socket.socket, reply: bool) -> None:
         try:
             while True:
                 data = src.recv(CHUNK)
                 if not data:
                     break
                 self._flowing.wait()  # a blackhole holds the bytes until heal
+                if reply:
+                    self._replying.wait()  # a hang holds the replies until heal
                 if link.closed:
                     break
                 dst.sendall(data)

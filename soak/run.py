@@ -122,8 +122,13 @@ class Soak:
 
     def cancel_or_delete(self, job: Planned) -> None:
         def running() -> bool:
-            runs = read_runs(self.log).get(job.job_id, [])
-            return bool(runs)
+            # a substring search, not a parse: the log grows by an ``alive`` line per run
+            # every TICK_S, and this polls every 50 ms per waiting job
+            try:
+                with open(self.log) as log:
+                    return f"start {job.job_id} " in log.read()
+            except FileNotFoundError:
+                return False
 
         lifecycle.wait_to_act(job, running, self._stop)
         if not self._stop.is_set():
@@ -164,9 +169,9 @@ class Soak:
                     out.append((slot, horses))
         return out
 
-    def held_job(self, slot: Slot, horses: list[int]) -> str | None:
+    def held_job(self, slot: Slot, horses: list[int], runs: dict[str, list[Any]] | None = None) -> str | None:
         """The job the slot's horse is running, from the side-effect log."""
-        for job_id, job_runs in read_runs(self.log).items():
+        for job_id, job_runs in (read_runs(self.log) if runs is None else runs).items():
             if any(r.pid in horses and r.ended is None for r in job_runs):
                 return job_id
         return None
@@ -190,12 +195,15 @@ class Soak:
             fault.detail = f"down {1000 * (fault.ended - now):.0f} ms"
             return fault
         victims = self.busy_victims()
-        if kind.startswith("cut"):
+        if kind.startswith("cut") or kind in ("hang", "partition_long"):
             victims = [v for v in victims if v[0].proxy is not None]
-        if not victims:
+        runs = read_runs(self.log)
+        held = [(slot, horses, self.held_job(slot, horses, runs)) for slot, horses in victims]
+        if kind in F.MID_JOB:  # only a horse inside its job function: a run to overlap with
+            held = [v for v in held if v[2] is not None]
+        if not held:
             return None
-        slot, horses = rng.choice(victims)
-        job_id = self.held_job(slot, horses)
+        slot, horses, job_id = rng.choice(held)
         token = None
         if job_id and cfg.worker == "lease":
             token = self.redis_call(lambda: self.lease_of(job_id))[0]
@@ -215,14 +223,17 @@ class Soak:
                 addresses = F.redis_addresses([slot.pid, *horses], self.server.port)
             killed = self.redis_call(lambda: F.client_kill(self.client, addresses))
             fault.detail = f"{killed} connections"
-        elif kind.startswith(("stop", "cut")):
+        elif kind in F.HELD:
             short = kind.endswith("short")
             hold = rng.uniform(0.3, 0.8) * cfg.grace_s if short else rng.uniform(1.3, 2.0) * cfg.bound_s + 0.5
             slot.faulted = True
-            if kind.startswith("stop"):
+            if kind == "stop_worker":
+                F.send(F.signal.SIGSTOP, slot.pid)  # the worker alone: its horse runs on
+            elif kind.startswith("stop"):
                 F.send(F.signal.SIGSTOP, slot.pid, *horses)
             else:
-                mode = rng.choice(["reset", "blackhole"])
+                modes = {"hang": ["hang"], "partition_long": ["blackhole"]}.get(kind, ["reset", "blackhole"])
+                mode = rng.choice(modes)
                 assert slot.proxy is not None
                 slot.proxy.cut(mode)
                 fault.detail = mode
@@ -240,7 +251,9 @@ class Soak:
         return fault
 
     def release(self, slot: Slot, fault: Fault, horses: list[int]) -> None:
-        if fault.kind.startswith("stop"):
+        if fault.kind == "stop_worker":
+            F.send(F.signal.SIGCONT, *(p for p in (slot.pid,) if p is not None))
+        elif fault.kind.startswith("stop"):
             F.send(F.signal.SIGCONT, *(p for p in (slot.pid, *horses) if p is not None))
         elif slot.proxy is not None:
             slot.proxy.heal()
@@ -275,7 +288,7 @@ class Soak:
             except Exception as error:  # noqa: BLE001 - a failed injection is reported, not fatal
                 fault = self.record(Fault(kind, time.time(), detail=f"injection failed: {error!r}"))
                 fault.ended = fault.started
-            if fault is not None and not fault.kind.startswith(("stop", "cut")):
+            if fault is not None and fault.kind not in F.HELD:
                 fault.ended = fault.ended or time.time()
             time.sleep(min(max(self.chaos_rng.expovariate(1 / self.config.fault_every), 0.2), 5.0))
 
@@ -284,6 +297,14 @@ class Soak:
         """Respawns dead workers; one that exited without a kill from the soak is recorded
         as a ``crash`` (it died of something a fault did to it, e.g. a connection error)."""
         while not self._stop.is_set():
+            if self.fleet.any_dead():
+                # as a supervisor with a readiness check would: not while Redis loads its
+                # AOF after a restart (RQ's CLI exits at once on that, before any worker
+                # code runs: a harness effect, not a crash)
+                try:
+                    self.redis_call(self.client.dbsize)
+                except redis.RedisError:
+                    pass
             for name, pid, code in self.fleet.respawn_dead():
                 with self._guard:
                     killed = any(f.worker_pid == pid and f.kind in F.KILLS for f in self.faults)
@@ -389,7 +410,10 @@ class Soak:
                 timer.cancel()
             for f in self.faults:
                 if f.ended is None:
-                    slot = next(s for s in self.fleet.slots if s.name == f.slot)
+                    # the slot by its position: a fault whose injection failed half-way may
+                    # have outlived its worker's generation (respawned under another name)
+                    position = f.slot.rsplit("-", 1)[0]
+                    slot = next(s for s in self.fleet.slots if s.name.rsplit("-", 1)[0] == position)
                     self.release(slot, f, f.horse_pids)
             drain_start = last_progress = time.monotonic()
             # stop early once nothing moves for long enough to recover and run any job

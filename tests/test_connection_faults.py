@@ -153,3 +153,30 @@ def test_a_failure_whose_outcome_meets_a_blip_is_written_once_not_dropped(
     assert r.zscore("emq:{default}:leases", job.id) is None and r.llen("rq:queue:default") == 0
     assert (tmp_path / "blips").read_text() == "blip\n"  # the blip happened, once
     assert "failed to persist" not in procs.log(worker)  # RQ's swallowed traceback, hidden
+
+
+@pytest.mark.parametrize("queues", [("default",), ("high", "default", "low")])
+def test_an_idle_worker_lives_through_a_redis_restart_and_takes_the_next_job(
+    own_server: object, procs: Processes, tmp_path: Path, queues: tuple[str, ...]
+) -> None:
+    """An idle `rq worker` (one queue: RQ's BLMOVE; several: the take's polling) whose
+    Redis is SIGKILLed and restarted empty (no scripts, no worker registration) waits for
+    it wherever its loop is (the dequeue, the `rq suspend` check, the maintenance: each
+    ended `rq worker` once, found by the soak), and then takes and finishes the next job."""
+    url = own_server.url  # type: ignore[attr-defined]
+    worker = procs.worker(url, *queues, name="restart-worker", **STEADY)
+    client = redis.Redis.from_url(url)
+    wait_for(lambda: client.scard("rq:workers") == 1, timeout=30, what="the worker to register")
+    for down_s in (1.2, 0.3, 2.5):  # different points of the idle loop meet the restart
+        own_server.kill()  # type: ignore[attr-defined]
+        time.sleep(down_s)
+        own_server.restart()  # type: ignore[attr-defined]
+        time.sleep(0.5)
+        assert worker.poll() is None, procs.log(worker)
+    client = redis.Redis.from_url(url)
+    log = str(tmp_path / "runs.log")
+    job = Queue(queues[-1], connection=client).enqueue("jobs.sleep_and_record", log, 0.1, job_timeout=30)
+    wait_for(lambda: status(client, job.id) == "finished", timeout=60, what="the job to finish")
+    assert [line.split()[0] for line in runs(log)] == ["start", "end"]
+    assert worker.poll() is None, procs.log(worker)
+    assert "unhandled exception" not in procs.log(worker).lower()

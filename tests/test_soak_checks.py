@@ -209,13 +209,19 @@ def test_runs_of_a_job_the_soak_never_enqueued_fail_it() -> None:
 
 def test_a_kill_before_the_run_or_after_its_repeat_explains_nothing() -> None:
     runs = [run(1, 1.0), run(2, 5.0, 6.0, "ok", pid=OTHER_HORSE, ppid=OTHER_WORKER)]
+
+    def unexplained(faults: list[Fault]) -> list[str]:
+        # the repeat check's own verdict (a kill after the repeat began also makes the
+        # runs overlap, which the overlap check reports on its own)
+        return [v for v in evaluate(evidence(runs, faults=faults)).violations if "no fault explains" in v]
+
     # the same worker had a horse killed before this run began: that fault is over
     earlier = Fault("kill_horse", 0.2, "w", WORKER, [99], "other", b"t", ended=0.2)
-    assert not evaluate(evidence(runs, faults=[earlier])).passed
+    assert unexplained([earlier])
     # a kill after the repeat had started cannot have caused it
-    later = kill("kill_worker", 5.5)
-    assert not evaluate(evidence(runs, faults=[later])).passed
+    assert unexplained([kill("kill_worker", 5.5)])
     # while the run was going, it does
+    assert not unexplained([kill("kill_worker", 2.0)])
     assert evaluate(evidence(runs, faults=[kill("kill_worker", 2.0)])).passed
 
 
@@ -529,3 +535,65 @@ def test_a_frozen_pair_may_run_on_briefly_once_resumed_and_no_longer() -> None:
 def test_the_overlap_counts_are_reported_for_the_baseline_too() -> None:
     v = evaluate(evidence(_two_runs(first_end=6.0), worker="stock"))
     assert v.counts["overlapping_runs"] == 1 and v.counts["longest_overlap_ms"] == 1000.0
+
+
+def test_a_run_stopped_without_its_end_lasts_until_its_last_alive_line(tmp_path: Any) -> None:
+    """A run its holder did not stop (no end written, no fault killed it) but that went on
+    after its job began elsewhere is seen by its ``alive`` lines."""
+    log = tmp_path / "runs.log"
+    log.write_text(
+        f"start j {HORSE} {WORKER} 1.0 1 0.9\n"
+        f"alive j {HORSE} 4.0\n"
+        f"alive j {HORSE} 5.4\n"  # still going 400 ms after the second run began
+        f"start j {OTHER_HORSE} {OTHER_WORKER} 5.0 2 4.9\n"
+        f"end j {OTHER_HORSE} 6.0 ok\n"
+    )
+    runs = read_runs(str(log))["j"]
+    assert runs[0].last_seen == 5.4 and runs[0].ended is None
+    stop = [Fault("stop_worker", 2.0, "w", WORKER, [HORSE], "j", b"t", ended=6.0)]
+    (violation,) = _overlap_violations(runs, faults=stop)
+    assert "went on 400 ms" in violation and "resumed" not in violation  # its horse was not frozen
+    # stopped in time (its last line before the second start): no overlap
+    runs[0].last_seen = 4.0
+    assert _overlap_violations(runs, faults=stop) == []
+
+
+def test_overlaps_are_reported_per_fault_kind() -> None:
+    faults = [
+        Fault("stop_worker", 2.0, "w", WORKER, [HORSE], "j", b"t", ended=6.0),
+        Fault("hang", 3.0, "x", 300, [301], "k", b"t", ended=6.0),
+    ]
+    v = evaluate(evidence(_two_runs(first_end=5.25), faults=faults, worker="stock"))
+    assert v.counts["overlap_by_kind"] == {
+        "hang": {"faults": 1, "overlaps": 0, "longest_ms": 0.0},
+        "stop_worker": {"faults": 1, "overlaps": 1, "longest_ms": 250.0},
+    }
+
+
+def test_a_redis_restart_longer_than_the_grace_explains_a_repeat_and_a_short_one_does_not() -> None:
+    """Self-fencing stops a run whose holder cannot renew for lease - margin, whatever the
+    cause: a restart the soak meant to keep short that took longer (a loaded machine)
+    repeats runs, one within the grace never does."""
+    runs = [run(1, 1.0), run(2, 5.0, 6.0, "ok", pid=OTHER_HORSE, ppid=OTHER_WORKER)]
+    grace = Config().grace_s
+
+    def restart(down_s: float) -> Fault:
+        return Fault("restart", 2.0, ended=2.0 + down_s)
+
+    short = evaluate(evidence(runs, faults=[restart(0.8 * grace)]))
+    assert any("no fault explains" in v for v in short.violations)
+    long = evaluate(evidence(runs, faults=[restart(1.5 * grace)]))
+    assert not any("no fault explains" in v for v in long.violations), long.violations
+    assert long.counts["faults"] == {"restart_long": 1}
+
+
+def test_a_fault_on_a_horse_whose_job_was_already_done_needs_no_recovery() -> None:
+    """The soak read ``done:<token>``: the outcome was committed before the kill (the horse
+    was in RQ's bookkeeping), so no lease was left to lapse and nothing comes back."""
+    runs = [run(1, 1.0, 1.5, "ok")]
+    done = kill("kill_group", 2.0)
+    done.token, done.lapse_at = b"done:token", 2.0
+    assert not any("never left its holder" in v for v in evaluate(evidence(runs, faults=[done])).violations)
+    held = kill("kill_group", 2.0)
+    held.lapse_at = 2.0
+    assert any("never left its holder" in v for v in evaluate(evidence(runs, faults=[held])).violations)

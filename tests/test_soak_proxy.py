@@ -66,3 +66,18 @@ def test_a_cut_of_new_connections_keeps_live_ones(r: redis.Redis, proxy: TcpProx
         client(proxy).ping()
     proxy.heal()
     assert client(proxy).ping()
+
+
+def test_a_hang_lets_commands_through_and_holds_the_replies_until_the_client_gives_up(
+    r: redis.Redis, proxy: TcpProxy
+) -> None:
+    """The soak's ``hang``: a renewal reaches Redis and runs, but its answer never comes; the
+    client waits on its socket timeout (nothing is closed, so nothing tells it sooner)."""
+    c = client(proxy, socket_timeout=0.3)
+    c.ping()
+    proxy.cut("hang")
+    with pytest.raises(redis.TimeoutError):
+        c.set("hung", "1")
+    assert r.get("hung") == b"1"  # the command itself got through
+    proxy.heal()
+    assert client(proxy).ping()

@@ -98,3 +98,24 @@ def test_the_take_line_leaves_the_description_out_when_rq_is_told_to(
         assert take_line(caplog) == f"Worker {worker.name}: q: {job.id}, attempt 1"
     finally:
         worker.teardown()
+
+
+def test_a_blip_as_the_worker_turns_idle_does_not_end_it(
+    r: redis.Redis, worker: LeaseWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RQ's wait loop writes the idle state before its own retry loop: a connection error
+    there (a CLIENT KILL, found by the soak) ended `rq worker`. The worker waits for Redis
+    and goes on to take the job."""
+    job = Queue("q", connection=r).enqueue("jobs.add", 2, 3)
+    real = type(worker).set_state
+    blips: list[str] = []
+
+    def set_state(self: LeaseWorker, state: object, *args: object, **kwargs: object) -> None:
+        if not blips:
+            blips.append(str(state))
+            raise redis.ConnectionError("Connection closed by server.")
+        real(self, state, *args, **kwargs)
+
+    monkeypatch.setattr(type(worker), "set_state", set_state)
+    taken = worker.dequeue_job_and_maintain_ttl(None)
+    assert blips and taken is not None and taken[0].id == job.id

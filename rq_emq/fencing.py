@@ -18,7 +18,7 @@ and the block's owner retries the whole finish.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
@@ -128,15 +128,23 @@ class FencedSession:
     releases the lease); later ones follow it. What happened is kept here, because RQ's
     code may swallow what the fence raised (RQ 3's ``handle_job_failure`` logs and goes on)."""
 
-    def __init__(self, fence: Fence, release: bool) -> None:
+    def __init__(self, fence: Fence, release: bool, on_commit: Callable[[], None] | None = None) -> None:
         self.fence = fence
         self.release = release
+        #: Called the moment a releasing commit is known to have landed (RQ's code after it,
+        #: such as enqueuing dependents, is bookkeeping, no longer a run of the job).
+        self.on_commit = on_commit
         self.committed = False
         self.refused = False
         #: The error that failed the fenced transaction (a blip); later ones raise it too.
         self.error: BaseException | None = None
         #: Exceptions the fence raised into RQ's code in this block.
         self.raised: list[BaseException] = []
+
+    def mark_committed(self) -> None:
+        self.committed = True
+        if self.release and self.on_commit is not None:
+            self.on_commit()
 
     def refuse(self, ended_status: str | None = None) -> LeaseLost:
         self.refused = True
@@ -216,7 +224,7 @@ class _FencedPipelineMixin:
             raise session.refuse(ended_status=_text(reply[1]))
         if outcome != 1:
             raise session.refuse()
-        session.committed = True
+        session.mark_committed()
         replies = _merge_replies(pieces, list(reply[1]))
         return self._apply_callbacks(commands, replies, raise_on_error)
 
@@ -246,7 +254,7 @@ class _FencedPipelineMixin:
             pipe.reset()
             raise session.refuse()
         result = super().execute(raise_on_error)  # type: ignore[misc]
-        session.committed = True
+        session.mark_committed()
         if session.release:
             fence.release(client)
         return list(result)
@@ -400,13 +408,15 @@ def prepare(connection: Redis) -> None:
 
 
 @contextmanager
-def fenced(connection: Redis, fence: Fence, release: bool = True) -> Iterator[FencedSession]:
+def fenced(
+    connection: Redis, fence: Fence, release: bool = True, on_commit: Callable[[], None] | None = None
+) -> Iterator[FencedSession]:
     """Within this block, the first transaction that writes, opened on ``connection``,
     commits only while ``fence`` holds the lease, and (``release``) releases it;
     transactions after a refused or failed one are refused too, and those after a
     committed one run unchanged."""
     original = connection.pipeline
-    session = FencedSession(fence, release)
+    session = FencedSession(fence, release, on_commit)
 
     def pipeline(*args: Any, **kwargs: Any) -> Pipeline:
         pipe = original(*args, **kwargs)

@@ -32,13 +32,31 @@ class HorseDeadline:
     (CLOCK_MONOTONIC, one clock for every process on a host) has passed it."""
 
     def __init__(self) -> None:
-        self._memory = mmap.mmap(-1, 8)  # MAP_SHARED | MAP_ANONYMOUS: survives the fork shared
-        self.set(math.inf)
+        # MAP_SHARED | MAP_ANONYMOUS: survives the fork shared. Bytes 0-7 the deadline, which
+        # the worker writes; byte 8 set by the horse once its outcome has landed.
+        self._memory = mmap.mmap(-1, 9)
+        self.reset(math.inf)
+
+    def reset(self, deadline: float) -> None:
+        """Before each fork: a new run, not settled."""
+        self._memory[8] = 0
+        self.set(deadline)
 
     def set(self, deadline: float) -> None:
         self._memory[0:8] = struct.pack("d", deadline)
 
+    def settle(self) -> None:
+        """The run's outcome is committed: what the horse does after it (RQ enqueuing the
+        dependents, its bookkeeping) is no run of the job, and must not be cut short."""
+        self._memory[8] = 1
+
+    @property
+    def settled(self) -> bool:
+        return self._memory[8] == 1
+
     def get(self) -> float:
+        if self.settled:
+            return math.inf
         # read until two reads agree: a read torn by a concurrent write is never acted on
         while True:
             first = self._memory[0:8]

@@ -65,7 +65,8 @@ class JobWritesMixin:
             return
         try:
             fence = lease.fence if records_status else dataclasses.replace(lease.fence, records_status=False)
-            with fenced(self.connection, fence, release=release) as session:
+            on_commit = self._outcome_committed if release else None
+            with fenced(self.connection, fence, release=release, on_commit=on_commit) as session:
                 with _hide_swallowed(session, getattr(self, "log", None)):
                     yield
         except LeaseLost:
@@ -76,6 +77,10 @@ class JobWritesMixin:
             raise session.error
         if session.refused and not release:
             raise LeaseLost(lease.queue, job.id)
+
+    def _outcome_committed(self) -> None:
+        """The run's outcome has landed: nothing may stop this process for the job's lease
+        any more (fork mode tells the horse's fence)."""
 
     def _through_blips(self, job: Job, step: Callable[[], Any], what: str) -> Any:
         return through_blips(step, job.id, self.lease_settings.lease_ms / 1000, what)

@@ -314,7 +314,7 @@ class LeaseWorker(LeaseMixin, Worker):
             self._horse_deadline = HorseDeadline()
         lease = self.lock_manager.get(job.id) if self.lock_manager is not None else None
         self._horse_job_id = job.id
-        self._horse_deadline.set(lease.valid_until if lease is not None else math.inf)
+        self._horse_deadline.reset(lease.valid_until if lease is not None else math.inf)
         super().fork_work_horse(job, queue)
 
     def _on_lease_renewed(self, lease: Lease) -> None:
@@ -331,7 +331,13 @@ class LeaseWorker(LeaseMixin, Worker):
                 "job %s was deleted while it ran", job.id, extra={"job_id": job.id, "queue": queue.name}
             )
 
+    def _outcome_committed(self) -> None:
+        if self.is_horse and self._horse_deadline is not None:
+            self._horse_deadline.settle()
+
     def _stop_lost_job(self, lease: Lease) -> None:
+        if self._horse_deadline is not None and self._horse_deadline.settled:
+            return  # the horse's outcome has landed; RQ's bookkeeping after it runs on
         if self.horse_pid:
             self.kill_horse(signal.SIGKILL)
 

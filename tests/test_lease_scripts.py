@@ -317,6 +317,30 @@ def test_a_fenced_transaction_commits_and_releases_the_lease(r: redis.Redis) -> 
     assert r.hget(job_key(job.id), "emq_attempts") is None
 
 
+def test_a_releasing_commit_is_announced_the_moment_it_lands_and_a_refusal_is_not(r: redis.Redis) -> None:
+    """What RQ does after its outcome's transaction (enqueuing the dependents it marked
+    ready) is bookkeeping, not a run: the horse learns of the commit before it starts."""
+    job, lease = _leased(r)
+    landed: list[bool] = []
+    with fenced(r, lease.fence, on_commit=lambda: landed.append(True)):
+        pipe = r.pipeline()
+        pipe.hset(job_key(job.id), "status", "finished")
+        pipe.execute()
+        assert landed == [True]
+        after = r.pipeline()
+        after.rpush("rq:queue:q", "dependent")
+        after.execute()
+    assert landed == [True]
+    other, stale = _leased(r)
+    r.hset(job_key(other.id), "emq_token", "someone-else")
+    with fenced(r, stale.fence, on_commit=lambda: landed.append(False)):
+        pipe = r.pipeline()
+        pipe.hset(job_key(other.id), "status", "finished")
+        with pytest.raises(LeaseLost):
+            pipe.execute()
+    assert landed == [True]
+
+
 def test_a_late_finish_by_a_worker_that_lost_its_lease_changes_nothing(
     r: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -18,6 +18,7 @@ from procs import Processes, pid_alive, wait_for
 from redis_server import RedisServer
 from rq import Queue
 
+from rq_emq.horse_fence import HorseDeadline
 from rq_emq.lease import Lease, LockManager, own_client
 from rq_emq.settings import LeaseSettings
 from soak.proxy import TcpProxy
@@ -187,3 +188,30 @@ def test_a_simple_workers_job_that_cannot_be_interrupted_ends_its_process_before
     _recovered_elsewhere(r, procs, redis_url, log, job.id)
     _assert_no_overlap(log, first)
     assert "did not stop when its local lease clock ran out" in procs.log(cut_off)
+
+
+def _horse_exit(deadline: HorseDeadline, settle: bool) -> int:
+    """How a forked horse guarded by ``deadline`` ends (its wait status)."""
+    pid = os.fork()
+    if pid == 0:
+        deadline.guard(0.01)
+        if settle:
+            deadline.settle()
+        time.sleep(0.5)
+        os._exit(7)
+    return os.waitpid(pid, 0)[1]
+
+
+def test_a_horse_whose_outcome_has_landed_finishes_its_bookkeeping_past_the_deadline() -> None:
+    """Once its fenced finish has committed, a horse's remaining work (RQ 3 enqueues the
+    dependents it marked ready) is no run of the job: its lease clock no longer ends it.
+    The next run is fenced again."""
+    deadline = HorseDeadline()
+    deadline.reset(time.monotonic() + 0.1)
+    status_settled = _horse_exit(deadline, settle=True)
+    assert os.WIFEXITED(status_settled) and os.WEXITSTATUS(status_settled) == 7
+    assert deadline.settled  # the worker sees it too: its own expiry leaves the horse alone
+    deadline.reset(time.monotonic() + 0.1)
+    assert not deadline.settled
+    status_unsettled = _horse_exit(deadline, settle=False)
+    assert os.WIFSIGNALED(status_unsettled) and os.WTERMSIG(status_unsettled) == signal.SIGKILL

@@ -58,7 +58,9 @@ class DequeueMixin:
             return False
         me: Any = self
         for _ in range(2):
-            if any(report.requeued for report in sweeper.sweep_now()):
+            # the sweeper's own thread may have put the job back a moment before (its
+            # first round at start): a job waiting in a queue is one to take, either way
+            if any(report.requeued for report in sweeper.sweep_now()) or sweeper.jobs_waiting():
                 return True
             if not sweeper.marks_standing():
                 return False

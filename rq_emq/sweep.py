@@ -293,6 +293,13 @@ class Sweeper(BackgroundLoop):
                 self.drain_outbox(report.queue)
         return reports
 
+    def jobs_waiting(self) -> bool:
+        """Whether any of the queues has a job waiting in it."""
+        pipe = self.client.pipeline(transaction=False)
+        for queue in self.queues:
+            pipe.llen(QueueKeys(queue).rq_queue)
+        return any(int(length) for length in pipe.execute())
+
     def marks_standing(self) -> bool:
         """Whether any of the queues has a job marked stalled and not yet recovered."""
         pipe = self.client.pipeline(transaction=False)

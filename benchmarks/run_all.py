@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ from pathlib import Path
 
 import redis
 import rq
+
+from rq_emq.testing import find_redis_server
 
 HERE = Path(__file__).resolve().parent
 
@@ -34,7 +35,7 @@ BENCHMARKS = {
 
 
 def versions() -> str:
-    server = shutil.which("redis-server")
+    server = find_redis_server()
     server_version = "?"
     if server:
         words = subprocess.run([server, "--version"], capture_output=True, text=True).stdout.split()

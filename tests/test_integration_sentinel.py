@@ -8,7 +8,6 @@ an asynchronous failover that loses writes is the limit README states."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -22,7 +21,7 @@ from integration_scenarios import starts
 from jobs import runs
 from procs import RQ_BIN, TESTS_DIR, Processes, wait_for
 from redis.sentinel import Sentinel
-from redis_server import in_ci
+from redis_server import require_redis_server
 from rq import Queue
 
 from rq_emq.testing import RedisServer, free_port
@@ -34,7 +33,7 @@ SERVICE = "rq-emq-primary"
 class SentinelSetup:
     """A primary, one replica and one sentinel watching them, all private."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, binary: str) -> None:
         # (no delay before the first sync: Redis 7 waits 5 s for more replicas by default)
         self.primary = RedisServer(extra_args=("--repl-diskless-sync-delay", "0")).start()
         self.replica = RedisServer(extra_args=("--replicaof", "127.0.0.1", str(self.primary.port))).start()
@@ -50,7 +49,7 @@ class SentinelSetup:
             f"sentinel failover-timeout {SERVICE} 10000\n"
         )
         self.process = subprocess.Popen(
-            [str(shutil.which("redis-server")), str(config), "--sentinel"],
+            [binary, str(config), "--sentinel"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -93,13 +92,10 @@ class SentinelSetup:
 
 @pytest.fixture
 def sentinel(tmp_path: Path) -> Iterator[SentinelSetup]:
-    if shutil.which("redis-server") is None:
-        if in_ci():
-            pytest.fail("redis-server is required in CI (CI=true)")
-        pytest.skip("redis-server is not installed")
+    binary = require_redis_server()
     directory = tmp_path / "sentinel"
     directory.mkdir()
-    setup = SentinelSetup(directory)
+    setup = SentinelSetup(directory, binary)
     yield setup
     setup.stop()
 

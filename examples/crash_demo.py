@@ -31,7 +31,7 @@ EVENTS = {
     "lapsed": "lock gone: the lease lapsed, nobody renews it",
     "marked": "marked stalled by a sweep (a grace pass: not recovered yet)",
     "recovered": "recovered by the next sweep: back at the front of its queue",
-    "retaken": "worker-b took it",
+    "retaken": "worker-b started it: attempt 2, under a lease of its own",
 }
 
 
@@ -105,21 +105,34 @@ def run(url: str, options: argparse.Namespace) -> int:
                 f"attempts={(r.hget(job_key(victim), 'emq_attempts') or b'0').decode()}"
             )
 
+        def explain_wait() -> None:
+            # the only worker left is still running another job: say so, or the gap looks like a hang
+            busy_with = running_on("worker-b")
+            if busy_with is not None and busy_with != victim:
+                say(
+                    f"  it waits at the front of the queue: worker-b (the only worker left) "
+                    f"is still running job {busy_with[:8]}, and takes it next"
+                )
+
         show()
         moments: dict[str, float] = {}
         while r.hget(job_key(victim), "status") != b"finished" and time.monotonic() - killed < 60:
             attempts = int(r.hget(job_key(victim), "emq_attempts") or 0)
+            status = r.hget(job_key(victim), "status")
             in_queue = r.lpos(Q.rq_queue, victim) is not None
             for event, happened in (
                 ("lapsed", not r.exists(Q.lock(victim))),
                 ("marked", r.zscore(Q.stalled, victim) is not None),
                 ("recovered", in_queue or attempts >= 2),
-                ("retaken", attempts >= 2),
+                # a take leaves RQ's status `queued` until the work horse starts the run
+                ("retaken", attempts >= 2 and status == b"started"),
             ):
                 if happened and event not in moments:
                     moments[event] = time.monotonic()
                     say(EVENTS[event])
                     show()
+                    if event == "recovered" and in_queue:
+                        explain_wait()
             time.sleep(0.01)
         say(f"job {victim} finished by {r.hget(job_key(victim), 'worker_name').decode()}")
         while (

@@ -4,7 +4,7 @@
 
 Each script starts its own private redis-server (or uses REDIS_URL) and prints one table;
 this prints them under headings with the versions they ran on, and can write the same as
-markdown (ready for the README). ``--quick`` only shows that every script still runs: its
+markdown (ready for docs/benchmarks.md). ``--quick`` only shows that every script still runs: its
 numbers are not worth reading. A full run takes about 15 minutes.
 """
 

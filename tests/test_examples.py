@@ -51,7 +51,14 @@ def test_each_line_of_the_crash_demos_narration_is_true_and_its_waits_explained(
     """The line where worker-b takes the job shows it started (not `queued`), and a wait
     between the recovery and that take is explained when the survivor is busy."""
     done = subprocess.run(
-        [sys.executable, str(TESTS_DIR.parent / "examples" / "crash_demo.py"), "--jobs", "4", "--seconds", "3"],
+        [
+            sys.executable,
+            str(TESTS_DIR.parent / "examples" / "crash_demo.py"),
+            "--jobs",
+            "4",
+            "--seconds",
+            "3",
+        ],
         capture_output=True,
         text=True,
         timeout=120,

@@ -45,7 +45,7 @@ COMMANDS = (
     *"xadd xrevrange".split(),  # RQ's job results
 )
 
-#: The ACL rule for that user (README's ACL line).
+#: The ACL rule for that user: the line docs/operating.md gives (checked below).
 ACL_RULES = (
     "on",
     f">{PASSWORD}",
@@ -189,3 +189,12 @@ def test_without_client_tracking_an_idle_worker_on_several_queues_polls_and_stil
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0, procs.log(worker)
     assert all("__redis__:invalidate" in d or "tracking" in d for d in denials(admin)), denials(admin)
+
+
+def test_the_documented_acl_rule_is_the_tested_one() -> None:
+    """docs/operating.md's ``ACL SETUSER`` line grants exactly what this file tests."""
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "operating.md").read_text()
+    lines = [line for line in doc.splitlines() if line.startswith("ACL SETUSER rq-emq ")]
+    assert len(lines) == 1, lines
+    documented = lines[0].split()[3:]
+    assert documented == [rule if rule != f">{PASSWORD}" else ">PASSWORD" for rule in ACL_RULES]

@@ -3,7 +3,7 @@
 and keep going through a failover to the replica.
 
 Only a coordinated failover (``SENTINEL FAILOVER``: the replica has caught up) is tested;
-an asynchronous failover that loses writes is the limit README states."""
+an asynchronous failover that loses writes is the limit docs/guarantees.md states."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class SentinelSetup:
         self.primary = RedisServer(extra_args=("--repl-diskless-sync-delay", "0")).start()
         self.replica = RedisServer(extra_args=("--replicaof", "127.0.0.1", str(self.primary.port))).start()
         # A replica promoted before its first sync has no data at all: every job would be lost.
-        # That is the async-failover limit README states, not what this test is about.
+        # That is the async-failover limit docs/guarantees.md states, not what this test is about.
         wait_for(self._replica_synced, timeout=30, what="the replica's first sync")
         self.port = free_port()
         config = directory / "sentinel.conf"
@@ -137,7 +137,7 @@ def test_a_coordinated_failover_during_a_job_leaves_it_finished_once_on_the_new_
     log = str(tmp_path / "runs.log")
     old_primary = sentinel.primary_port()
     job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 4.0, job_timeout=300)
-    # a lease that outlives the failover, as README advises: with one shorter than the
+    # a lease that outlives the failover, as docs/faq.md advises: with one shorter than the
     # failover the job may be recovered and run again (at-least-once), which is not this test
     worker = sentinel_worker(
         procs,

@@ -27,6 +27,7 @@ from rq_emq.testing import private_redis
 HERE = Path(__file__).resolve().parent
 SETTINGS = {"RQ_EMQ_LEASE_MS": "2000", "RQ_EMQ_RENEW_INTERVAL_MS": "500", "RQ_EMQ_SWEEP_INTERVAL_MS": "1000"}
 Q = QueueKeys("demo")
+WORKER_NAMES = ("worker-a", "worker-b")
 EVENTS = {
     "lapsed": "lock gone: the lease lapsed, nobody renews it",
     "marked": "marked stalled by a sweep (a grace pass: not recovered yet)",
@@ -48,6 +49,12 @@ def main() -> int:
 def run(url: str, options: argparse.Namespace) -> int:
     r = redis.Redis.from_url(url)
     r.delete(*(r.keys("emq:{demo}:*") or ["-"]), "rq:queue:demo")
+    # A SIGKILLed worker-a of an earlier run leaves its registration for RQ's worker TTL (7 min),
+    # and RQ refuses to start a second worker of that name: the names are this demo's own.
+    for name in WORKER_NAMES:
+        r.delete(f"rq:worker:{name}")
+        r.srem("rq:workers", f"rq:worker:{name}")
+        r.srem("rq:workers:demo", f"rq:worker:{name}")
     log_dir = Path(tempfile.mkdtemp(prefix="rq-emq-demo-logs-"))
     env = {
         **os.environ,
@@ -69,7 +76,7 @@ def run(url: str, options: argparse.Namespace) -> int:
             for _ in range(options.jobs)
         ]
         say(f"enqueued {len(jobs)} jobs with a stock rq.Queue")
-        for name in ("worker-a", "worker-b"):
+        for name in WORKER_NAMES:
             workers[name] = subprocess.Popen(
                 [rq_bin, "worker", "-w", "rq_emq.LeaseWorker", "--url", url, "--name", name, "demo"],
                 env=env,
@@ -85,7 +92,11 @@ def run(url: str, options: argparse.Namespace) -> int:
                     return job.id
             return None
 
+        waiting_since = time.monotonic()
         while not running_on("worker-a"):
+            if workers["worker-a"].poll() is not None or time.monotonic() - waiting_since > 60:
+                say(f"worker-a ran no job; its log:\n{(log_dir / 'worker-a.log').read_text()}")
+                return 1
             time.sleep(0.05)
         victim = running_on("worker-a")
         assert victim is not None

@@ -49,7 +49,13 @@ def narration(out: str) -> list[tuple[float, str]]:
 
 def test_each_line_of_the_crash_demos_narration_is_true_and_its_waits_explained(redis_url: str) -> None:
     """The line where worker-b takes the job shows it started (not `queued`), and a wait
-    between the recovery and that take is explained when the survivor is busy."""
+    between the recovery and that take is explained when the survivor is busy. A killed
+    worker-a of an earlier run (its registration outlives it) does not stop the demo."""
+    client = redis.Redis.from_url(redis_url)
+    client.hset("rq:worker:worker-a", mapping={"state": "busy", "queues": "demo"})
+    client.expire("rq:worker:worker-a", 420)
+    client.sadd("rq:workers", "rq:worker:worker-a")
+    client.sadd("rq:workers:demo", "rq:worker:worker-a")
     done = subprocess.run(
         [
             sys.executable,

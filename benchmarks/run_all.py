@@ -4,7 +4,7 @@
 
 Each script starts its own private redis-server (or uses REDIS_URL) and prints one table;
 this prints them under headings with the versions they ran on, and can write the same as
-markdown (ready for the README). ``--quick`` only shows that every script still runs: its
+markdown (ready for docs/benchmarks.md). ``--quick`` only shows that every script still runs: its
 numbers are not worth reading. A full run takes about 15 minutes.
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ from pathlib import Path
 
 import redis
 import rq
+
+from rq_emq.testing import find_redis_server
 
 HERE = Path(__file__).resolve().parent
 
@@ -36,7 +37,7 @@ BENCHMARKS = {
 
 
 def versions() -> str:
-    server = shutil.which("redis-server")
+    server = find_redis_server()
     server_version = "?"
     if server:
         words = subprocess.run([server, "--version"], capture_output=True, text=True).stdout.split()

@@ -27,11 +27,12 @@ from rq_emq.testing import private_redis
 HERE = Path(__file__).resolve().parent
 SETTINGS = {"RQ_EMQ_LEASE_MS": "2000", "RQ_EMQ_RENEW_INTERVAL_MS": "500", "RQ_EMQ_SWEEP_INTERVAL_MS": "1000"}
 Q = QueueKeys("demo")
+WORKER_NAMES = ("worker-a", "worker-b")
 EVENTS = {
     "lapsed": "lock gone: the lease lapsed, nobody renews it",
     "marked": "marked stalled by a sweep (a grace pass: not recovered yet)",
     "recovered": "recovered by the next sweep: back at the front of its queue",
-    "retaken": "worker-b took it",
+    "retaken": "worker-b started it: attempt 2, under a lease of its own",
 }
 
 
@@ -48,6 +49,12 @@ def main() -> int:
 def run(url: str, options: argparse.Namespace) -> int:
     r = redis.Redis.from_url(url)
     r.delete(*(r.keys("emq:{demo}:*") or ["-"]), "rq:queue:demo")
+    # A SIGKILLed worker-a of an earlier run leaves its registration for RQ's worker TTL (7 min),
+    # and RQ refuses to start a second worker of that name: the names are this demo's own.
+    for name in WORKER_NAMES:
+        r.delete(f"rq:worker:{name}")
+        r.srem("rq:workers", f"rq:worker:{name}")
+        r.srem("rq:workers:demo", f"rq:worker:{name}")
     log_dir = Path(tempfile.mkdtemp(prefix="rq-emq-demo-logs-"))
     env = {
         **os.environ,
@@ -69,7 +76,7 @@ def run(url: str, options: argparse.Namespace) -> int:
             for _ in range(options.jobs)
         ]
         say(f"enqueued {len(jobs)} jobs with a stock rq.Queue")
-        for name in ("worker-a", "worker-b"):
+        for name in WORKER_NAMES:
             workers[name] = subprocess.Popen(
                 [rq_bin, "worker", "-w", "rq_emq.LeaseWorker", "--url", url, "--name", name, "demo"],
                 env=env,
@@ -85,7 +92,11 @@ def run(url: str, options: argparse.Namespace) -> int:
                     return job.id
             return None
 
+        waiting_since = time.monotonic()
         while not running_on("worker-a"):
+            if workers["worker-a"].poll() is not None or time.monotonic() - waiting_since > 60:
+                say(f"worker-a ran no job; its log:\n{(log_dir / 'worker-a.log').read_text()}")
+                return 1
             time.sleep(0.05)
         victim = running_on("worker-a")
         assert victim is not None
@@ -105,21 +116,34 @@ def run(url: str, options: argparse.Namespace) -> int:
                 f"attempts={(r.hget(job_key(victim), 'emq_attempts') or b'0').decode()}"
             )
 
+        def explain_wait() -> None:
+            # the only worker left is still running another job: say so, or the gap looks like a hang
+            busy_with = running_on("worker-b")
+            if busy_with is not None and busy_with != victim:
+                say(
+                    f"  it waits at the front of the queue: worker-b (the only worker left) "
+                    f"is still running job {busy_with[:8]}, and takes it next"
+                )
+
         show()
         moments: dict[str, float] = {}
         while r.hget(job_key(victim), "status") != b"finished" and time.monotonic() - killed < 60:
             attempts = int(r.hget(job_key(victim), "emq_attempts") or 0)
+            status = r.hget(job_key(victim), "status")
             in_queue = r.lpos(Q.rq_queue, victim) is not None
             for event, happened in (
                 ("lapsed", not r.exists(Q.lock(victim))),
                 ("marked", r.zscore(Q.stalled, victim) is not None),
                 ("recovered", in_queue or attempts >= 2),
-                ("retaken", attempts >= 2),
+                # a take leaves RQ's status `queued` until the work horse starts the run
+                ("retaken", attempts >= 2 and status == b"started"),
             ):
                 if happened and event not in moments:
                     moments[event] = time.monotonic()
                     say(EVENTS[event])
                     show()
+                    if event == "recovered" and in_queue:
+                        explain_wait()
             time.sleep(0.01)
         say(f"job {victim} finished by {r.hget(job_key(victim), 'worker_name').decode()}")
         while (

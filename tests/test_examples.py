@@ -37,6 +37,50 @@ def test_the_crash_demo_recovers_the_killed_workers_job(redis_url: str) -> None:
     assert len(stalled_rows) == 1 and " 2 " in stalled_rows[0] and "finished" in stalled_rows[0], out
 
 
+def narration(out: str) -> list[tuple[float, str]]:
+    """The demo's timestamped lines: ``[  3.90s] text``."""
+    lines = []
+    for line in out.splitlines():
+        if line.startswith("[") and "s] " in line:
+            stamp, text = line[1:].split("s] ", 1)
+            lines.append((float(stamp), text))
+    return lines
+
+
+def test_each_line_of_the_crash_demos_narration_is_true_and_its_waits_explained(redis_url: str) -> None:
+    """The line where worker-b takes the job shows it started (not `queued`), and a wait
+    between the recovery and that take is explained when the survivor is busy. A killed
+    worker-a of an earlier run (its registration outlives it) does not stop the demo."""
+    client = redis.Redis.from_url(redis_url)
+    client.hset("rq:worker:worker-a", mapping={"state": "busy", "queues": "demo"})
+    client.expire("rq:worker:worker-a", 420)
+    client.sadd("rq:workers", "rq:worker:worker-a")
+    client.sadd("rq:workers:demo", "rq:worker:worker-a")
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(TESTS_DIR.parent / "examples" / "crash_demo.py"),
+            "--jobs",
+            "4",
+            "--seconds",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "REDIS_URL": redis_url},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = narration(done.stdout)
+    texts = [text for _, text in lines]
+    assert not any("status=queued, in flight=True" in text for text in texts), done.stdout
+    taken = next(i for i, text in enumerate(texts) if text.startswith("worker-b started it"))
+    assert "status=started, in flight=True" in texts[taken + 1] and "attempts=2" in texts[taken + 1]
+    recovered = next(i for i, text in enumerate(texts) if text.startswith("recovered by the next sweep"))
+    if lines[taken][0] - lines[recovered][0] > 0.5:  # worker-b was busy: the gap must be explained
+        assert any("worker-b" in text and "still running" in text for text in texts[recovered:taken])
+
+
 def test_double_recovery_naive_checkers_recover_every_job_twice_the_sweep_once(redis_url: str) -> None:
     done = subprocess.run(
         [

@@ -3,12 +3,11 @@
 and keep going through a failover to the replica.
 
 Only a coordinated failover (``SENTINEL FAILOVER``: the replica has caught up) is tested;
-an asynchronous failover that loses writes is the limit README states."""
+an asynchronous failover that loses writes is the limit docs/guarantees.md states."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -22,7 +21,7 @@ from integration_scenarios import starts
 from jobs import runs
 from procs import RQ_BIN, TESTS_DIR, Processes, wait_for
 from redis.sentinel import Sentinel
-from redis_server import in_ci
+from redis_server import require_redis_server
 from rq import Queue
 
 from rq_emq.testing import RedisServer, free_port
@@ -34,12 +33,12 @@ SERVICE = "rq-emq-primary"
 class SentinelSetup:
     """A primary, one replica and one sentinel watching them, all private."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, binary: str) -> None:
         # (no delay before the first sync: Redis 7 waits 5 s for more replicas by default)
         self.primary = RedisServer(extra_args=("--repl-diskless-sync-delay", "0")).start()
         self.replica = RedisServer(extra_args=("--replicaof", "127.0.0.1", str(self.primary.port))).start()
         # A replica promoted before its first sync has no data at all: every job would be lost.
-        # That is the async-failover limit README states, not what this test is about.
+        # That is the async-failover limit docs/guarantees.md states, not what this test is about.
         wait_for(self._replica_synced, timeout=30, what="the replica's first sync")
         self.port = free_port()
         config = directory / "sentinel.conf"
@@ -50,7 +49,7 @@ class SentinelSetup:
             f"sentinel failover-timeout {SERVICE} 10000\n"
         )
         self.process = subprocess.Popen(
-            [str(shutil.which("redis-server")), str(config), "--sentinel"],
+            [binary, str(config), "--sentinel"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -93,13 +92,10 @@ class SentinelSetup:
 
 @pytest.fixture
 def sentinel(tmp_path: Path) -> Iterator[SentinelSetup]:
-    if shutil.which("redis-server") is None:
-        if in_ci():
-            pytest.fail("redis-server is required in CI (CI=true)")
-        pytest.skip("redis-server is not installed")
+    binary = require_redis_server()
     directory = tmp_path / "sentinel"
     directory.mkdir()
-    setup = SentinelSetup(directory)
+    setup = SentinelSetup(directory, binary)
     yield setup
     setup.stop()
 
@@ -143,7 +139,7 @@ def test_a_coordinated_failover_during_a_job_leaves_it_finished_once_on_the_new_
     log = str(tmp_path / "runs.log")
     old_primary = sentinel.primary_port()
     job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 4.0, job_timeout=300)
-    # a lease that outlives the failover, as README advises: with one shorter than the
+    # a lease that outlives the failover, as docs/faq.md advises: with one shorter than the
     # failover the job may be recovered and run again (at-least-once), which is not this test
     worker = sentinel_worker(
         procs,

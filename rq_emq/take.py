@@ -87,6 +87,11 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _keys(queue: str | QueueKeys) -> QueueKeys:
+    """A queue given by name has RQ's default key layout."""
+    return queue if isinstance(queue, QueueKeys) else QueueKeys(queue)
+
+
 def _as_hash(flat: Sequence[Any]) -> dict[bytes, bytes]:
     items = [v if isinstance(v, bytes) else str(v).encode() for v in flat]
     return dict(zip(items[0::2], items[1::2], strict=True))
@@ -101,15 +106,18 @@ class Taker:
         self.settings = settings
         self._watches: dict[frozenset[str], QueueWatch] = {}
 
-    def pop(self, queue_names: Sequence[str]) -> Taken | None:
-        """Lease the first waiting job across ``queue_names``; None when all are empty."""
+    def pop(self, queues: Sequence[str | QueueKeys]) -> Taken | None:
+        """Lease the first waiting job across ``queues``; None when all are empty."""
         script = scripts.load("pop_job")
         keys: list[str] = []
         prefixes: list[str] = []
-        for name in queue_names:
-            q = QueueKeys(name)
+        layouts = [_keys(queue) for queue in queues]
+        queue_names = [q.queue for q in layouts]
+        for q in layouts:
             keys += [q.rq_queue, q.leases, q.stats]
             prefixes.append(q.prefix)
+        # one job class per worker: its prefix names every queue's job hashes
+        prefixes.append(layouts[0].job_prefix)
         while True:
             token = new_token(self.worker_name)
             args = [token, self.worker_name, self.settings.lease_ms, SKIP_BUDGET]
@@ -129,11 +137,12 @@ class Taker:
                 continue
             return Taken(index - 1, _text(reply[1]), token, int(reply[2]), _as_hash(reply[4:]))
 
-    def claim(self, queue_name: str, job_id: str) -> Taken | None:
-        """Lease a job that ``BLMOVE`` put in ``queue_name``'s intermediate list."""
-        q = QueueKeys(queue_name)
+    def claim(self, queue: str | QueueKeys, job_id: str) -> Taken | None:
+        """Lease a job that ``BLMOVE`` put in ``queue``'s intermediate list."""
+        q = _keys(queue)
+        queue_name = q.queue
         token = new_token(self.worker_name)
-        keys = [q.intermediate, f"rq:job:{job_id}", q.lock(job_id), q.leases, q.stats]
+        keys = [q.intermediate, q.job(job_id), q.lock(job_id), q.leases, q.stats]
         args = [job_id, token, self.worker_name, self.settings.lease_ms]
         reply = scripts.load("claim_job")(self.connection, keys, args)
         status = int(reply[0])
@@ -150,7 +159,7 @@ class Taker:
 
     def take(
         self,
-        queue_names: Sequence[str],
+        queue_names: Sequence[str | QueueKeys],
         timeout: float | None,
         record: Callable[[Taken], None] = lambda taken: None,
     ) -> Taken | None:
@@ -158,7 +167,7 @@ class Taker:
         ``record`` registers the lease with its holder; the grant and ``record`` run with
         stop signals held back (:func:`stop_signals_deferred`)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        first = QueueKeys(queue_names[0])
+        first = _keys(queue_names[0])
         watch = self._watch(queue_names) if len(queue_names) > 1 and timeout is not None else None
         while True:
             if watch is not None:
@@ -184,17 +193,18 @@ class Taker:
             if job_id is not None:
                 with stop_signals_deferred():
                     sent_at = time.monotonic()
-                    taken = self.claim(queue_names[0], _text(job_id))
+                    taken = self.claim(first, _text(job_id))
                     if taken is not None:
                         taken = dataclasses.replace(taken, sent_at=sent_at)
                         record(taken)
                 if taken is not None:
                     return taken
 
-    def _watch(self, queue_names: Sequence[str]) -> QueueWatch:
-        key = frozenset(queue_names)
+    def _watch(self, queue_names: Sequence[str | QueueKeys]) -> QueueWatch:
+        lists = [_keys(q).rq_queue for q in queue_names]
+        key = frozenset(lists)
         if self._watches.get(key) is None:
-            self._watches[key] = QueueWatch(self.connection, [QueueKeys(q).rq_queue for q in queue_names])
+            self._watches[key] = QueueWatch(self.connection, lists)
         return self._watches[key]
 
     def close(self) -> None:

@@ -104,7 +104,9 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
             name=f"rq-emq-sweeper:{self.name}",
             job_class=me.job_class,
             serializer=me.serializer,
+            queue_class=me.queue_class,
         )
+        self.sweeper.record_job_prefix()
         self.sweeper.start()
 
     def _start_leasing(self) -> None:

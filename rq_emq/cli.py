@@ -21,13 +21,22 @@ from typing import Any
 
 import click
 from redis.exceptions import RedisError
+from rq.job import Job
+from rq.queue import Queue
 
 from . import __version__, cli_output, inspection, metrics, scripts
-from .cli_connect import BadInput, Target, connect, load_serializer, redact, select_queues
+from .cli_connect import BadInput, Target, connect, load_class, load_serializer, redact, select_queues
 from .settings import ENV_PREFIX
 from .sweep import Sweeper, SweepReport
 
 __all__ = ["BadInput", "main", "redact"]
+
+#: The workers' job and queue classes, which say where their jobs and queues live.
+Classes = tuple[type[Job], type[Queue]]
+
+
+def load_classes(job_class: str | None, queue_class: str | None) -> Classes:
+    return load_class(job_class, "--job-class", Job), load_class(queue_class, "--queue-class", Queue)
 
 
 def redis_errors(command: Callable[..., None]) -> Callable[..., None]:
@@ -184,9 +193,18 @@ def metrics_command(
 
 
 def drain_options(command: Callable[..., None]) -> Callable[..., None]:
-    """``--serializer`` and ``--no-drain``, for the commands that drain the outbox."""
+    """``--serializer``, ``--no-drain``, ``--job-class`` and ``--queue-class``, for the
+    commands that sweep and drain the outbox."""
     for option in reversed(
         [
+            click.option(
+                "--job-class",
+                help="The workers' --job-class (import path): where their jobs live. Default: RQ's.",
+            ),
+            click.option(
+                "--queue-class",
+                help="The workers' --queue-class (import path): where their queues live. Default: RQ's.",
+            ),
             click.option(
                 "--serializer",
                 "-S",
@@ -206,15 +224,31 @@ def drain_options(command: Callable[..., None]) -> Callable[..., None]:
 
 
 def sweep_once(
-    target: Target, queues: list[str], dry_run: bool, serializer: Any = None, drain: bool = True
+    target: Target,
+    queues: list[str],
+    dry_run: bool,
+    serializer: Any = None,
+    drain: bool = True,
+    classes: Classes | None = None,
 ) -> list[SweepReport]:
     """One sweep round on each queue now, ignoring the fleet-wide rate limit (or, dry,
     changing nothing); then the failure outbox of each queue is drained (unless not)."""
     scripts.load_all(target.client)
-    sweeper = Sweeper(target.client, queues, target.settings, name="rq-emq-cli", serializer=serializer)
+    job_class, queue_class = classes or (Job, Queue)
+    sweeper = Sweeper(
+        target.client,
+        queues,
+        target.settings,
+        name="rq-emq-cli",
+        serializer=serializer,
+        job_class=job_class,
+        queue_class=queue_class,
+    )
     reports = []
     for queue in queues:
         report = sweeper.sweep(queue, mode="dry-run" if dry_run else "force")
+        if report.refused:
+            raise BadInput(report.refused)
         if report.outbox_due and not dry_run and drain:
             sweeper.drain_outbox(queue)
         reports.append(report)
@@ -238,6 +272,8 @@ def sweep(
     as_json: bool,
     serializer: str | None,
     no_drain: bool,
+    job_class: str | None,
+    queue_class: str | None,
     dry_run: bool,
     sweep_interval_ms: int | None,
 ) -> None:
@@ -248,10 +284,11 @@ def sweep(
     app's code must be importable here; without it, use --no-drain and let the workers
     do it."""
     target = connect(url, config, {"sweep_interval_ms": sweep_interval_ms})
-    queues = select_queues(target, queue_options, queue_args)
+    classes = load_classes(job_class, queue_class)
+    queues = select_queues(target, queue_options, queue_args, queue_class=classes[1])
     if not queues:
         raise BadInput("no queues to sweep: name them, or enqueue something first")
-    reports = sweep_once(target, queues, dry_run, load_serializer(serializer), drain=not no_drain)
+    reports = sweep_once(target, queues, dry_run, load_serializer(serializer), not no_drain, classes)
     if as_json:
         cli_output.emit(cli_output.sweep_json(reports, dry_run), as_json=True)
     else:
@@ -287,6 +324,8 @@ def reaper(
     sweep_interval_ms: int | None,
     serializer: str | None,
     no_drain: bool,
+    job_class: str | None,
+    queue_class: str | None,
     verbose: bool,
 ) -> None:
     """Run the stalled sweep for QUEUES as a standalone process.
@@ -297,19 +336,33 @@ def reaper(
     do it."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(message)s")
     target = connect(url, config, {"sweep_interval_ms": sweep_interval_ms})
+    classes = load_classes(job_class, queue_class)
     # a long-running reaper may start before any job names its queue: it only warns
-    queues = select_queues(target, queue_options, queue_args, must_exist=once or dry_run)
+    queues = select_queues(
+        target, queue_options, queue_args, must_exist=once or dry_run, queue_class=classes[1]
+    )
     if not queues:
         raise BadInput("no queues to sweep: name them, or enqueue something first")
     loads = load_serializer(serializer)
     if dry_run or once:
-        reports = sweep_once(target, queues, dry_run, loads, drain=not no_drain)
+        reports = sweep_once(target, queues, dry_run, loads, not no_drain, classes)
         click.echo(cli_output.sweep_texts(reports, dry_run, not no_drain))
         return
     scripts.load_all(target.client)
     sweeper = Sweeper(
-        target.client, queues, target.settings, name="rq-emq-reaper", serializer=loads, drain=not no_drain
+        target.client,
+        queues,
+        target.settings,
+        name="rq-emq-reaper",
+        serializer=loads,
+        drain=not no_drain,
+        job_class=classes[0],
+        queue_class=classes[1],
     )
+    for queue in queues:  # a reaper with another job class than the workers' would sweep nothing
+        report = sweeper.sweep(queue, mode="dry-run")
+        if report.refused:
+            raise BadInput(report.refused)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:

@@ -113,8 +113,9 @@ class DequeueMixin:
         lock_manager = self.lock_manager
         queues: list[Queue] = list(me._ordered_queues)
         leases: dict[str, Lease] = {}
-        # each queue's keys as its class and the worker's job class build them
-        layouts = [QueueKeys.of(q) for q in queues]
+        # each queue's keys as its class and the worker's job class build them (RQ's take
+        # uses the worker's job class too: `rq worker-pool` builds its queues without it)
+        layouts = [QueueKeys.named(q.name, type(q), me.job_class) for q in queues]
 
         def record(taken: Taken) -> None:
             layout = layouts[taken.queue_index]

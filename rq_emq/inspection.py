@@ -142,19 +142,20 @@ def redis_now_ms(client: Redis) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-def known_queues(client: Redis) -> list[str]:
-    """Queues RQ knows (``rq:queues``), sorted."""
+def known_queues(client: Redis, queue_class: Any = None) -> list[str]:
+    """Queues RQ knows (``rq:queues``) in ``queue_class``'s namespace (RQ's default), sorted."""
+    prefix = QueueKeys.named("", queue_class).queue_prefix
     members: Iterable[Any] = client.smembers(QUEUES_KEY)  # type: ignore[assignment]
-    return sorted(text(m).removeprefix("rq:queue:") for m in members)
+    return sorted(text(m).removeprefix(prefix) for m in members if text(m).startswith(prefix))
 
 
-def unknown_queues(client: Redis, names: Sequence[str]) -> list[str]:
+def unknown_queues(client: Redis, names: Sequence[str], queue_class: Any = None) -> list[str]:
     """Names neither RQ knows nor any key of ours mentions (likely typos)."""
-    known = set(known_queues(client))
+    known = set(known_queues(client, queue_class))
     pipe = client.pipeline(transaction=False)
     candidates = [name for name in names if name not in known]
     for name in candidates:
-        q = QueueKeys(name)
+        q = QueueKeys.named(name, queue_class)
         pipe.exists(q.rq_queue, q.leases, q.stalled, q.stats, q.outbox, q.sweep)
     return [name for name, found in zip(candidates, pipe.execute(), strict=True) if not found]
 

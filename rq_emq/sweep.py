@@ -95,6 +95,7 @@ class Sweeper(BackgroundLoop):
         self.job_class = job_class
         #: With ``job_class``, where the queues' lists and jobs live (``--queue-class``).
         self.queue_class = queue_class
+        self._refusals_logged: set[str] = set()
         self.serializer = serializer
         #: Drain the outbox after a round; off where the app's code (the job's serializer,
         #: its failure callback) is not importable, leaving it to the workers' sweepers.
@@ -157,7 +158,6 @@ class Sweeper(BackgroundLoop):
             f"queue {report.queue}: its workers keep jobs under {recorded!r} (their job class), "
             f"this sweeper's job class under {mine!r}; not swept (give it the workers' job class)"
         )
-        logger.error("%s", report.refused, extra={"queue": report.queue})
         return report
 
     def record_job_prefix(self) -> None:
@@ -284,6 +284,9 @@ class Sweeper(BackgroundLoop):
     def run_once(self) -> list[SweepReport]:
         reports = self.sweep_all()
         for report in reports:
+            if report.refused and report.queue not in self._refusals_logged:
+                self._refusals_logged.add(report.queue)  # once: it is a setup to fix, not news
+                logger.error("%s", report.refused, extra={"queue": report.queue})
             if report.outbox_due and self.drain:
                 self.drain_outbox(report.queue)
         return reports

@@ -35,6 +35,7 @@ from rq.utils import now
 
 from . import compat, fencing, scripts
 from .blips import BLIPS, wait_for_redis
+from .compose import check_worker_class
 from .dequeue import DequeueMixin
 from .fencing import LeaseLost
 from .heartbeats import HeartbeatMixin
@@ -73,6 +74,7 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
         overrides = {name: kwargs.pop(name) for name in names if name in kwargs}
         defaults = {name: getattr(type(self), name, None) for name in names}
         self.lease_settings = worker_settings(overrides, defaults)
+        check_worker_class(self)
         super().__init__(*args, **kwargs)
         # whatever queue class the worker was given (--queue-class), with the lease registries
         me: Any = self

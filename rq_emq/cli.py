@@ -26,6 +26,7 @@ from rq.queue import Queue
 
 from . import __version__, cli_output, inspection, metrics, scripts
 from .cli_connect import BadInput, Target, connect, load_class, load_serializer, redact, select_queues
+from .keys import QueueKeys
 from .settings import ENV_PREFIX
 from .sweep import Sweeper, SweepReport
 
@@ -75,6 +76,21 @@ def common(command: Callable[..., None]) -> Callable[..., None]:
     return redis_errors(command)
 
 
+def class_options(command: Callable[..., None]) -> Callable[..., None]:
+    """``--job-class`` and ``--queue-class``, as the workers were given them (RQ's CLI
+    options): they say where the workers' jobs and queues live."""
+    command = click.option(
+        "--queue-class", help="The workers' --queue-class (import path): where their queues live."
+    )(command)
+    return click.option("--job-class", help="The workers' --job-class (import path): where their jobs live.")(
+        command
+    )
+
+
+def layout_of(classes: Classes) -> inspection.Layout:
+    return functools.partial(QueueKeys.named, queue_class=classes[1], job_class=classes[0])
+
+
 def watch_option(command: Callable[..., None]) -> Callable[..., None]:
     return click.option(
         "--watch",
@@ -106,6 +122,7 @@ def main() -> None:
 
 @main.command(short_help="Per queue: in flight, leases by time left, stalled, counters.")
 @common
+@class_options
 @watch_option
 def status(
     url: str | None,
@@ -113,15 +130,18 @@ def status(
     queue_options: tuple[str, ...],
     queue_args: tuple[str, ...],
     as_json: bool,
+    job_class: str | None,
+    queue_class: str | None,
     watch: float | None,
 ) -> None:
     """Per queue: jobs waiting and in flight, leases by time left, stalled jobs, oldest
     lease and mark, and the counters."""
     target = connect(url, config)
-    queues = select_queues(target, queue_options, queue_args)
+    classes = load_classes(job_class, queue_class)
+    queues = select_queues(target, queue_options, queue_args, queue_class=classes[1])
 
     def render() -> dict[str, Any] | str:
-        statuses = inspection.read_status(target.client, queues, target.settings)
+        statuses = inspection.read_status(target.client, queues, target.settings, layout_of(classes))
         return cli_output.status_json(statuses) if as_json else cli_output.status_text(statuses)
 
     show(target, render, as_json, watch)
@@ -129,6 +149,7 @@ def status(
 
 @main.command(short_help="Per leased job: worker, token prefix, lock TTL, attempts.")
 @common
+@class_options
 @watch_option
 @click.option(
     "--limit",
@@ -143,15 +164,18 @@ def leases(
     queue_options: tuple[str, ...],
     queue_args: tuple[str, ...],
     as_json: bool,
+    job_class: str | None,
+    queue_class: str | None,
     watch: float | None,
     limit: int,
 ) -> None:
     """Per leased job: worker, token prefix, lock TTL, deadline, attempts of max, mark."""
     target = connect(url, config)
-    queues = select_queues(target, queue_options, queue_args)
+    classes = load_classes(job_class, queue_class)
+    queues = select_queues(target, queue_options, queue_args, queue_class=classes[1])
 
     def render() -> dict[str, Any] | str:
-        pages = inspection.read_leases(target.client, queues, target.settings, limit)
+        pages = inspection.read_leases(target.client, queues, target.settings, limit, layout_of(classes))
         return cli_output.leases_json(pages) if as_json else cli_output.leases_text(pages)
 
     show(target, render, as_json, watch)
@@ -159,6 +183,7 @@ def leases(
 
 @main.command(name="metrics", short_help="Counters and gauges as Prometheus text.")
 @common
+@class_options
 @watch_option
 def metrics_command(
     url: str | None,
@@ -166,15 +191,19 @@ def metrics_command(
     queue_options: tuple[str, ...],
     queue_args: tuple[str, ...],
     as_json: bool,
+    job_class: str | None,
+    queue_class: str | None,
     watch: float | None,
 ) -> None:
     """The counters and gauges in Prometheus text exposition format (e.g. for a textfile
     collector); ``rq_emq.prometheus`` serves the same from a prometheus_client registry."""
     target = connect(url, config)
-    queues = select_queues(target, queue_options, queue_args)
+    classes = load_classes(job_class, queue_class)
+    queues = select_queues(target, queue_options, queue_args, queue_class=classes[1])
 
     def render() -> dict[str, Any] | str:
-        families = metrics.families(inspection.read_status(target.client, queues, target.settings))
+        statuses = inspection.read_status(target.client, queues, target.settings, layout_of(classes))
+        families = metrics.families(statuses)
         if not as_json:
             return metrics.exposition(families).rstrip("\n")
         return {
@@ -193,18 +222,9 @@ def metrics_command(
 
 
 def drain_options(command: Callable[..., None]) -> Callable[..., None]:
-    """``--serializer``, ``--no-drain``, ``--job-class`` and ``--queue-class``, for the
-    commands that sweep and drain the outbox."""
+    """``--serializer`` and ``--no-drain``, for the commands that drain the outbox."""
     for option in reversed(
         [
-            click.option(
-                "--job-class",
-                help="The workers' --job-class (import path): where their jobs live. Default: RQ's.",
-            ),
-            click.option(
-                "--queue-class",
-                help="The workers' --queue-class (import path): where their queues live. Default: RQ's.",
-            ),
             click.option(
                 "--serializer",
                 "-S",
@@ -257,6 +277,7 @@ def sweep_once(
 
 @main.command(short_help="Run one sweep round now (--dry-run: show what it would do).")
 @common
+@class_options
 @drain_options
 @click.option(
     "--dry-run", is_flag=True, help="Print which jobs are stalled and where each would land; change nothing."
@@ -312,6 +333,7 @@ def sweep(
 )
 @click.option("--sweep-interval-ms", type=int, help=f"Overrides {ENV_PREFIX}SWEEP_INTERVAL_MS.")
 @drain_options
+@class_options
 @click.option("--verbose", "-v", is_flag=True)
 @redis_errors
 def reaper(

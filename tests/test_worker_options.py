@@ -8,6 +8,7 @@ that its job is recovered and finished by another.
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import signal
 import subprocess
@@ -172,6 +173,34 @@ def test_reaper_sweeps_custom_namespaces_given_the_classes_and_refuses_without(
         time.sleep(0.3)  # past the grace
     assert r.lrange("custom:queue:default", 0, -1) == [job.id.encode()]
     assert status_of(r, f"custom:job:{job.id}") == "queued"
+
+
+def test_status_and_leases_read_custom_namespaces_given_the_classes(
+    r: redis.Redis, redis_url: str, procs: Processes
+) -> None:
+    queue = CustomNamespaceQueue("default", connection=r, job_class=CustomNamespaceJob)
+    job = queue.enqueue("jobs.noop")
+    queue.enqueue("jobs.noop")
+    assert Taker(r, "worker-1", LeaseSettings()).pop([QueueKeys.of(queue)]) is not None
+    cli = str(Path(RQ_BIN).parent / "rq-emq")
+
+    def run(command: str, *args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [cli, command, "--url", redis_url, "--json", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, env=procs.env(), timeout=60)
+
+    def read(command: str, *args: str) -> dict:
+        out = run(command, *args)
+        assert out.returncode == 0, out.stderr
+        return dict(json.loads(out.stdout)["queues"][0])
+
+    leases = read("leases", *CUSTOM, "default")
+    assert [lease["job_id"] for lease in leases["leases"]] == [job.id]
+    assert leases["leases"][0]["status"] == "queued" and leases["leases"][0]["attempts"] == 1
+    status = read("status", *CUSTOM, "default")
+    assert status["waiting"] == 1 and status["in_flight"] == 1 and status["counters"]["taken"] == 1
+    # RQ's default layout is another queue, which nobody has used
+    unknown = run("leases", "default")
+    assert unknown.returncode == 2 and "unknown queue(s): default" in unknown.stderr
 
 
 # -- dequeue strategies -------------------------------------------------------------------

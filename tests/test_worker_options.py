@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -39,6 +40,7 @@ CUSTOM = (
     "worker_classes.CustomNamespaceQueue",
 )
 HAS_SPAWN = hasattr(__import__("rq.worker", fromlist=["x"]), "SpawnWorker")
+HAS_KEY_PREFIX = hasattr(__import__("rq.defaults", fromlist=["x"]), "RQ_KEY_PREFIX")
 POOL_HONOURS_QUEUE_CLASS = "queue_class" in inspect.signature(WorkerPool.__init__).parameters
 
 
@@ -201,6 +203,35 @@ def test_status_and_leases_read_custom_namespaces_given_the_classes(
     # RQ's default layout is another queue, which nobody has used
     unknown = run("leases", "default")
     assert unknown.returncode == 2 and "unknown queue(s): default" in unknown.stderr
+
+
+@pytest.mark.skipif(not HAS_KEY_PREFIX, reason="this RQ has no RQ_KEY_PREFIX")
+def test_rq_key_prefix_a_killed_workers_job_is_recovered_and_rqs_view_cleaned(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
+) -> None:
+    """RQ 3's RQ_KEY_PREFIX moves every RQ key (jobs, queues, registries, executions)."""
+    log = str(tmp_path / "runs.log")
+    env = procs.env(RQ_KEY_PREFIX="alt", **FAST)
+    enqueue = (
+        "import sys; from redis import Redis; from rq import Queue; "
+        "print(Queue(connection=Redis.from_url(sys.argv[1])).enqueue("
+        "'jobs.sleep_and_record', sys.argv[2], 2.0, job_timeout=60).id)"
+    )
+    made = subprocess.run(
+        [sys.executable, "-c", enqueue, redis_url, log], env=env, capture_output=True, text=True, check=True
+    )
+    job_id = made.stdout.strip()
+    assert r.exists(f"alt:job:{job_id}") and r.llen("alt:queue:default") == 1
+    cmd = [RQ_BIN, "worker", "-w", "rq_emq.LeaseWorker", "--url", redis_url]
+    victim = procs.start([*cmd, "--name", "victim", "default"], env=env, name="worker")
+    kill_worker_mid_job(r, procs, victim, log)
+    survivor = procs.start([*cmd, "--name", "survivor", "default"], env=env, name="worker")
+    wait_finished(r, f"alt:job:{job_id}")
+    assert len(starts(log)) == 2, procs.log(survivor)
+    layout = QueueKeys("default", "alt:queue:", "alt:job:")
+    assert r.hget(layout.stats, "recovered") == b"1"
+    # the recovery took the dead run out of RQ's view: nothing left in flight
+    assert r.zcard("alt:wip:default") == 0 and not r.keys("rq:*")
 
 
 # -- dequeue strategies -------------------------------------------------------------------

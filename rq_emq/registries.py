@@ -216,6 +216,15 @@ def lease_queue_class(queue_class: type[Queue]) -> type[Queue]:
     return _composed[queue_class]
 
 
+def given_queue_class(queue_class: type[Queue]) -> type[Queue]:
+    """The class :func:`lease_queue_class` composed ``queue_class`` from (the user's own,
+    importable by name), else ``queue_class`` itself."""
+    for given, composed in _composed.items():
+        if composed is queue_class:
+            return given
+    return queue_class
+
+
 _PATCHED = ("keep_leased", "get_expired_job_ids")
 _STOCK = {name: StartedJobRegistry.__dict__.get(name) for name in _PATCHED}
 

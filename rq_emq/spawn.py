@@ -29,6 +29,7 @@ from .dequeue import META_MAX_ATTEMPTS
 from .horse_fence import HorseDeadline
 from .keys import QueueKeys
 from .lease import Lease
+from .registries import given_queue_class
 from .settings import job_max_attempts
 from .worker import LeaseWorker
 
@@ -60,6 +61,18 @@ class SpawnLeaseMixin:
         finally:
             for name in handed:
                 os.environ.pop(name, None)
+
+    def _dump_worker_config(self) -> bytes:
+        """RQ pickles the worker's classes for the horse by name: a queue class composed
+        with the lease registries (``--queue-class``) exists only in this process, so the
+        horse gets the user's own (its keys, all the horse needs, are the same)."""
+        me: Any = self
+        composed = me.queue_class
+        me.queue_class = given_queue_class(composed)
+        try:
+            return bytes(super()._dump_worker_config())  # type: ignore[misc]
+        finally:
+            me.queue_class = composed
 
     def main_work_horse(self, job: Job, queue: Queue) -> None:
         """In the spawned horse: the lease, the parent and the deadline, from the worker."""

@@ -388,6 +388,20 @@ def test_spawn_worker_runs_jobs_under_leases(
 
 
 @spawn_only
+def test_spawn_worker_with_custom_job_and_queue_namespaces_runs_every_job(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
+) -> None:
+    log = str(tmp_path / "runs.log")
+    queue = CustomNamespaceQueue("default", connection=r, job_class=CustomNamespaceJob)
+    jobs = [queue.enqueue("jobs.record", log, f"job-{i}") for i in range(2)]
+    worker = procs.worker(redis_url, worker_class="rq_emq.SpawnLeaseWorker", burst=True, args=CUSTOM, **FAST)
+    assert worker.wait(timeout=90) == 0, procs.log(worker)
+    for job in jobs:
+        assert status_of(r, f"custom:job:{job.id}") == "finished", procs.log(worker)
+    assert sorted(tags(log)) == ["job-0", "job-1"]
+
+
+@spawn_only
 def test_spawn_worker_horse_dies_with_its_worker_and_the_job_is_recovered(
     r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
 ) -> None:

@@ -234,6 +234,26 @@ def test_rq_key_prefix_a_killed_workers_job_is_recovered_and_rqs_view_cleaned(
     assert r.zcard("alt:wip:default") == 0 and not r.keys("rq:*")
 
 
+def test_rqs_started_registry_cleanup_keeps_a_custom_namespace_queues_leased_entries(r: redis.Redis) -> None:
+    """RQ names its started registry by queue name alone (``rq:wip:default`` for every
+    namespace), and RQ's clean_registries() builds it from that name: the cleanup must
+    still find a custom namespace queue's leases."""
+    from rq.registry import StartedJobRegistry
+
+    from rq_emq.registries import lease_queue_class
+
+    lease_queue = lease_queue_class(CustomNamespaceQueue)(
+        "default", connection=r, job_class=CustomNamespaceJob
+    )
+    leased, other = lease_queue.enqueue("jobs.noop"), Queue(connection=r).enqueue("jobs.noop")
+    layout = QueueKeys.of(lease_queue)
+    assert Taker(r, "w", LeaseSettings()).pop([layout]) is not None
+    due = time.time() - 10
+    r.zadd("rq:wip:default", {f"{leased.id}:exec-1": due, f"{other.id}:exec-2": due})
+    stock = StartedJobRegistry("default", connection=r)
+    assert [j.split(":")[0] for j in stock.get_expired_job_ids()] == [other.id]
+
+
 # -- dequeue strategies -------------------------------------------------------------------
 
 ORDER_JOBS = 12

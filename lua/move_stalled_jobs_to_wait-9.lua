@@ -37,9 +37,9 @@ ARGV:
   8 grace_ms: how long a mark must stand before phase 2 may recover the job
   9 job key prefix (the job class's, `rq:job:`)   10 RQ's key prefix (`rq:`), for executions
 Returns:
-  {-1, job_prefix} when the queue's workers recorded (stats field `job_prefix`) another job
-  key prefix than ARGV 9: this sweeper would read every leased job as deleted, so it
-  changes nothing;
+  {-1, job_prefix} when the queue's workers recorded (in `emq:{<q>}:job_prefix`, by the
+  lease key prefix: same slot) another job key prefix than ARGV 9: this sweeper would read
+  every leased job as deleted, so it changes nothing;
   {0} when another sweeper ran this round; else
   {1, marked, requeued, failed, unmarked, dropped, more, outbox_due, ended} where marked,
   requeued, failed, dropped (index entries of deleted jobs) and ended (jobs RQ ended
@@ -55,7 +55,7 @@ local grace_ms = tonumber(ARGV[8])
 local job_prefix, rq_prefix = ARGV[9], ARGV[10]
 local dry = mode == 'dry-run'
 
-local recorded = redis.call('HGET', stats_key, 'job_prefix')
+local recorded = redis.call('GET', prefix .. 'job_prefix')
 if recorded and recorded ~= job_prefix then return {-1, recorded} end
 
 if mode == 'round' and not redis.call('SET', sweep_key, '1', 'NX', 'PX', window_ms) then

@@ -29,8 +29,6 @@ Layout = Callable[[str], QueueKeys]
 logger = logging.getLogger("rq_emq.inspection")
 
 QUEUES_KEY = "rq:queues"
-#: Fields of ``emq:{<q>}:stats`` that are no counters: where the queue's workers keep jobs.
-NOT_COUNTERS = ("job_prefix",)
 #: The counters our scripts keep in ``emq:{<q>}:stats``, in the order people read them.
 COUNTERS = (
     "taken",
@@ -301,7 +299,7 @@ def _queue_status_reads(
 
     def counters(reply: Any) -> None:
         raw = {text(k): v for k, v in reply.items()}
-        for name in (*COUNTERS, *sorted(set(raw) - set(COUNTERS) - set(NOT_COUNTERS))):
+        for name in (*COUNTERS, *sorted(set(raw) - set(COUNTERS))):
             value = _int_or_none(raw.get(name, 0))
             if value is None:
                 _problem(problems, f"counter {name} in {q.stats} is not a number: {text(raw[name])!r}")

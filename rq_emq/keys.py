@@ -93,6 +93,11 @@ class QueueKeys:
         return self.prefix + "outbox"
 
     @property
+    def jobs_at(self) -> str:
+        """Where the queue's workers keep its jobs: their job class's prefix (a string)."""
+        return self.prefix + "job_prefix"
+
+    @property
     def rq_queue(self) -> str:
         return self.queue_prefix + self.queue
 

@@ -166,7 +166,7 @@ class Sweeper(BackgroundLoop):
         pipe = self.client.pipeline(transaction=False)
         for queue in self.queues:
             q = self.keys(queue)
-            pipe.hset(q.stats, "job_prefix", q.job_prefix)
+            pipe.set(q.jobs_at, q.job_prefix)
         pipe.execute()
 
     def sweep(self, queue: str, mode: str = "round", first_reply: Any = None) -> SweepReport:

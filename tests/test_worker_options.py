@@ -158,7 +158,7 @@ def test_reaper_sweeps_custom_namespaces_given_the_classes_and_refuses_without(
     layout = QueueKeys.of(queue)
     settings = LeaseSettings(lease_ms=200, renew_interval_ms=50, sweep_interval_ms=100)
     assert Taker(r, "dead-worker", settings).pop([layout]) is not None  # its holder then dies
-    r.hset(layout.stats, "job_prefix", "custom:job:")  # as the queue's workers record it
+    r.set(layout.jobs_at, "custom:job:")  # as the queue's workers record it
     env = procs.env(RQ_EMQ_SWEEP_INTERVAL_MS="100", RQ_EMQ_RENEW_INTERVAL_MS="50", RQ_EMQ_LEASE_MS="200")
     reaper = [str(Path(RQ_BIN).parent / "rq-emq"), "reaper", "--once", "--url", redis_url, "default"]
     wait_for(lambda: not r.exists(layout.lock(job.id)), timeout=5, what="the lease to lapse")

@@ -234,13 +234,18 @@ def test_rq_key_prefix_a_killed_workers_job_is_recovered_and_rqs_view_cleaned(
     assert r.zcard("alt:wip:default") == 0 and not r.keys("rq:*")
 
 
-def test_rqs_started_registry_cleanup_keeps_a_custom_namespace_queues_leased_entries(r: redis.Redis) -> None:
+def test_rqs_started_registry_cleanup_keeps_a_custom_namespace_queues_leased_entries(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """RQ names its started registry by queue name alone (``rq:wip:default`` for every
     namespace), and RQ's clean_registries() builds it from that name: the cleanup must
     still find a custom namespace queue's leases."""
     from rq.registry import StartedJobRegistry
 
+    from rq_emq import registries
     from rq_emq.registries import lease_queue_class
+
+    monkeypatch.setattr(registries, "_NAMESPACES", {})  # this process's namespaces: this test's only
 
     lease_queue = lease_queue_class(CustomNamespaceQueue)(
         "default", connection=r, job_class=CustomNamespaceJob

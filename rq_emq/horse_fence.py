@@ -15,6 +15,7 @@ import mmap
 import os
 import signal
 import struct
+import tempfile
 import threading
 import time
 from typing import Any
@@ -26,9 +27,40 @@ class HorseDeadline:
     after each renewal; a thread in the horse SIGKILLs the horse once ``time.monotonic()``
     (CLOCK_MONOTONIC, one clock for every process on a host) has passed it."""
 
-    def __init__(self) -> None:
-        self._memory = mmap.mmap(-1, 8)  # MAP_SHARED | MAP_ANONYMOUS: survives the fork shared
-        self.set(math.inf)
+    def __init__(self, path: str | None = None) -> None:
+        """Anonymous memory, shared with a forked horse; or, with ``path``, a file's
+        (``shared_file``), which a horse started as a new program maps too (``attach``)."""
+        self.path = path
+        if path is None:
+            self._memory = mmap.mmap(-1, 8)  # MAP_SHARED | MAP_ANONYMOUS: survives the fork shared
+            self.set(math.inf)
+            return
+        fd = os.open(path, os.O_RDWR)
+        try:
+            self._memory = mmap.mmap(fd, 8)  # MAP_SHARED: every process mapping the file sees writes
+        finally:
+            os.close(fd)
+
+    @classmethod
+    def shared_file(cls) -> HorseDeadline:
+        """A deadline in a new file (in memory where /dev/shm exists), for a spawned horse."""
+        where = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        fd, path = tempfile.mkstemp(prefix="rq-emq-horse-deadline-", dir=where)
+        try:
+            os.ftruncate(fd, 8)
+        finally:
+            os.close(fd)
+        deadline = cls(path)
+        deadline.set(math.inf)
+        return deadline
+
+    def remove(self) -> None:
+        """Delete a ``shared_file``'s file (the worker, as it stops)."""
+        if self.path is not None:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
 
     def set(self, deadline: float) -> None:
         self._memory[0:8] = struct.pack("d", deadline)

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,8 +28,9 @@ from rq.worker_pool import WorkerPool
 from worker_classes import CustomNamespaceJob, CustomNamespaceQueue
 
 from rq_emq import lease_worker
-from rq_emq.keys import QueueKeys
+from rq_emq.keys import QueueKeys, sweeper_election_key
 from rq_emq.settings import LeaseSettings
+from rq_emq.sweep import Sweeper
 from rq_emq.take import Taker
 
 pytestmark = pytest.mark.slow
@@ -175,6 +177,37 @@ def test_reaper_sweeps_custom_namespaces_given_the_classes_and_refuses_without(
         time.sleep(0.3)  # past the grace
     assert r.lrange("custom:queue:default", 0, -1) == [job.id.encode()]
     assert status_of(r, f"custom:job:{job.id}") == "queued"
+
+
+def test_an_idle_take_on_custom_namespace_queues_wakes_for_a_job_pushed_to_its_second_queue(
+    r: redis.Redis,
+) -> None:
+    """The idle wait blocks on each queue's own list (``custom:queue:<q>``), not RQ's default
+    one: a job pushed while the worker waits is taken at once, not at the wait's end."""
+    a, b = (CustomNamespaceQueue(name, connection=r, job_class=CustomNamespaceJob) for name in "ab")
+    pushed: list[str] = []
+    pusher = threading.Timer(0.5, lambda: pushed.append(b.enqueue("jobs.noop").id))
+    pusher.start()
+    started = time.monotonic()
+    taken = Taker(r, "w", LeaseSettings()).take([QueueKeys.of(a), QueueKeys.of(b)], timeout=10.0)
+    waited = time.monotonic() - started
+    pusher.join()
+    assert taken is not None and [taken.job_id] == pushed and taken.queue_index == 1
+    assert waited < 5.0  # woken by the push (the wait would have lasted 10 s)
+    assert r.zscore(QueueKeys.of(b).leases, taken.job_id) is not None
+
+
+def test_a_custom_namespace_queue_set_has_a_sweeper_election_of_its_own(r: redis.Redis) -> None:
+    """RQ's ``default`` and a custom class's ``default`` are different queues: a sweeper
+    elected for one must not leave the other unswept."""
+    settings = LeaseSettings()
+    stock = Sweeper(r, ["default"], settings, elect=True)
+    custom = Sweeper(
+        r, ["default"], settings, job_class=CustomNamespaceJob, queue_class=CustomNamespaceQueue, elect=True
+    )
+    assert stock.election is not None and custom.election is not None
+    assert stock.election.key == sweeper_election_key(["default"])  # RQ's layout keeps its key
+    assert stock.election.hold() and custom.election.hold()
 
 
 def test_status_and_leases_read_custom_namespaces_given_the_classes(

@@ -57,11 +57,16 @@ class DequeueMixin:
         if sweeper is None:
             return False
         me: Any = self
+        waited = False
         for _ in range(2):
             if any(report.requeued for report in sweeper.sweep_now()):
                 return True
             if not sweeper.marks_standing():
-                return False
+                # the mark waited on went meanwhile: most likely this worker's own sweeper
+                # thread recovered the job in its round: look again (bounded: the next call
+                # finds no mark and returns False)
+                return waited
+            waited = True
             deadline = time.monotonic() + sweeper.grace_ms / 1000.0 + 0.01
             while time.monotonic() < deadline and not me._stop_requested:
                 time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))

@@ -4,8 +4,8 @@ A crash between the BLMOVE and this script leaves the job in the intermediate li
 no lock, where the sweep finds it; nothing is lost.
 
 KEYS:
-  1  rq:queue:<q>:intermediate
-  2  rq:job:<id>
+  1  <queue prefix><q>:intermediate   (`rq:queue:<q>:intermediate`; the queue class's prefix)
+  2  <job prefix><id>                  (`rq:job:<id>`; the job class's prefix)
   3  emq:{<q>}:<id>:lock
   4  emq:{<q>}:leases
   5  emq:{<q>}:stats

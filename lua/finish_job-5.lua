@@ -6,7 +6,7 @@ registries, retry, dependents): rq_emq packs those commands here unchanged, so R
 its semantics and a worker that lost its lease writes nothing at all.
 
 KEYS:
-  1  rq:job:<id>
+  1  <job prefix><id>   (`rq:job:<id>`; the job class's prefix)
   2  emq:{<q>}:<id>:lock
   3  emq:{<q>}:leases
   4  emq:{<q>}:stalled

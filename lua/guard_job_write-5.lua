@@ -13,7 +13,7 @@ RQ status is recorded as ours (`emq_status`): from then on a status that differs
 the status alone and records nothing.
 
 KEYS:
-  1  rq:job:<id>
+  1  <job prefix><id>   (`rq:job:<id>`; the job class's prefix)
   2  emq:{<q>}:<id>:lock
   3  emq:{<q>}:leases
   4  emq:{<q>}:stalled

@@ -26,6 +26,7 @@ Work per call is bounded by `batch` in each phase; `more` tells the caller to ca
 KEYS:
   1 emq:{<q>}:leases   2 emq:{<q>}:stalled   3 emq:{<q>}:sweep   4 emq:{<q>}:stats
   5 rq:queue:<q>       6 rq:queue:<q>:intermediate   7 rq:wip:<q>   8 rq:failed:<q>
+  (RQ's keys as the queue's class and RQ build them)
   9 emq:{<q>}:outbox
 ARGV:
   1 window_ms: fleet-wide rate limit of sweep rounds
@@ -34,7 +35,11 @@ ARGV:
   6 mode: "round" (rate limited), "continue" (same round), "dry-run" (changes nothing)
   7 timestamp for `ended_at` (RQ's format)
   8 grace_ms: how long a mark must stand before phase 2 may recover the job
+  9 job key prefix (the job class's, `rq:job:`)   10 RQ's key prefix (`rq:`), for executions
 Returns:
+  {-1, job_prefix} when the queue's workers recorded (in `emq:{<q>}:job_prefix`, by the
+  lease key prefix: same slot) another job key prefix than ARGV 9: this sweeper would read
+  every leased job as deleted, so it changes nothing;
   {0} when another sweeper ran this round; else
   {1, marked, requeued, failed, unmarked, dropped, more, outbox_due, ended} where marked,
   requeued, failed, dropped (index entries of deleted jobs) and ended (jobs RQ ended
@@ -47,7 +52,11 @@ local queue_key, intermediate_key, started_key, failed_key, outbox_key = KEYS[5]
 local window_ms, batch, prefix = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local default_failure_ttl, default_max, mode, ended_at = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6], ARGV[7]
 local grace_ms = tonumber(ARGV[8])
+local job_prefix, rq_prefix = ARGV[9], ARGV[10]
 local dry = mode == 'dry-run'
+
+local recorded = redis.call('GET', prefix .. 'job_prefix')
+if recorded and recorded ~= job_prefix then return {-1, recorded} end
 
 if mode == 'round' and not redis.call('SET', sweep_key, '1', 'NX', 'PX', window_ms) then
   return {0}
@@ -64,7 +73,7 @@ end
 -- a lock-less entry of the intermediate list that no RQ execution claims: a worker died
 -- between its BLMOVE and the lease (a stock worker's job there has an execution)
 local function orphaned_in_intermediate(job_id)
-  return in_intermediate(job_id) and redis.call('EXISTS', 'rq:executions:' .. job_id) == 0
+  return in_intermediate(job_id) and redis.call('EXISTS', rq_prefix .. 'executions:' .. job_id) == 0
 end
 
 -- Whether a marked job is still in flight as we left it. Leased: its owner is a lease
@@ -84,7 +93,7 @@ local due_marks = redis.call('ZRANGEBYSCORE', stalled_key, '-inf', now - grace_m
 if #due_marks == batch then more = 1 end
 for _, job_id in ipairs(due_marks) do
   local lock_key = prefix .. job_id .. ':lock'
-  local job_key = 'rq:job:' .. job_id
+  local job_key = job_prefix .. job_id
   local leased = redis.call('ZSCORE', leases_key, job_id) ~= false
   if redis.call('EXISTS', lock_key) == 1 or not (leased or orphaned_in_intermediate(job_id)) then
     if not dry then redis.call('ZREM', stalled_key, job_id) end
@@ -115,7 +124,7 @@ for _, job_id in ipairs(due_marks) do
       requeued[#requeued + 1] = job_id
     end
     if not dry then
-      remove_executions(started_key, job_id)
+      remove_executions(started_key, job_id, rq_prefix)
       redis.call('LREM', intermediate_key, 0, job_id)
       drop_lease(job_key, lock_key, leases_key, stalled_key, job_id, false)
       if exhausted then
@@ -159,7 +168,7 @@ for _, job_id in ipairs(due_leases) do
     if not dry then redis.call('ZADD', leases_key, now + ttl, job_id) end
   elseif ttl == -1 then
     if not dry then redis.call('ZADD', leases_key, now + window_ms, job_id) end
-  elseif redis.call('EXISTS', 'rq:job:' .. job_id) == 0 and not redis.call('ZSCORE', stalled_key, job_id) then
+  elseif redis.call('EXISTS', job_prefix .. job_id) == 0 and not redis.call('ZSCORE', stalled_key, job_id) then
     if not dry then redis.call('ZREM', leases_key, job_id) end
     dropped[#dropped + 1] = job_id
   else
@@ -172,7 +181,7 @@ end
 local waiting = redis.call('LRANGE', intermediate_key, 0, batch - 1)
 for _, job_id in ipairs(waiting) do
   if redis.call('ZSCORE', leases_key, job_id) == false
-    and redis.call('EXISTS', 'rq:executions:' .. job_id) == 0 then
+    and redis.call('EXISTS', rq_prefix .. 'executions:' .. job_id) == 0 then
     mark(job_id, false)
   end
 end

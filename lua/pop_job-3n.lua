@@ -6,7 +6,7 @@ the job leaves its queue, so a write that fails (a bad argument, a full server) 
 the job where it was.
 
 KEYS (3 per queue i = 1..n, in priority order):
-  3i-2  rq:queue:<q>        the queue list
+  3i-2  <queue prefix><q>   the queue list (`rq:queue:<q>`)
   3i-1  emq:{<q>}:leases    lease deadline index (zset id -> ms)
   3i    emq:{<q>}:stats     counters
 ARGV:
@@ -15,6 +15,7 @@ ARGV:
   3  lease_ms
   4  how many ids of deleted jobs to skip in this call
   4+i  lease key prefix of queue i, `emq:{<q>}:`
+  5+n  job key prefix (the job class's, `rq:job:`)
 Returns:
   {}                            every queue is empty
   {0, skipped}                  only deleted jobs were found; call again
@@ -27,12 +28,13 @@ local token, worker, lease_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local skip_budget = tonumber(ARGV[4])
 local skipped = {}
 local n = #KEYS / 3
+local job_prefix = ARGV[5 + n]
 for i = 1, n do
   local queue_key, leases_key, stats_key = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   while true do
     local job_id = redis.call('LINDEX', queue_key, 0)
     if not job_id then break end
-    local job_key = 'rq:job:' .. job_id
+    local job_key = job_prefix .. job_id
     local hash = redis.call('HGETALL', job_key)
     if #hash > 0 then
       local lock_key = ARGV[4 + i] .. job_id .. ':lock'

@@ -10,18 +10,19 @@ version decides what they are).
 
 KEYS:
   1  emq:{<q>}:leases
-ARGV: per lease: job id, token, number of commands; then per command its argument
-  count, then the arguments.
+ARGV: 1 the job key prefix (the job class's, `rq:job:`); then per lease: job id, token,
+  number of commands; then per command its argument count, then the arguments.
 Returns: how many leases' writes ran.
 ]]
 -- @include lib/lease.lua
 
 local ran = 0
-local pos = 1
+local job_prefix = ARGV[1]
+local pos = 2
 while pos <= #ARGV do
   local job_id, token, count = ARGV[pos], ARGV[pos + 1], tonumber(ARGV[pos + 2])
   pos = pos + 3
-  if redis.call('HGET', 'rq:job:' .. job_id, 'emq_token') == token and redis.call('ZSCORE', KEYS[1], job_id) then
+  if redis.call('HGET', job_prefix .. job_id, 'emq_token') == token and redis.call('ZSCORE', KEYS[1], job_id) then
     run_packed(pos, count)
     ran = ran + 1
   end

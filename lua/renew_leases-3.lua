@@ -14,7 +14,8 @@ ARGV:
   2  lease key prefix `emq:{<q>}:`
   3  heartbeat timestamp for the job hash's `last_heartbeat` (RQ's format), or '' to
      leave the job hash alone this tick (RQ WATCHes it while it checks dependents)
-  4.. pairs: job id, token
+  4  job key prefix (the job class's, `rq:job:`)
+  5.. pairs: job id, token
 Returns: {lost, settled}: ids whose lease is lost (the job was taken from this holder, or
 deleted while it ran), and ids whose job this holder already finished (a tick raced the
 finish; a finish that deleted the job hash, as `result_ttl=0` does, counts too: the
@@ -22,14 +23,14 @@ finish also removed the index entry, which a deletion during the run leaves).
 ]]
 -- @include lib/lease.lua
 
-local lease_ms, prefix, heartbeat = tonumber(ARGV[1]), ARGV[2], ARGV[3]
+local lease_ms, prefix, heartbeat, job_prefix = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
 local deadline = now_ms() + lease_ms
 local lost = {}
 local settled = {}
 local renewed = 0
-for i = 4, #ARGV, 2 do
+for i = 5, #ARGV, 2 do
   local job_id, token = ARGV[i], ARGV[i + 1]
-  local job_key = 'rq:job:' .. job_id
+  local job_key = job_prefix .. job_id
   local owner = redis.call('HGET', job_key, 'emq_token')
   local indexed = redis.call('ZSCORE', KEYS[1], job_id)
   if owner == token and indexed then

@@ -4,8 +4,8 @@ its queues handed it a job at the same moment (it claims the one of its first qu
 it was told to stop while the job was on its way.
 
 KEYS:
-  1  rq:queue:<q>:intermediate
-  2  rq:queue:<q>
+  1  <queue prefix><q>:intermediate   (`rq:queue:<q>:intermediate`; the queue class's prefix)
+  2  <queue prefix><q>                 (`rq:queue:<q>`)
 ARGV:
   1  job id
 Returns: 1 when the job went back to its queue, 0 when it was no longer in the

@@ -19,6 +19,7 @@ WAKE = "tests/test_wake.py"
 SOAK = "tests/test_soak_checks.py"
 SETTINGS_T = "tests/test_settings.py"
 MODEL = "tests/test_state_machine.py::test_the_lease_protocol_holds_its_invariants"
+OPTIONS = "tests/test_worker_options.py"
 
 
 @dataclass(frozen=True)
@@ -284,7 +285,7 @@ CATALOG: list[Mutation] = [
     _m(
         "phase1_marks_stock_intermediate_job",
         "lua/move_stalled_jobs_to_wait-9.lua",
-        "and redis.call('EXISTS', 'rq:executions:' .. job_id) == 0 then",
+        "and redis.call('EXISTS', rq_prefix .. 'executions:' .. job_id) == 0 then",
         "then",
         [f"{SWEEP}::test_stock_rq_jobs_are_left_alone"],
         "a stock worker's job in the intermediate list is marked",
@@ -325,7 +326,7 @@ CATALOG: list[Mutation] = [
     _m(
         "recovery_leaves_rqs_started_entry",
         "lua/move_stalled_jobs_to_wait-9.lua",
-        "      remove_executions(started_key, job_id)\n",
+        "      remove_executions(started_key, job_id, rq_prefix)\n",
         "",
         [f"{SWEEP}::test_a_recovered_job_goes_to_the_front_of_its_queue_and_leaves_rqs_started_registry"],
         "stock cleanup later fails the re-run job as abandoned",
@@ -381,7 +382,7 @@ CATALOG: list[Mutation] = [
     _m(
         "outbox_commit_not_fenced",
         "rq_emq/sweep.py",
-        'with fenced(self.client, Fence(queue, job_id, token, counter="outbox_completed")):',
+        'with fenced(self.client, Fence(queue, job_id, token, counter="outbox_completed", layout=layout)):',
         "if True:",
         [f"{SWEEP}::test_a_drainer_whose_claim_was_taken_over_writes_no_result"],
         "a slow drainer and its successor both write the failure Result",
@@ -608,6 +609,25 @@ CATALOG: list[Mutation] = [
         "extra = []",
         [f"{LIFE}::test_a_fenced_finish_records_the_jobs_own_max_attempts_with_its_start"],
         "the run's start leaves emq_status at queued: RQ's later changes are not recognised",
+    ),
+    # -- RQ's key layout: job and queue classes with their own namespaces ----------------------
+    _m(
+        "take_ignores_the_job_namespace",
+        "lua/pop_job-3n.lua",
+        "local job_key = job_prefix .. job_id",
+        "local job_key = 'rq:job:' .. job_id",
+        [f"{OPTIONS}::test_a_custom_job_class_alone_is_never_dropped_by_the_take"],
+        "a custom job class's job is dropped by the take as deleted: lost",
+        fast=False,
+    ),
+    _m(
+        "sweep_ignores_the_recorded_job_namespace",
+        "lua/move_stalled_jobs_to_wait-9.lua",
+        "if recorded and recorded ~= job_prefix then return {-1, recorded} end",
+        "local _ = 0",
+        [f"{OPTIONS}::test_reaper_sweeps_custom_namespaces_given_the_classes_and_refuses_without"],
+        "a sweeper with another job class drops every leased job from the lease index",
+        fast=False,
     ),
 ]
 

@@ -5,6 +5,7 @@ Producers keep ``queue.enqueue(...)``; operators run ``rq worker -w rq_emq.Lease
 
 from __future__ import annotations
 
+from .compose import lease_worker
 from .dequeue import META_MAX_ATTEMPTS
 from .events import LeaseEvent, subscribe, unsubscribe
 from .fencing import LeaseLost
@@ -19,7 +20,7 @@ from .registries import (
 )
 from .settings import MAX_ATTEMPTS_LIMIT, LeaseSettings, SettingsError, job_max_attempts
 from .startup import StartupError
-from .worker import LeaseJobInterrupted, LeaseWorker, SimpleLeaseWorker
+from .worker import LeaseJobInterrupted, LeaseMixin, LeaseWorker, SimpleLeaseWorker
 
 __version__ = "0.1.0"
 
@@ -32,11 +33,17 @@ def max_attempts(n: int, meta: dict | None = None) -> dict:
     return {**(meta or {}), META_MAX_ATTEMPTS: n}
 
 
+try:  # RQ 3's SpawnWorker; RQ 2 has none
+    from .spawn import SpawnLeaseWorker  # noqa: F401
+except ImportError:
+    pass
+
 __all__ = [
     "META_MAX_ATTEMPTS",
     "LeaseEvent",
     "LeaseJobInterrupted",
     "LeaseLost",
+    "LeaseMixin",
     "LeaseQueue",
     "LeaseQueueMixin",
     "LeaseStartedJobRegistry",
@@ -49,6 +56,7 @@ __all__ = [
     "StalledJobRegistry",
     "__version__",
     "lease_queue_class",
+    "lease_worker",
     "max_attempts",
     "patch_stock_started_registry",
     "subscribe",

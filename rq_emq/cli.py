@@ -21,13 +21,23 @@ from typing import Any
 
 import click
 from redis.exceptions import RedisError
+from rq.job import Job
+from rq.queue import Queue
 
 from . import __version__, cli_output, inspection, metrics, scripts
-from .cli_connect import BadInput, Target, connect, load_serializer, redact, select_queues
+from .cli_connect import BadInput, Target, connect, load_class, load_serializer, redact, select_queues
+from .keys import QueueKeys
 from .settings import ENV_PREFIX
 from .sweep import Sweeper, SweepReport
 
 __all__ = ["BadInput", "main", "redact"]
+
+#: The workers' job and queue classes, which say where their jobs and queues live.
+Classes = tuple[type[Job], type[Queue]]
+
+
+def load_classes(job_class: str | None, queue_class: str | None) -> Classes:
+    return load_class(job_class, "--job-class", Job), load_class(queue_class, "--queue-class", Queue)
 
 
 def redis_errors(command: Callable[..., None]) -> Callable[..., None]:
@@ -66,6 +76,21 @@ def common(command: Callable[..., None]) -> Callable[..., None]:
     return redis_errors(command)
 
 
+def class_options(command: Callable[..., None]) -> Callable[..., None]:
+    """``--job-class`` and ``--queue-class``, as the workers were given them (RQ's CLI
+    options): they say where the workers' jobs and queues live."""
+    command = click.option(
+        "--queue-class", help="The workers' --queue-class (import path): where their queues live."
+    )(command)
+    return click.option("--job-class", help="The workers' --job-class (import path): where their jobs live.")(
+        command
+    )
+
+
+def layout_of(classes: Classes) -> inspection.Layout:
+    return functools.partial(QueueKeys.named, queue_class=classes[1], job_class=classes[0])
+
+
 def watch_option(command: Callable[..., None]) -> Callable[..., None]:
     return click.option(
         "--watch",
@@ -97,6 +122,7 @@ def main() -> None:
 
 @main.command(short_help="Per queue: in flight, leases by time left, stalled, counters.")
 @common
+@class_options
 @watch_option
 def status(
     url: str | None,
@@ -104,15 +130,18 @@ def status(
     queue_options: tuple[str, ...],
     queue_args: tuple[str, ...],
     as_json: bool,
+    job_class: str | None,
+    queue_class: str | None,
     watch: float | None,
 ) -> None:
     """Per queue: jobs waiting and in flight, leases by time left, stalled jobs, oldest
     lease and mark, and the counters."""
     target = connect(url, config)
-    queues = select_queues(target, queue_options, queue_args)
+    classes = load_classes(job_class, queue_class)
+    queues = select_queues(target, queue_options, queue_args, queue_class=classes[1])
 
     def render() -> dict[str, Any] | str:
-        statuses = inspection.read_status(target.client, queues, target.settings)
+        statuses = inspection.read_status(target.client, queues, target.settings, layout_of(classes))
         return cli_output.status_json(statuses) if as_json else cli_output.status_text(statuses)
 
     show(target, render, as_json, watch)
@@ -120,6 +149,7 @@ def status(
 
 @main.command(short_help="Per leased job: worker, token prefix, lock TTL, attempts.")
 @common
+@class_options
 @watch_option
 @click.option(
     "--limit",
@@ -134,15 +164,18 @@ def leases(
     queue_options: tuple[str, ...],
     queue_args: tuple[str, ...],
     as_json: bool,
+    job_class: str | None,
+    queue_class: str | None,
     watch: float | None,
     limit: int,
 ) -> None:
     """Per leased job: worker, token prefix, lock TTL, deadline, attempts of max, mark."""
     target = connect(url, config)
-    queues = select_queues(target, queue_options, queue_args)
+    classes = load_classes(job_class, queue_class)
+    queues = select_queues(target, queue_options, queue_args, queue_class=classes[1])
 
     def render() -> dict[str, Any] | str:
-        pages = inspection.read_leases(target.client, queues, target.settings, limit)
+        pages = inspection.read_leases(target.client, queues, target.settings, limit, layout_of(classes))
         return cli_output.leases_json(pages) if as_json else cli_output.leases_text(pages)
 
     show(target, render, as_json, watch)
@@ -150,6 +183,7 @@ def leases(
 
 @main.command(name="metrics", short_help="Counters and gauges as Prometheus text.")
 @common
+@class_options
 @watch_option
 def metrics_command(
     url: str | None,
@@ -157,15 +191,19 @@ def metrics_command(
     queue_options: tuple[str, ...],
     queue_args: tuple[str, ...],
     as_json: bool,
+    job_class: str | None,
+    queue_class: str | None,
     watch: float | None,
 ) -> None:
     """The counters and gauges in Prometheus text exposition format (e.g. for a textfile
     collector); ``rq_emq.prometheus`` serves the same from a prometheus_client registry."""
     target = connect(url, config)
-    queues = select_queues(target, queue_options, queue_args)
+    classes = load_classes(job_class, queue_class)
+    queues = select_queues(target, queue_options, queue_args, queue_class=classes[1])
 
     def render() -> dict[str, Any] | str:
-        families = metrics.families(inspection.read_status(target.client, queues, target.settings))
+        statuses = inspection.read_status(target.client, queues, target.settings, layout_of(classes))
+        families = metrics.families(statuses)
         if not as_json:
             return metrics.exposition(families).rstrip("\n")
         return {
@@ -206,15 +244,31 @@ def drain_options(command: Callable[..., None]) -> Callable[..., None]:
 
 
 def sweep_once(
-    target: Target, queues: list[str], dry_run: bool, serializer: Any = None, drain: bool = True
+    target: Target,
+    queues: list[str],
+    dry_run: bool,
+    serializer: Any = None,
+    drain: bool = True,
+    classes: Classes | None = None,
 ) -> list[SweepReport]:
     """One sweep round on each queue now, ignoring the fleet-wide rate limit (or, dry,
     changing nothing); then the failure outbox of each queue is drained (unless not)."""
     scripts.load_all(target.client)
-    sweeper = Sweeper(target.client, queues, target.settings, name="rq-emq-cli", serializer=serializer)
+    job_class, queue_class = classes or (Job, Queue)
+    sweeper = Sweeper(
+        target.client,
+        queues,
+        target.settings,
+        name="rq-emq-cli",
+        serializer=serializer,
+        job_class=job_class,
+        queue_class=queue_class,
+    )
     reports = []
     for queue in queues:
         report = sweeper.sweep(queue, mode="dry-run" if dry_run else "force")
+        if report.refused:
+            raise BadInput(report.refused)
         if report.outbox_due and not dry_run and drain:
             sweeper.drain_outbox(queue)
         reports.append(report)
@@ -223,6 +277,7 @@ def sweep_once(
 
 @main.command(short_help="Run one sweep round now (--dry-run: show what it would do).")
 @common
+@class_options
 @drain_options
 @click.option(
     "--dry-run", is_flag=True, help="Print which jobs are stalled and where each would land; change nothing."
@@ -238,6 +293,8 @@ def sweep(
     as_json: bool,
     serializer: str | None,
     no_drain: bool,
+    job_class: str | None,
+    queue_class: str | None,
     dry_run: bool,
     sweep_interval_ms: int | None,
 ) -> None:
@@ -248,10 +305,11 @@ def sweep(
     app's code must be importable here; without it, use --no-drain and let the workers
     do it."""
     target = connect(url, config, {"sweep_interval_ms": sweep_interval_ms})
-    queues = select_queues(target, queue_options, queue_args)
+    classes = load_classes(job_class, queue_class)
+    queues = select_queues(target, queue_options, queue_args, queue_class=classes[1])
     if not queues:
         raise BadInput("no queues to sweep: name them, or enqueue something first")
-    reports = sweep_once(target, queues, dry_run, load_serializer(serializer), drain=not no_drain)
+    reports = sweep_once(target, queues, dry_run, load_serializer(serializer), not no_drain, classes)
     if as_json:
         cli_output.emit(cli_output.sweep_json(reports, dry_run), as_json=True)
     else:
@@ -275,6 +333,7 @@ def sweep(
 )
 @click.option("--sweep-interval-ms", type=int, help=f"Overrides {ENV_PREFIX}SWEEP_INTERVAL_MS.")
 @drain_options
+@class_options
 @click.option("--verbose", "-v", is_flag=True)
 @redis_errors
 def reaper(
@@ -287,6 +346,8 @@ def reaper(
     sweep_interval_ms: int | None,
     serializer: str | None,
     no_drain: bool,
+    job_class: str | None,
+    queue_class: str | None,
     verbose: bool,
 ) -> None:
     """Run the stalled sweep for QUEUES as a standalone process.
@@ -297,19 +358,33 @@ def reaper(
     do it."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(message)s")
     target = connect(url, config, {"sweep_interval_ms": sweep_interval_ms})
+    classes = load_classes(job_class, queue_class)
     # a long-running reaper may start before any job names its queue: it only warns
-    queues = select_queues(target, queue_options, queue_args, must_exist=once or dry_run)
+    queues = select_queues(
+        target, queue_options, queue_args, must_exist=once or dry_run, queue_class=classes[1]
+    )
     if not queues:
         raise BadInput("no queues to sweep: name them, or enqueue something first")
     loads = load_serializer(serializer)
     if dry_run or once:
-        reports = sweep_once(target, queues, dry_run, loads, drain=not no_drain)
+        reports = sweep_once(target, queues, dry_run, loads, not no_drain, classes)
         click.echo(cli_output.sweep_texts(reports, dry_run, not no_drain))
         return
     scripts.load_all(target.client)
     sweeper = Sweeper(
-        target.client, queues, target.settings, name="rq-emq-reaper", serializer=loads, drain=not no_drain
+        target.client,
+        queues,
+        target.settings,
+        name="rq-emq-reaper",
+        serializer=loads,
+        drain=not no_drain,
+        job_class=classes[0],
+        queue_class=classes[1],
     )
+    for queue in queues:  # a reaper with another job class than the workers' would sweep nothing
+        report = sweeper.sweep(queue, mode="dry-run")
+        if report.refused:
+            raise BadInput(report.refused)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:

@@ -89,7 +89,11 @@ def connect(url: str | None, config: str | None, overrides: dict[str, Any] | Non
 
 
 def select_queues(
-    target: Target, options: tuple[str, ...], args: tuple[str, ...], must_exist: bool = True
+    target: Target,
+    options: tuple[str, ...],
+    args: tuple[str, ...],
+    must_exist: bool = True,
+    queue_class: Any = None,
 ) -> list[str]:
     """Queues named (``--queues`` values are lists, split on commas and spaces; a positional
     argument is one name, whatever it holds), else every queue RQ knows. A name neither RQ
@@ -97,8 +101,8 @@ def select_queues(
     listed = (part for item in options for part in item.replace(",", " ").split())
     names = list(dict.fromkeys([*listed, *args]))
     if not names:
-        return inspection.known_queues(target.client)
-    unknown = inspection.unknown_queues(target.client, names)
+        return inspection.known_queues(target.client, queue_class)
+    unknown = inspection.unknown_queues(target.client, names, queue_class)
     if unknown:
         message = (
             f"unknown queue(s): {', '.join(map(cli_output.printable, unknown))} "
@@ -108,6 +112,23 @@ def select_queues(
             raise BadInput(message)
         click.echo(f"warning: {message}; sweeping them anyway", err=True)
     return names
+
+
+def load_class(path: str | None, option: str, base: type) -> Any:
+    """The class named by ``--job-class`` / ``--queue-class`` (None: ``base``, RQ's)."""
+    if not path:
+        return base
+    if "." not in sys.path:
+        sys.path.append(".")  # as rq's default --path
+    from rq.utils import import_attribute
+
+    try:
+        found = import_attribute(path)
+    except Exception as error:  # an import runs arbitrary code: any failure is bad input
+        raise BadInput(f"invalid {option} {path!r}: {error}") from None
+    if not (isinstance(found, type) and issubclass(found, base)):
+        raise BadInput(f"invalid {option} {path!r}: not a subclass of {base.__module__}.{base.__name__}")
+    return found
 
 
 def load_serializer(path: str | None) -> Any:

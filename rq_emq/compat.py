@@ -139,6 +139,15 @@ def is_repeated_stop_signal(worker: Any) -> bool:
     return requested is not None and (now() - requested) < timedelta(seconds=1)
 
 
+def spawn_worker_class() -> type[Any] | None:
+    """RQ's ``SpawnWorker`` (RQ 3: its horse is a new interpreter); None where RQ lacks it."""
+    try:
+        from rq.worker import SpawnWorker  # type: ignore[attr-defined,unused-ignore]
+    except ImportError:
+        return None
+    return SpawnWorker  # type: ignore[no-any-return,unused-ignore]
+
+
 __all__ = [
     "StopRequested",
     "WorkerStatus",
@@ -148,5 +157,6 @@ __all__ = [
     "resolve_driver_info_once",
     "resp2_callbacks",
     "run_failure_callback",
+    "spawn_worker_class",
     "started_entry_ids",
 ]

@@ -24,7 +24,7 @@ from rq.utils import now
 
 from . import compat
 from .fencing import LeaseLost, fenced
-from .keys import QueueKeys, job_key
+from .keys import QueueKeys
 from .lease import Lease, LockManager
 from .settings import job_max_attempts
 from .sweep import Sweeper
@@ -57,13 +57,18 @@ class DequeueMixin:
         if sweeper is None:
             return False
         me: Any = self
+        waited = False
         for _ in range(2):
             # the sweeper's own thread may have put the job back a moment before (its
             # first round at start): a job waiting in a queue is one to take, either way
             if any(report.requeued for report in sweeper.sweep_now()) or sweeper.jobs_waiting():
                 return True
             if not sweeper.marks_standing():
-                return False
+                # the mark waited on went meanwhile: most likely this worker's own sweeper
+                # thread recovered the job in its round: look again (bounded: the next call
+                # finds no mark and returns False)
+                return waited
+            waited = True
             deadline = time.monotonic() + sweeper.grace_ms / 1000.0 + 0.01
             while time.monotonic() < deadline and not me._stop_requested:
                 time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
@@ -117,15 +122,19 @@ class DequeueMixin:
         lock_manager = self.lock_manager
         queues: list[Queue] = list(me._ordered_queues)
         leases: dict[str, Lease] = {}
+        # each queue's keys as its class and the worker's job class build them (RQ's take
+        # uses the worker's job class too: `rq worker-pool` builds its queues without it)
+        layouts = [QueueKeys.named(q.name, type(q), me.job_class) for q in queues]
 
         def record(taken: Taken) -> None:
-            lease = Lease(queues[taken.queue_index].name, taken.job_id, taken.token)
+            layout = layouts[taken.queue_index]
+            lease = Lease(layout.queue, taken.job_id, taken.token, layout=layout)
             lease.valid_until = lock_manager.deadline(taken.sent_at or time.monotonic())
             lock_manager.add(lease)
             leases[taken.token] = lease
 
         while True:  # an unreadable job is moved to failed; the worker takes the next one
-            taken = self._taker.take([q.name for q in queues], timeout, record)
+            taken = self._taker.take(layouts, timeout, record)
             if taken is None:
                 return None
             queue = queues[taken.queue_index]
@@ -196,9 +205,9 @@ class DequeueMixin:
         try:
             with fenced(self.connection, dataclasses.replace(lease.fence, counter="unreadable")):
                 pipe = self.connection.pipeline()
-                pipe.zadd(QueueKeys(queue.name).failed, {lease.job_id: now().timestamp() + 365 * 86400})
+                pipe.zadd(lease.keys.failed, {lease.job_id: now().timestamp() + 365 * 86400})
                 pipe.hset(
-                    job_key(lease.job_id),
+                    lease.keys.job(lease.job_id),
                     mapping={"status": "failed", "exc_info": f"unreadable job: {error}"},
                 )
                 pipe.execute()

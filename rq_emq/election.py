@@ -34,7 +34,7 @@ import time
 from redis import Redis
 
 from . import scripts
-from .keys import sweeper_election_key
+from .keys import JOB_PREFIX, QUEUE_PREFIX, sweeper_election_key
 from .lease import new_token
 
 logger = logging.getLogger("rq_emq.sweep")
@@ -43,9 +43,17 @@ logger = logging.getLogger("rq_emq.sweep")
 class SweeperElection:
     """One worker's part in the sweeper election of its queue set."""
 
-    def __init__(self, client: Redis, queues: list[str], idle_ms: int, name: str) -> None:
+    def __init__(
+        self,
+        client: Redis,
+        queues: list[str],
+        idle_ms: int,
+        name: str,
+        queue_prefix: str = QUEUE_PREFIX,
+        job_prefix: str = JOB_PREFIX,
+    ) -> None:
         self.client = client
-        self.key = sweeper_election_key(queues)
+        self.key = sweeper_election_key(queues, queue_prefix, job_prefix)
         self.token = new_token(name)
         self.hold_ms = max(idle_ms * 4 // 3, 1)
         self.standby_ms = max(idle_ms * 2 // 3, 1)

@@ -29,7 +29,7 @@ from redis.client import Pipeline
 from redis.exceptions import ResponseError, WatchError
 
 from . import compat, scripts
-from .keys import QueueKeys, job_key
+from .keys import QueueKeys
 
 logger = logging.getLogger("rq_emq.lease")
 
@@ -90,11 +90,17 @@ class Fence:
     #: A guarded write that changes the job's RQ status (the run's start) records it as
     #: the lease's own (``emq_status``); the worker's execution record does not need to.
     records_status: bool = True
+    #: Where the job and its queue live; None: RQ's default layout for ``queue``.
+    layout: QueueKeys | None = None
+
+    @property
+    def job_key(self) -> str:
+        return self.keys[0]
 
     @property
     def keys(self) -> list[str]:
-        q = QueueKeys(self.queue)
-        return [job_key(self.job_id), q.lock(self.job_id), q.leases, q.stalled, q.stats]
+        q = self.layout if self.layout is not None else QueueKeys(self.queue)
+        return [q.job(self.job_id), q.lock(self.job_id), q.leases, q.stalled, q.stats]
 
     def release(self, client: Redis) -> bool:
         """Release the lease without writing anything else; False when it was not ours."""
@@ -249,7 +255,7 @@ class _FencedPipelineMixin:
         session = self._emq_session
         fence = session.fence
         client = Redis(connection_pool=pipe.connection_pool)
-        owner = client.hget(job_key(fence.job_id), "emq_token")
+        owner = client.hget(fence.job_key, "emq_token")
         if owner is None or (owner.decode() if isinstance(owner, bytes) else owner) != fence.token:
             pipe.reset()
             raise session.refuse()

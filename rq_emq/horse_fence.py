@@ -20,9 +20,12 @@ import mmap
 import os
 import signal
 import struct
+import tempfile
 import threading
 import time
 from typing import Any
+
+_SIZE = 9
 
 
 class HorseDeadline:
@@ -31,14 +34,45 @@ class HorseDeadline:
     after each renewal; a thread in the horse SIGKILLs the horse once ``time.monotonic()``
     (CLOCK_MONOTONIC, one clock for every process on a host) has passed it."""
 
-    def __init__(self) -> None:
-        # MAP_SHARED | MAP_ANONYMOUS: survives the fork shared. Bytes 0-7 the deadline, which
-        # the worker writes; byte 8 set by the horse once its outcome has landed.
-        self._memory = mmap.mmap(-1, 9)
-        self.reset(math.inf)
+    def __init__(self, path: str | None = None) -> None:
+        """Anonymous memory, shared with a forked horse; or, with ``path``, a file's
+        (``shared_file``), which a horse started as a new program maps too (``attach``).
+        Bytes 0-7 hold the deadline, which the worker writes; byte 8 is set by the horse
+        once its outcome has landed."""
+        self.path = path
+        if path is None:
+            self._memory = mmap.mmap(-1, _SIZE)  # MAP_SHARED | MAP_ANONYMOUS: survives the fork shared
+            self.reset(math.inf)
+            return
+        fd = os.open(path, os.O_RDWR)
+        try:
+            self._memory = mmap.mmap(fd, _SIZE)  # MAP_SHARED: every process mapping the file sees writes
+        finally:
+            os.close(fd)
+
+    @classmethod
+    def shared_file(cls) -> HorseDeadline:
+        """A deadline in a new file (in memory where /dev/shm exists), for a spawned horse."""
+        where = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        fd, path = tempfile.mkstemp(prefix="rq-emq-horse-deadline-", dir=where)
+        try:
+            os.ftruncate(fd, _SIZE)
+        finally:
+            os.close(fd)
+        deadline = cls(path)
+        deadline.reset(math.inf)
+        return deadline
+
+    def remove(self) -> None:
+        """Delete a ``shared_file``'s file (the worker, as it stops)."""
+        if self.path is not None:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
 
     def reset(self, deadline: float) -> None:
-        """Before each fork: a new run, not settled."""
+        """Before each run: a new deadline, not settled."""
         self._memory[8] = 0
         self.set(deadline)
 

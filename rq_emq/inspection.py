@@ -19,13 +19,17 @@ from typing import Any
 
 from redis import Redis
 from redis.exceptions import ResponseError
+from rq.queue import Queue
 
-from .keys import QueueKeys, job_key
+from .keys import QueueKeys
 from .settings import LeaseSettings
+
+#: A queue's keys by its name (RQ's default layout, or the workers' job and queue classes').
+Layout = Callable[[str], QueueKeys]
 
 logger = logging.getLogger("rq_emq.inspection")
 
-QUEUES_KEY = "rq:queues"
+QUEUES_KEY: str = Queue.redis_queues_keys
 #: The counters our scripts keep in ``emq:{<q>}:stats``, in the order people read them.
 COUNTERS = (
     "taken",
@@ -140,19 +144,20 @@ def redis_now_ms(client: Redis) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-def known_queues(client: Redis) -> list[str]:
-    """Queues RQ knows (``rq:queues``), sorted."""
+def known_queues(client: Redis, queue_class: Any = None) -> list[str]:
+    """Queues RQ knows (``rq:queues``) in ``queue_class``'s namespace (RQ's default), sorted."""
+    prefix = QueueKeys.named("", queue_class).queue_prefix
     members: Iterable[Any] = client.smembers(QUEUES_KEY)  # type: ignore[assignment]
-    return sorted(text(m).removeprefix("rq:queue:") for m in members)
+    return sorted(text(m).removeprefix(prefix) for m in members if text(m).startswith(prefix))
 
 
-def unknown_queues(client: Redis, names: Sequence[str]) -> list[str]:
+def unknown_queues(client: Redis, names: Sequence[str], queue_class: Any = None) -> list[str]:
     """Names neither RQ knows nor any key of ours mentions (likely typos)."""
-    known = set(known_queues(client))
+    known = set(known_queues(client, queue_class))
     pipe = client.pipeline(transaction=False)
     candidates = [name for name in names if name not in known]
     for name in candidates:
-        q = QueueKeys(name)
+        q = QueueKeys.named(name, queue_class)
         pipe.exists(q.rq_queue, q.leases, q.stalled, q.stats, q.outbox, q.sweep)
     return [name for name, found in zip(candidates, pipe.execute(), strict=True) if not found]
 
@@ -192,14 +197,16 @@ def _int_or_none(raw: Any) -> int | None:
         return None
 
 
-def read_status(client: Redis, queues: Sequence[str], settings: LeaseSettings) -> list[QueueStatus]:
+def read_status(
+    client: Redis, queues: Sequence[str], settings: LeaseSettings, layout: Layout = QueueKeys
+) -> list[QueueStatus]:
     """Counts, remaining-time buckets, oldest lease and mark, and counters per queue."""
     now = redis_now_ms(client)
     batch = _Batch(client)
     statuses = [QueueStatus(queue) for queue in queues]
     candidates: dict[str, list[tuple[str, int]]] = {}
     for status in statuses:
-        _queue_status_reads(batch, status, now, candidates)
+        _queue_status_reads(batch, status, now, candidates, layout)
     batch.run()
     marks = _Batch(client)
     for status in statuses:
@@ -214,16 +221,16 @@ def read_status(client: Redis, queues: Sequence[str], settings: LeaseSettings) -
                     status.oldest_lease = OldestLease(job_id, due_in, settings.lease_ms - due_in)
                     return
 
-        stalled = QueueKeys(status.queue).stalled
+        stalled = layout(status.queue).stalled
         marks.add(
             status.problems, stalled, marks.pipe.zmscore(stalled, [m for m, _ in first]), oldest_unmarked
         )
     marks.run()
-    _lease_ages(client, statuses)
+    _lease_ages(client, statuses, layout)
     return statuses
 
 
-def _lease_ages(client: Redis, statuses: Sequence[QueueStatus]) -> None:
+def _lease_ages(client: Redis, statuses: Sequence[QueueStatus], layout: Layout) -> None:
     """Each oldest lease's age from its own length: workers and readers may be
     configured with different lease_ms, so the reader's own says nothing."""
     lengths = _Batch(client, transaction=False)  # one HGET per queue: nothing to keep consistent
@@ -244,16 +251,16 @@ def _lease_ages(client: Redis, statuses: Sequence[QueueStatus]) -> None:
                 return
             oldest.age_ms = lease_ms - oldest.due_in_ms
 
-        key = job_key(oldest.job_id)
+        key = layout(status.queue).job(oldest.job_id)
         lengths.add(status.problems, key, lengths.pipe.hget(key, "emq_lease_ms"), length)
     if lengths.parsers:
         lengths.run()
 
 
 def _queue_status_reads(
-    batch: _Batch, status: QueueStatus, now: int, candidates: dict[str, list[tuple[str, int]]]
+    batch: _Batch, status: QueueStatus, now: int, candidates: dict[str, list[tuple[str, int]]], layout: Layout
 ) -> None:
-    q, pipe, problems = QueueKeys(status.queue), batch.pipe, status.problems
+    q, pipe, problems = layout(status.queue), batch.pipe, status.problems
 
     def setter(name: str) -> Callable[[Any], None]:
         return lambda reply: setattr(status, name, int(reply))
@@ -305,14 +312,16 @@ def _queue_status_reads(
 JOB_FIELDS = ("status", "emq_worker", "emq_token", "emq_attempts", "emq_max_attempts")
 
 
-def read_leases(client: Redis, queues: Sequence[str], settings: LeaseSettings, limit: int) -> list[LeasePage]:
+def read_leases(
+    client: Redis, queues: Sequence[str], settings: LeaseSettings, limit: int, layout: Layout = QueueKeys
+) -> list[LeasePage]:
     """Per queue, the ``limit`` leases due first, each with its lock, job hash and mark."""
     now = redis_now_ms(client)
     pages = [LeasePage(queue, total=None) for queue in queues]
     first = _Batch(client)
     entries: dict[str, list[tuple[str, int]]] = {}
     for page in pages:
-        q = QueueKeys(page.queue)
+        q = layout(page.queue)
 
         def total(reply: Any, page: LeasePage = page) -> None:
             page.total = int(reply)
@@ -331,7 +340,7 @@ def read_leases(client: Redis, queues: Sequence[str], settings: LeaseSettings, l
 
     detail = _Batch(client)
     for page in pages:
-        q = QueueKeys(page.queue)
+        q = layout(page.queue)
         for job_id, deadline in entries.get(page.queue, []):
             info = LeaseInfo(
                 page.queue, job_id, deadline - now, lock="gone", lock_ttl_ms=None, job_exists=False
@@ -377,5 +386,5 @@ def _lease_reads(batch: _Batch, q: QueueKeys, info: LeaseInfo, now: int, setting
             info.marked_ms_ago = now - int(reply)
 
     batch.add(problems, q.lock(job_id), pipe.pttl(q.lock(job_id)), lock)
-    batch.add(problems, job_key(job_id), pipe.hmget(job_key(job_id), JOB_FIELDS), job)
+    batch.add(problems, q.job(job_id), pipe.hmget(q.job(job_id), JOB_FIELDS), job)
     batch.add(problems, q.stalled, pipe.zscore(q.stalled, job_id), mark)

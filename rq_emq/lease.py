@@ -29,7 +29,7 @@ from rq.utils import now, utcformat
 from . import events, scripts
 from .background import BackgroundLoop
 from .fencing import Fence
-from .keys import QueueKeys, job_key
+from .keys import RQ_PREFIX, QueueKeys
 
 logger = logging.getLogger("rq_emq.lease")
 
@@ -70,6 +70,13 @@ class Lease:
     valid_until: float = field(default=math.inf)
     #: The local clock ran out (the job was stopped for it).
     expired: bool = field(default=False)
+    #: Where the job and its queue live (the worker's job and queue classes); None: RQ's
+    #: default layout for ``queue``.
+    layout: QueueKeys | None = None
+
+    @property
+    def keys(self) -> QueueKeys:
+        return self.layout if self.layout is not None else QueueKeys(self.queue)
 
     @property
     def fence(self) -> Fence:
@@ -78,14 +85,14 @@ class Lease:
         # matches nothing makes every fenced write refused, so the lease lapses in Redis
         # and the sweep recovers the job (attempt counted) instead of a failure written
         token = f"expired:{self.token}" if self.expired else self.token
-        return Fence(self.queue, self.job_id, token, max_attempts=own_max)
+        return Fence(self.queue, self.job_id, token, max_attempts=own_max, layout=self.layout)
 
     def hand_back(self, client: Redis) -> bool:
         """Put the job back at the front of its queue, attempt refunded, if this lease
         still owns it (``return_job_to_queue``); False when it was not ours any more."""
-        q = QueueKeys(self.queue)
+        q = self.keys
         keys = [
-            job_key(self.job_id),
+            q.job(self.job_id),
             q.lock(self.job_id),
             q.leases,
             q.stalled,
@@ -94,7 +101,7 @@ class Lease:
             q.intermediate,
             q.started,
         ]
-        return bool(scripts.load("return_job_to_queue")(client, keys, [self.job_id, self.token]))
+        return bool(scripts.load("return_job_to_queue")(client, keys, [self.job_id, self.token, RQ_PREFIX]))
 
 
 class LockManager(BackgroundLoop):
@@ -197,18 +204,18 @@ class LockManager(BackgroundLoop):
         self.check_expiry()  # a lease past its local deadline is never renewed back to life
         leases = self.held()
         pipe = self.client.pipeline(transaction=False)
-        by_queue: dict[str, list[Lease]] = {}
+        by_queue: dict[QueueKeys, list[Lease]] = {}
         for lease in leases:
-            by_queue.setdefault(lease.queue, []).append(lease)
+            by_queue.setdefault(lease.keys, []).append(lease)
         script = scripts.load("renew_leases")
         stamp_jobs = time.monotonic() - self._job_heartbeat_at >= JOB_HEARTBEAT_EVERY_S
         heartbeat = utcformat(now()) if stamp_jobs else ""
         calls: list[tuple[scripts.LuaScript, str]] = []  # each script call and its queue, in pipeline order
-        for queue, group in by_queue.items():
-            q = QueueKeys(queue)
+        for q, group in by_queue.items():
+            queue = q.queue
             # several calls in the same round trip, so that no one script runs for long
             for start in range(0, len(group), RENEW_BATCH):
-                args: list[Any] = [self.lease_ms, q.prefix, heartbeat]
+                args: list[Any] = [self.lease_ms, q.prefix, heartbeat, q.job_prefix]
                 for lease in group[start : start + RENEW_BATCH]:
                     args += [lease.job_id, lease.token]
                 script.queue(pipe, [q.leases, q.stalled, q.stats], args)
@@ -277,7 +284,7 @@ class LockManager(BackgroundLoop):
                 self.on_renewed(lease)
 
     def _queue_lease_writes(
-        self, pipe: Pipeline, by_queue: dict[str, list[Lease]]
+        self, pipe: Pipeline, by_queue: dict[QueueKeys, list[Lease]]
     ) -> list[tuple[scripts.LuaScript, str]]:
         """Queue each lease's writes (``lease_writes``) in ``renew_executions`` calls,
         which run them only while that lease is still held."""
@@ -285,17 +292,17 @@ class LockManager(BackgroundLoop):
         script = scripts.load("renew_executions")
         recorder = self.client.pipeline(transaction=False)  # records only; never sent
         calls: list[tuple[scripts.LuaScript, str]] = []
-        for queue, group in by_queue.items():
+        for q, group in by_queue.items():
             for start in range(0, len(group), RENEW_BATCH):
-                args: list[Any] = []
+                args: list[Any] = [q.job_prefix]
                 for lease in group[start : start + RENEW_BATCH]:
                     self.lease_writes(lease, recorder)
                     if recorder.command_stack:
                         args += [lease.job_id, lease.token, *pack(recorder.command_stack)]
                     recorder.reset()
-                if args:
-                    script.queue(pipe, [QueueKeys(queue).leases], args)
-                    calls.append((script, queue))
+                if len(args) > 1:
+                    script.queue(pipe, [q.leases], args)
+                    calls.append((script, q.queue))
         return calls
 
 
@@ -315,7 +322,7 @@ class _LeaseClock(BackgroundLoop):
                 logger.exception("lease clock check failed")
 
 
-def _batches(by_queue: dict[str, list[Lease]]) -> list[list[Lease]]:
+def _batches(by_queue: dict[QueueKeys, list[Lease]]) -> list[list[Lease]]:
     """The leases of each ``renew_leases`` call, in the order :meth:`LockManager.tick` queues them."""
     return [
         group[i : i + RENEW_BATCH] for group in by_queue.values() for i in range(0, len(group), RENEW_BATCH)

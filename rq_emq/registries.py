@@ -26,7 +26,7 @@ from rq.registry import StartedJobRegistry
 from rq.utils import current_timestamp
 
 from . import compat, scripts
-from .keys import QueueKeys
+from .keys import QUEUE_PREFIX, QueueKeys
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -40,8 +40,20 @@ KEEP_BATCH = 500
 KEEP_FOR_S = 60
 
 
+#: Queue namespaces other than RQ's default that lease queues of this process use, by
+#: queue name: RQ's own ``clean_registries()`` builds the started registry from a name
+#: alone, and the cleanup must still find those queues' leases.
+_NAMESPACES: dict[str, set[str]] = {}
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _lease_layouts(name: str) -> list[QueueKeys]:
+    """Every lease index a job of ``rq:wip:<name>`` may be in (RQ names its registries by
+    the queue's name only, whatever the queue class's namespace)."""
+    return [QueueKeys(name, prefix) for prefix in [QUEUE_PREFIX, *sorted(_NAMESPACES.get(name, ()))]]
 
 
 class LeaseStartedJobRegistry(StartedJobRegistry):
@@ -59,20 +71,23 @@ class LeaseStartedJobRegistry(StartedJobRegistry):
 
     def keep_leased(self, cutoff: float) -> list[str]:
         """Move every entry due by ``cutoff`` whose job holds a lease past the cutoff, in one
-        script call per :data:`KEEP_BATCH` due entries; returns the others' members."""
-        q = QueueKeys(self.name)
+        script call per :data:`KEEP_BATCH` due entries; returns the others' members. With
+        several queue namespaces of this name, one pass per lease index: what a pass keeps
+        leaves the due range, so the last pass returns what none of them keeps."""
         script = scripts.load("keep_leased_started")
         keep_until = max(cutoff, current_timestamp()) + KEEP_FOR_S
         left: list[str] = []
-        offset = 0
-        while True:
-            args = [cutoff, keep_until, q.prefix, offset, KEEP_BATCH]
-            reply = script(self.connection, [self.key, q.leases], args)
-            scanned, others = int(reply[0]), [_text(m) for m in reply[1:]]
-            left += others
-            if scanned < KEEP_BATCH:
-                return left
-            offset += len(others)  # kept entries left the due range; the others did not
+        for q in _lease_layouts(self.name):
+            left, offset = [], 0
+            while True:
+                args = [cutoff, keep_until, q.prefix, offset, KEEP_BATCH]
+                reply = script(self.connection, [self.key, q.leases], args)
+                scanned, others = int(reply[0]), [_text(m) for m in reply[1:]]
+                left += others
+                if scanned < KEEP_BATCH:
+                    break
+                offset += len(others)  # kept entries left the due range; the others did not
+        return left
 
 
 class _LeaseStateRegistry:
@@ -95,7 +110,8 @@ class _LeaseStateRegistry:
         self.connection = cast("Redis", connection)
         self.job_class = job_class or Job
         self.serializer = serializer
-        self.key = self._key(QueueKeys(name))
+        layout = QueueKeys.of(queue) if queue is not None else QueueKeys(name)
+        self.key = self._key(layout)
 
     @staticmethod
     def _key(keys: QueueKeys) -> str:
@@ -176,6 +192,7 @@ class LeaseQueueMixin:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         patch_stock_started_registry()
+        _remember_namespace(cast(Queue, self))
 
 
 class LeaseQueue(LeaseQueueMixin, Queue):
@@ -197,6 +214,15 @@ def lease_queue_class(queue_class: type[Queue]) -> type[Queue]:
         composed = type(name, (LeaseQueueMixin, queue_class), {"__module__": __name__})
         _composed.setdefault(queue_class, cast("type[Queue]", composed))
     return _composed[queue_class]
+
+
+def given_queue_class(queue_class: type[Queue]) -> type[Queue]:
+    """The class :func:`lease_queue_class` composed ``queue_class`` from (the user's own,
+    importable by name), else ``queue_class`` itself."""
+    for given, composed in _composed.items():
+        if composed is queue_class:
+            return given
+    return queue_class
 
 
 _PATCHED = ("keep_leased", "get_expired_job_ids")
@@ -224,6 +250,11 @@ def unpatch_stock_started_registry() -> None:
             setattr(StartedJobRegistry, name, _STOCK[name])
 
 
+def _remember_namespace(queue: Queue) -> None:
+    if queue.redis_queue_namespace_prefix != QUEUE_PREFIX:
+        _NAMESPACES.setdefault(queue.name, set()).add(queue.redis_queue_namespace_prefix)
+
+
 def as_lease_queue(queue: Queue) -> Queue:
     """``queue`` if it has the lease registries, else a copy of it as an instance of
     :func:`lease_queue_class` of its class (same name, connection, job class, options)."""
@@ -232,6 +263,7 @@ def as_lease_queue(queue: Queue) -> Queue:
     leased = copy.copy(queue)
     leased.__class__ = lease_queue_class(type(queue))
     patch_stock_started_registry()
+    _remember_namespace(leased)
     return leased
 
 

@@ -32,7 +32,7 @@ from . import compat, events, scripts
 from .background import BackgroundLoop
 from .election import SweeperElection
 from .fencing import Fence, LeaseLost, fenced
-from .keys import QueueKeys
+from .keys import RQ_PREFIX, QueueKeys
 from .lease import new_token
 from .settings import LeaseSettings
 
@@ -69,6 +69,9 @@ class SweepReport:
     unmarked: int = 0
     calls: int = 0
     outbox_due: int = 0
+    #: Why nothing was swept ("" when it ran or another sweeper had the round): the
+    #: queue's workers keep their jobs under another job key prefix than this sweeper's.
+    refused: str = ""
 
 
 def _ids(values: list[Any]) -> list[str]:
@@ -88,18 +91,27 @@ class Sweeper(BackgroundLoop):
         serializer: Any = None,
         drain: bool = True,
         elect: bool = False,
+        queue_class: type[Queue] = Queue,
     ) -> None:
         super().__init__(name)
         self.client = client
         self.queues = list(queues)
         self.settings = settings
         self.job_class = job_class
+        #: With ``job_class``, where the queues' lists and jobs live (``--queue-class``).
+        self.queue_class = queue_class
+        self._refusals_logged: set[str] = set()
         self.serializer = serializer
         #: Drain the outbox after a round; off where the app's code (the job's serializer,
         #: its failure callback) is not importable, leaving it to the workers' sweepers.
         self.drain = drain
         #: Sweep only while elected for this queue set (workers); None sweeps always (reaper).
-        self.election = SweeperElection(client, self.queues, self.idle_ms, name) if elect else None
+        layout = QueueKeys.named("", queue_class, job_class)
+        self.election = (
+            SweeperElection(client, self.queues, self.idle_ms, name, layout.queue_prefix, layout.job_prefix)
+            if elect
+            else None
+        )
         events.subscribe_paths(settings.event_hooks)
 
     # A round runs at most once per window (0.8 interval) per queue, fleet-wide, and each
@@ -128,8 +140,12 @@ class Sweeper(BackgroundLoop):
         stall of Redis itself let every lease lapse at once."""
         return max(self.window_ms, self.settings.renew_interval_ms * 5 // 4)
 
+    def keys(self, queue: str) -> QueueKeys:
+        """``queue``'s keys, as the sweeper's queue and job classes build them."""
+        return QueueKeys.named(queue, self.queue_class, self.job_class)
+
     def _call(self, queue: str, mode: str) -> tuple[list[str], list[Any]]:
-        q = QueueKeys(queue)
+        q = self.keys(queue)
         keys = [
             q.leases,
             q.stalled,
@@ -150,8 +166,27 @@ class Sweeper(BackgroundLoop):
             mode,
             utcformat(now()),
             self.grace_ms,
+            q.job_prefix,
+            RQ_PREFIX,
         ]
         return keys, args
+
+    def _refuse(self, report: SweepReport, recorded: str) -> SweepReport:
+        mine = self.keys(report.queue).job_prefix
+        report.refused = (
+            f"queue {report.queue}: its workers keep jobs under {recorded!r} (their job class), "
+            f"this sweeper's job class under {mine!r}; not swept (give it the workers' job class)"
+        )
+        return report
+
+    def record_job_prefix(self) -> None:
+        """Tell every sweeper of these queues where this process's jobs live, so that one
+        with another job class refuses to sweep instead of taking each job for deleted."""
+        pipe = self.client.pipeline(transaction=False)
+        for queue in self.queues:
+            q = self.keys(queue)
+            pipe.set(q.jobs_at, q.job_prefix)
+        pipe.execute()
 
     def sweep(self, queue: str, mode: str = "round", first_reply: Any = None) -> SweepReport:
         """One round on ``queue``: ``round`` (rate limited), ``force`` (ignore the rate
@@ -164,6 +199,8 @@ class Sweeper(BackgroundLoop):
             if reply is None:
                 reply = script(self.client, *self._call(queue, call_mode))
             report.calls += 1
+            if int(reply[0]) == -1:
+                return self._refuse(report, _ids(reply[1:2])[0])
             if int(reply[0]) == 0:
                 return report
             report.ran = True
@@ -219,9 +256,9 @@ class Sweeper(BackgroundLoop):
     def drain_outbox(self, queue: str) -> int:
         """Write RQ's Result (once) and run the failure callback for jobs failed at max
         attempts; returns how many were completed here."""
-        q = QueueKeys(queue)
+        q = self.keys(queue)
         tokens = ["outbox:" + new_token(self.name) for _ in range(OUTBOX_BATCH)]
-        prefix = self.job_class.redis_job_namespace_prefix
+        prefix = q.job_prefix
         args = [OUTBOX_CLAIM_MS, OUTBOX_MARGIN_MS, DEFAULT_CALLBACK_TIMEOUT_S, prefix]
         claimed = _ids(scripts.load("claim_outbox")(self.client, [q.outbox], [*args, *tokens]))
         done = 0
@@ -248,14 +285,17 @@ class Sweeper(BackgroundLoop):
         compat.run_failure_callback(job, JobStalled(exc_string))
         ttl = job.failure_ttl if job.failure_ttl is not None else DEFAULT_FAILURE_TTL
         try:
-            with fenced(self.client, Fence(queue, job_id, token, counter="outbox_completed")):
+            layout = self.keys(queue)
+            with fenced(self.client, Fence(queue, job_id, token, counter="outbox_completed", layout=layout)):
                 pipe = self.client.pipeline()
                 Result.create_failure(job, ttl, exc_string=exc_string, pipeline=pipe)
-                pipe.zrem(QueueKeys(queue).outbox, job_id)
+                pipe.zrem(layout.outbox, job_id)
                 pipe.execute()
         except LeaseLost:
             return 0  # another drainer took this entry over
-        queue_obj = Queue(queue, connection=self.client, job_class=self.job_class, serializer=self.serializer)
+        queue_obj = self.queue_class(
+            queue, connection=self.client, job_class=self.job_class, serializer=self.serializer
+        )
         queue_obj.enqueue_dependents(job)
         return 1
 
@@ -265,7 +305,7 @@ class Sweeper(BackgroundLoop):
         lease, a mark, the intermediate list (a take's BLMOVE) or a failure to complete."""
         keys: list[str] = []
         for queue in self.queues:
-            q = QueueKeys(queue)
+            q = self.keys(queue)
             keys += [q.leases, q.stalled, q.intermediate, q.outbox]
         return keys
 
@@ -280,6 +320,9 @@ class Sweeper(BackgroundLoop):
             return []
         reports = self.sweep_all()
         for report in reports:
+            if report.refused and report.queue not in self._refusals_logged:
+                self._refusals_logged.add(report.queue)  # once: it is a setup to fix, not news
+                logger.error("%s", report.refused, extra={"queue": report.queue})
             if report.outbox_due and self.drain:
                 self.drain_outbox(report.queue)
         return reports
@@ -304,7 +347,7 @@ class Sweeper(BackgroundLoop):
         """Whether any of the queues has a job marked stalled and not yet recovered."""
         pipe = self.client.pipeline(transaction=False)
         for queue in self.queues:
-            pipe.zcard(QueueKeys(queue).stalled)
+            pipe.zcard(self.keys(queue).stalled)
         return any(int(count) for count in pipe.execute())
 
     def tick(self) -> float:

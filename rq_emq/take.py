@@ -87,6 +87,11 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _keys(queue: str | QueueKeys) -> QueueKeys:
+    """A queue given by name has RQ's default key layout."""
+    return queue if isinstance(queue, QueueKeys) else QueueKeys(queue)
+
+
 def _as_hash(flat: Sequence[Any]) -> dict[bytes, bytes]:
     items = [v if isinstance(v, bytes) else str(v).encode() for v in flat]
     return dict(zip(items[0::2], items[1::2], strict=True))
@@ -101,15 +106,18 @@ class Taker:
         self.settings = settings
         self._wait = QueueWait(connection)
 
-    def pop(self, queue_names: Sequence[str]) -> Taken | None:
-        """Lease the first waiting job across ``queue_names``; None when all are empty."""
+    def pop(self, queues: Sequence[str | QueueKeys]) -> Taken | None:
+        """Lease the first waiting job across ``queues``; None when all are empty."""
         script = scripts.load("pop_job")
         keys: list[str] = []
         prefixes: list[str] = []
-        for name in queue_names:
-            q = QueueKeys(name)
+        layouts = [_keys(queue) for queue in queues]
+        queue_names = [q.queue for q in layouts]
+        for q in layouts:
             keys += [q.rq_queue, q.leases, q.stats]
             prefixes.append(q.prefix)
+        # one job class per worker: its prefix names every queue's job hashes
+        prefixes.append(layouts[0].job_prefix)
         while True:
             token = new_token(self.worker_name)
             args = [token, self.worker_name, self.settings.lease_ms, SKIP_BUDGET]
@@ -129,11 +137,12 @@ class Taker:
                 continue
             return Taken(index - 1, _text(reply[1]), token, int(reply[2]), _as_hash(reply[4:]))
 
-    def claim(self, queue_name: str, job_id: str, queue_index: int = 0) -> Taken | None:
-        """Lease a job that ``BLMOVE`` put in ``queue_name``'s intermediate list."""
-        q = QueueKeys(queue_name)
+    def claim(self, queue: str | QueueKeys, job_id: str, queue_index: int = 0) -> Taken | None:
+        """Lease a job that ``BLMOVE`` put in ``queue``'s intermediate list."""
+        q = _keys(queue)
+        queue_name = q.queue
         token = new_token(self.worker_name)
-        keys = [q.intermediate, f"rq:job:{job_id}", q.lock(job_id), q.leases, q.stats]
+        keys = [q.intermediate, q.job(job_id), q.lock(job_id), q.leases, q.stats]
         args = [job_id, token, self.worker_name, self.settings.lease_ms]
         reply = scripts.load("claim_job")(self.connection, keys, args)
         status = int(reply[0])
@@ -150,7 +159,7 @@ class Taker:
 
     def take(
         self,
-        queue_names: Sequence[str],
+        queue_names: Sequence[str | QueueKeys],
         timeout: float | None,
         record: Callable[[Taken], None] = lambda taken: None,
     ) -> Taken | None:
@@ -175,12 +184,12 @@ class Taker:
                 return taken
 
     def _wait_and_claim(
-        self, queue_names: Sequence[str], timeout: float, record: Callable[[Taken], None]
+        self, queue_names: Sequence[str | QueueKeys], timeout: float, record: Callable[[Taken], None]
     ) -> Taken | None:
         """Block on every queue at once; claim the job of the first queue that hands one
         over and give back any other that arrived with it (never left in an intermediate
         list). A stop that interrupts the wait hands back whatever was moved meanwhile."""
-        queues = [QueueKeys(name) for name in queue_names]
+        queues = [_keys(queue) for queue in queue_names]
         waiting = self._wait.start(queues, timeout)
         moved: list[tuple[int, str]] = []
         try:
@@ -191,7 +200,7 @@ class Taker:
                 while moved and taken is None:
                     index, job_id = moved.pop(0)
                     sent_at = time.monotonic()
-                    taken = self.claim(queue_names[index], job_id, index)
+                    taken = self.claim(queues[index], job_id, index)
                     if taken is not None:
                         taken = dataclasses.replace(taken, sent_at=sent_at)
                         record(taken)

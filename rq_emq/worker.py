@@ -35,6 +35,7 @@ from rq.utils import now
 
 from . import compat, fencing, scripts
 from .blips import BLIPS, wait_for_redis
+from .compose import check_worker_class
 from .dequeue import DequeueMixin
 from .fencing import LeaseLost
 from .heartbeats import HeartbeatMixin
@@ -73,6 +74,7 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
         overrides = {name: kwargs.pop(name) for name in names if name in kwargs}
         defaults = {name: getattr(type(self), name, None) for name in names}
         self.lease_settings = worker_settings(overrides, defaults)
+        check_worker_class(self)
         super().__init__(*args, **kwargs)
         # whatever queue class the worker was given (--queue-class), with the lease registries
         me: Any = self
@@ -108,7 +110,9 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
             job_class=me.job_class,
             serializer=me.serializer,
             elect=True,  # one sweeper per queue set across the fleet; the others stand by
+            queue_class=me.queue_class,
         )
+        self.sweeper.record_job_prefix()
         self.sweeper.start()
 
     def _finish_rq_bootstrap(self, error: Exception) -> None:

@@ -119,3 +119,34 @@ def test_a_blip_as_the_worker_turns_idle_does_not_end_it(
     monkeypatch.setattr(type(worker), "set_state", set_state)
     taken = worker.dequeue_job_and_maintain_ttl(None)
     assert blips and taken is not None and taken[0].id == job.id
+
+
+class _SweeperWhoseThreadRecoversTheJob:
+    """A burst worker's sweeper as it was seen to race: the first look finds the job marked,
+    and while the worker waits out the grace its own sweeper thread recovers the job, so
+    the second look finds neither a mark nor a recovery of its own."""
+
+    grace_ms = 10
+
+    def __init__(self) -> None:
+        self.marks = [True, False]
+
+    def sweep_now(self) -> list:
+        return []
+
+    def jobs_waiting(self) -> bool:
+        return False
+
+    def marks_standing(self) -> bool:
+        return self.marks.pop(0)
+
+
+def test_a_burst_worker_whose_waited_mark_was_recovered_meanwhile_takes_again_before_exiting() -> None:
+    from rq_emq.dequeue import DequeueMixin
+
+    worker = type("W", (), {"sweeper": _SweeperWhoseThreadRecoversTheJob(), "_stop_requested": False})()
+    assert DequeueMixin._recover_before_exit(worker) is True  # type: ignore[arg-type]
+    # with no mark standing at all there is nothing to wait for: it exits
+    idle = type("W", (), {"sweeper": _SweeperWhoseThreadRecoversTheJob(), "_stop_requested": False})()
+    idle.sweeper.marks = [False]
+    assert DequeueMixin._recover_before_exit(idle) is False  # type: ignore[arg-type]

@@ -11,10 +11,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from rq import Queue
+from rq import Queue, SimpleWorker, Worker
 from rq.job import Job
+from rq.worker import HerokuWorker, RandomWorker, RoundRobinWorker
 
-from rq_emq import LeaseWorker
+from rq_emq import LeaseMixin, LeaseWorker, lease_worker
 
 
 class SlowStartLeaseWorker(LeaseWorker):
@@ -135,3 +136,55 @@ class OldRedisLeaseWorker(LeaseWorker):
 
         self.connection.info = info  # type: ignore[method-assign]
         super().bootstrap(*args, **kwargs)
+
+
+# -- Other RQ worker classes and namespaces (tests/test_worker_options.py) ----------------
+
+
+class CustomNamespaceJob(Job):
+    """A job class whose hashes live under ``custom:job:`` (``rq worker --job-class``)."""
+
+    redis_job_namespace_prefix = "custom:job:"
+
+
+class CustomNamespaceQueue(Queue):
+    """A queue class whose lists live under ``custom:queue:`` (``rq worker --queue-class``)."""
+
+    redis_queue_namespace_prefix = "custom:queue:"
+
+
+class AuditingWorker(Worker):
+    """A user's own forking worker: one line in the file named by EMQ_TEST_AUDIT_LOG per
+    job it is about to run, naming the class that ran it."""
+
+    def execute_job(self, job: Job, queue: Queue) -> Any:
+        with open(os.environ["EMQ_TEST_AUDIT_LOG"], "a") as out:
+            out.write(f"execute {job.id} {type(self).__name__}\n")
+        return super().execute_job(job, queue)
+
+
+class AuditingSimpleWorker(SimpleWorker):
+    """A user's own non-forking worker, auditing as :class:`AuditingWorker` does."""
+
+    def execute_job(self, job: Job, queue: Queue) -> Any:
+        with open(os.environ["EMQ_TEST_AUDIT_LOG"], "a") as out:
+            out.write(f"execute {job.id} {type(self).__name__}\n")
+        return super().execute_job(job, queue)
+
+
+# The documented way: a module-level name for each composed class (``rq worker -w ...``).
+LeaseAuditingWorker = lease_worker(AuditingWorker)
+LeaseAuditingSimpleWorker = lease_worker(AuditingSimpleWorker)
+LeaseHerokuWorker = lease_worker(HerokuWorker)
+LeaseRoundRobinWorker = lease_worker(RoundRobinWorker)
+LeaseRandomWorker = lease_worker(RandomWorker)
+
+
+class HandMixedWorker(LeaseMixin, Worker):  # type: ignore[misc]
+    """The lease mixin put by hand before a forking class, without LeaseWorker's horse
+    parts: refused at startup."""
+
+
+_SpawnWorker = getattr(__import__("rq.worker", fromlist=["SpawnWorker"]), "SpawnWorker", None)
+if _SpawnWorker is not None:  # RQ 3
+    LeaseSpawnWorker = lease_worker(_SpawnWorker)

@@ -110,15 +110,16 @@ end
 -- Take job_id out of RQ's view of "in flight": its executions (rq:executions:<id>, a
 -- small per-job zset) name the started-registry members `<id>:<execution>` to remove,
 -- so no stale entry can later fall due and make stock cleanup fail a re-run.
-local function remove_executions(started_key, job_id)
-  local registry = 'rq:executions:' .. job_id
+-- `rq_prefix` is RQ's key prefix (`rq:`; RQ 3 reads it from RQ_KEY_PREFIX).
+local function remove_executions(started_key, job_id, rq_prefix)
+  local registry = rq_prefix .. 'executions:' .. job_id
   local ids = redis.call('ZRANGE', registry, 0, 63)
   for _, execution_id in ipairs(ids) do
     local member = job_id .. ':' .. execution_id
-    local execution_key = 'rq:execution:' .. member
+    local execution_key = rq_prefix .. 'execution:' .. member
     local worker = redis.call('HGET', execution_key, 'worker_name')
     if worker and worker ~= '' then
-      redis.call('SREM', 'rq:worker:' .. worker .. ':executions', member)
+      redis.call('SREM', rq_prefix .. 'worker:' .. worker .. ':executions', member)
     end
     redis.call('ZREM', started_key, member)
     redis.call('DEL', execution_key)

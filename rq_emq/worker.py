@@ -112,7 +112,7 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
             elect=True,  # one sweeper per queue set across the fleet; the others stand by
             queue_class=me.queue_class,
         )
-        self.sweeper.record_job_prefix()
+        self._riding_out_blips(self.sweeper.record_job_prefix, until_done=True)
         self.sweeper.start()
 
     def _finish_rq_bootstrap(self, error: Exception) -> None:

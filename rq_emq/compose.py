@@ -23,6 +23,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+import rq
 from rq import SimpleWorker, Worker
 
 from . import compat
@@ -89,12 +90,21 @@ def check_worker_class(worker: Any) -> None:
                 "interpreter (SpawnWorker) but lacks the parts that hand it its lease, parent and "
                 f"deadline; use rq_emq.lease_worker({_base_name(kind)})"
             )
+        if _rq_major() < 3:
+            raise StartupError(
+                f"worker class {kind.__module__}.{kind.__qualname__}: leases for SpawnWorker need "
+                f"RQ 3 (this is RQ {rq.__version__}, whose spawned horse differs); use LeaseWorker"
+            )
     if not isinstance(worker, SimpleWorker) and not isinstance(worker, fork_parts):
         raise StartupError(
             f"worker class {kind.__module__}.{kind.__qualname__} forks a horse per job "
             "but lacks LeaseWorker's horse parts (die with the worker, stop at the lease deadline); "
             f"use rq_emq.lease_worker({_base_name(kind)})"
         )
+
+
+def _rq_major() -> int:
+    return int(str(rq.__version__).split(".")[0])
 
 
 def _is_spawning(kind: type[Any]) -> bool:

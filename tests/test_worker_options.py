@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import redis
+import rq
 from helpers import FAST
 from jobs import runs
 from procs import RQ_BIN, Processes, pid_alive, wait_for
@@ -43,7 +44,11 @@ CUSTOM = (
 )
 HAS_SPAWN = hasattr(__import__("rq.worker", fromlist=["x"]), "SpawnWorker")
 HAS_KEY_PREFIX = hasattr(__import__("rq.defaults", fromlist=["x"]), "RQ_KEY_PREFIX")
-POOL_HONOURS_QUEUE_CLASS = "queue_class" in inspect.signature(WorkerPool.__init__).parameters
+# RQ 2's pools take --queue-class but their workers build RQ's Queue anyway (stock workers too)
+POOL_HONOURS_QUEUE_CLASS = (
+    "queue_class" in inspect.signature(WorkerPool.__init__).parameters
+    and int(rq.__version__.split(".")[0]) >= 3
+)
 
 
 def starts(log: str) -> list[int]:
@@ -426,7 +431,10 @@ def test_the_lease_mixin_by_hand_before_a_forking_class_is_refused_in_one_line(
 
 # -- SpawnWorker (RQ 3) -------------------------------------------------------------------
 
-spawn_only = pytest.mark.skipif(not HAS_SPAWN, reason="this RQ has no SpawnWorker")
+RQ_3 = int(rq.__version__.split(".")[0]) >= 3
+spawn_only = pytest.mark.skipif(
+    not (HAS_SPAWN and RQ_3), reason="leases for SpawnWorker need RQ 3 (RQ 2 refuses at startup)"
+)
 
 
 @spawn_only
@@ -503,3 +511,13 @@ def test_spawn_worker_without_the_spawn_parts_is_refused_in_one_line(
     worker = procs.start(cmd, env=env, name="worker")
     assert worker.wait(timeout=60) == 1
     assert refusal(procs.log(worker)).endswith("use rq_emq.lease_worker(SpawnWorker)")
+
+
+@pytest.mark.skipif(not HAS_SPAWN or RQ_3, reason="RQ 2.x with a SpawnWorker only")
+def test_spawn_lease_worker_on_rq_2_is_refused_in_one_line(redis_url: str, procs: Processes) -> None:
+    """RQ 2's spawned horse is started differently: it would run without its lease's
+    fence, so the worker refuses to start rather than run jobs unfenced."""
+    cmd = [RQ_BIN, "worker", "-w", "rq_emq.SpawnLeaseWorker", "--url", redis_url, "--burst", "default"]
+    worker = procs.start(cmd, env=procs.env(**FAST), name="worker")
+    assert worker.wait(timeout=60) == 1
+    assert "need RQ 3" in refusal(procs.log(worker))

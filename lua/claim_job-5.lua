@@ -1,7 +1,8 @@
 --[[ claim_job: lease a job that a blocking BLMOVE just moved to the queue's intermediate list.
 
 A crash between the BLMOVE and this script leaves the job in the intermediate list with
-no lock, where the sweep finds it; nothing is lost.
+no lock, where the sweep finds it; nothing is lost. The script is atomic: no moment
+exists in which the job is out of the list without its lease.
 
 KEYS:
   1  <queue prefix><q>:intermediate   (`rq:queue:<q>:intermediate`; the queue class's prefix)
@@ -19,17 +20,17 @@ Returns:
 -- @include lib/lease.lua
 
 local job_id = ARGV[1]
--- the intermediate list is short (a job stays there between BLMOVE and this call), so LPOS
--- is cheap; the lease is written before the job leaves the list, so a failing write loses nothing
-if redis.call('LPOS', KEYS[1], job_id) == false then return {-1} end
+-- read first: a hash of the wrong type fails the script here, before any write
 local hash = redis.call('HGETALL', KEYS[2])
-if #hash == 0 then
-  redis.call('LREM', KEYS[1], 1, job_id)
-  return {0}
-end
+-- the intermediate list is short (a job stays there between BLMOVE and this call), so
+-- LREM is cheap, and its count says whether the job was still there (no LPOS first).
+-- Taking it out before the lease is written loses nothing: once a script has written,
+-- Redis refuses none of its later writes for memory (it cannot stop it halfway), and
+-- those touch only our own keys and the hash read above.
+if redis.call('LREM', KEYS[1], 1, job_id) == 0 then return {-1} end
+if #hash == 0 then return {0} end
 local attempts = grant_lease(KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, ARGV[2], ARGV[3],
   tonumber(ARGV[4]), hash)
-redis.call('LREM', KEYS[1], 1, job_id)
 local reply = {1, attempts}
 for k = 1, #hash do reply[2 + k] = hash[k] end
 return reply

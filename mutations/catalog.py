@@ -183,8 +183,8 @@ CATALOG: list[Mutation] = [
     _m(
         "claim_job_without_owning_the_entry",
         "lua/claim_job-5.lua",
-        "if redis.call('LPOS', KEYS[1], job_id) == false then return {-1} end",
-        "local _ = 0",
+        "if redis.call('LREM', KEYS[1], 1, job_id) == 0 then return {-1} end",
+        "redis.call('LREM', KEYS[1], 1, job_id)",
         [f"{LEASES}::test_claim_leases_a_job_moved_to_the_intermediate_list"],
         "two workers claim one BLMOVEd job",
     ),

@@ -112,7 +112,10 @@ class DequeueMixin:
                 )
                 time.sleep(wait_time)
                 wait_time = min(wait_time * me.exponential_backoff_factor, me.max_connection_wait_time)
-        me.heartbeat()
+        if result is not None:
+            me.heartbeat_after_take()
+        else:
+            me.heartbeat()
         return result
 
     def _take(self, timeout: float | None) -> tuple[Job, Queue] | None:

@@ -29,6 +29,9 @@ class HeartbeatMixin:
     _starting_run: bool
     #: (monotonic, state) of the last worker state written alone.
     _state_sent: tuple[float, str] = (-math.inf, "")
+    #: Monotonic time a job ended at: RQ's loop then beats alone and, a moment later, again
+    #: in its suspension check's transaction.
+    _job_ended_at: float = -math.inf
 
     def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
         """RQ's worker heartbeat. RQ's loop sends one on its own three times per job (before
@@ -46,6 +49,11 @@ class HeartbeatMixin:
                 super().heartbeat(timeout, pipeline=pipeline)  # type: ignore[misc]
             return
         me: Any = self
+        if time.monotonic() - self._job_ended_at < HEARTBEAT_REPEAT_S:
+            # RQ's loop beats right after a job and then again, in the same breath, in its
+            # `rq suspend` check's transaction (is_suspended): the first is left to the second
+            self._job_ended_at = -math.inf
+            return
         ttl = timeout or me.worker_ttl + 60  # RQ's default
         sent_at, sent_ttl = self._last_heartbeat
         if time.monotonic() - sent_at < HEARTBEAT_REPEAT_S and ttl <= sent_ttl:
@@ -54,6 +62,30 @@ class HeartbeatMixin:
             super().heartbeat(ttl, pipeline=pipe)  # type: ignore[misc]
             pipe.execute()
         self._last_heartbeat = (time.monotonic(), ttl)
+
+    def job_ended(self) -> None:
+        """A job's run just ended (RQ's loop beats next, then checks for suspension)."""
+        self._job_ended_at = time.monotonic()
+
+    def suspension_checked(self) -> None:
+        """RQ's suspension check ran: unless a stop cut it short, it beat (the default
+        TTL) in its transaction, which the wait's own beat then need not repeat."""
+        me: Any = self
+        self._job_ended_at = -math.inf
+        if not me._stop_requested:
+            self._last_heartbeat = (time.monotonic(), me.worker_ttl + 60)
+
+    def heartbeat_after_take(self) -> None:
+        """RQ's beat right after a take. Skipped while the worker key's TTL from the last
+        beat outlasts the lock manager's first ticks by a minute: from the take on, the lock
+        manager beats with every renewal (a no-op job ends first, and RQ's loop beats again
+        as the next wait begins). In a fleet this is the beat that is never "within a
+        second" of the last one: the woken worker has usually been idle for seconds."""
+        sent_at, sent_ttl = self._last_heartbeat
+        left = sent_ttl - (time.monotonic() - sent_at)
+        if left > 60 + 2 * self.lease_settings.renew_interval_ms / 1000.0:
+            return
+        self.heartbeat()
 
     def set_state(self, state: str, pipeline: Pipeline | None = None) -> None:
         """RQ's worker state. RQ's loop writes "idle" twice in a row after each job (after

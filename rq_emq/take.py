@@ -2,8 +2,10 @@
 
 When jobs are waiting, ``pop_job`` takes the first one across the worker's queues (in
 order) and leases it in one EVALSHA, which also returns the job's hash: one round trip,
-where RQ spends two (pop, then fetch). When every queue is empty the worker blocks with
-one ``BLMOVE`` per queue into that queue's intermediate list (:mod:`rq_emq.wake`), so
+where RQ spends two (pop, then fetch). When the queues were empty at the last look, the
+worker blocks straight away with one ``BLMOVE`` per queue into that queue's intermediate
+list (:mod:`rq_emq.wake`; a ``BLMOVE`` on a list that is not empty returns at once, so
+it is the look too, and a wait answered at once switches the worker back to popping), so
 Redis wakes one worker per push however many wait; ``claim_job`` then leases what
 arrived, and a job a second queue moved at the same moment goes back to the head of its
 queue. A crash between a move and its claim leaves the job in the intermediate list,
@@ -35,6 +37,9 @@ logger = logging.getLogger("rq_emq.lease")
 
 # Ids of deleted jobs one pop may skip before it returns (bounds the script's run time).
 SKIP_BUDGET = 100
+
+#: A wait answered within this many seconds of being sent found a job already waiting.
+AT_ONCE_S = 0.02
 
 #: Signals that stop a worker; held back while a take is granted and registered.
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
@@ -105,6 +110,11 @@ class Taker:
         self.worker_name = worker_name
         self.settings = settings
         self._wait = QueueWait(connection)
+        #: The queues are most likely empty (the last look found nothing, or the last job
+        #: came from a wait that had to wait): the next take goes straight to the wait,
+        #: whose ``BLMOVE`` returns at once where a job is waiting. Cleared when the wait
+        #: answered at once, so that a backlog is taken with ``pop_job`` (one call a job).
+        self._expect_empty = True
 
     def pop(self, queues: Sequence[str | QueueKeys]) -> Taken | None:
         """Lease the first waiting job across ``queues``; None when all are empty."""
@@ -168,12 +178,15 @@ class Taker:
         stop signals held back (:func:`stop_signals_deferred`)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            with stop_signals_deferred():
-                sent_at = time.monotonic()
-                taken = self.pop(queue_names)
-                if taken is not None:
-                    taken = dataclasses.replace(taken, sent_at=sent_at)
-                    record(taken)
+            taken = None
+            if deadline is None or not self._expect_empty:
+                with stop_signals_deferred():
+                    sent_at = time.monotonic()
+                    taken = self.pop(queue_names)
+                    if taken is not None:
+                        taken = dataclasses.replace(taken, sent_at=sent_at)
+                        record(taken)
+                self._expect_empty = taken is None
             if taken is not None or deadline is None:
                 return taken
             remaining = deadline - time.monotonic()
@@ -190,10 +203,13 @@ class Taker:
         over and give back any other that arrived with it (never left in an intermediate
         list). A stop that interrupts the wait hands back whatever was moved meanwhile."""
         queues = [_keys(queue) for queue in queue_names]
+        started = time.monotonic()
         waiting = self._wait.start(queues, timeout)
         moved: list[tuple[int, str]] = []
         try:
             waiting.ready(timeout + SELECT_MARGIN_S)
+            # a wait answered at once found a job waiting: more may follow (a backlog)
+            self._expect_empty = time.monotonic() - started > AT_ONCE_S
             with stop_signals_deferred():
                 moved = waiting.collect()
                 taken = None

@@ -179,6 +179,7 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
         """RQ's `rq suspend` check, run by its work loop before each take."""
         parent: Any = super()
         self._riding_out_blips(lambda: parent.check_for_suspension(burst))
+        self.suspension_checked()
 
     def run_maintenance_tasks(self) -> None:
         """RQ's registry maintenance, run by its work loop between takes."""
@@ -223,6 +224,7 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
         finally:
             if self.lock_manager is not None:
                 self.lock_manager.remove(job.id)
+            self.job_ended()
 
     def _on_lease_lost(self, lease: Lease) -> None:
         if self.lease_settings.stop_on_lease_lost:

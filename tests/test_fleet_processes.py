@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 
 import pytest
 import redis
+import rq
 from helpers import FAST, status, wait_status
 from procs import Processes, wait_for
 from rq import Queue
@@ -36,30 +37,46 @@ def intermediates(r: redis.Redis) -> dict[str, int]:
     return {q: int(r.llen(f"rq:queue:{q}:intermediate")) for q in QUEUES}
 
 
-def start_fleet(procs: Processes, url: str, r: redis.Redis, n: int, **env: str) -> None:
-    """Grow the fleet to ``n`` idle workers."""
-    for _ in range(n - blocked_waits(r) // len(QUEUES)):
-        procs.worker(url, *QUEUES, **env)
-    wait_for(lambda: blocked_waits(r) == n * len(QUEUES), timeout=60 + 5 * n, what=f"{n} idle workers")
+def blocked_clients(r: redis.Redis) -> int:
+    return sum("b" in str(c.get("flags")) for c in r.client_list())
 
 
-def lua_and_waits_per_job(r: redis.Redis, n: int, jobs: int) -> tuple[float, float]:
+def start_fleet(
+    procs: Processes, url: str, r: redis.Redis, n: int, worker_class: str = "rq_emq.LeaseWorker", **env: str
+) -> Callable[[], bool]:
+    """Grow the fleet to ``n`` idle workers; returns "is every worker idle" (its waits
+    blocked: one per queue for ours, one BLPOP for stock RQ's)."""
+    waits = len(QUEUES) if worker_class.startswith("rq_emq.") else 1
+    for _ in range(n - blocked_clients(r) // waits):
+        procs.worker(url, *QUEUES, worker_class=worker_class, **env)
+    wait_for(lambda: blocked_clients(r) == n * waits, timeout=60 + 5 * n, what=f"{n} idle workers")
+    return lambda: blocked_clients(r) == n * waits
+
+
+#: This test's own commands (no worker sends them), left out of the counts.
+OWN = ("cmdstat_info", "cmdstat_client|list", "cmdstat_hstrlen")
+
+
+def per_job(r: redis.Redis, all_idle: Callable[[], bool], jobs: int) -> dict[str, float]:
     """Trickle ``jobs`` no-op jobs into the last queue, one at a time, every worker idle
-    before each push; Lua calls (EVALSHA) and BLMOVE calls per job."""
+    before each push: Redis calls per job by command (INFO commandstats, so the commands
+    run inside scripts too), the producer's enqueue included."""
     queue = Queue(QUEUES[-1], connection=r)
 
-    def calls() -> tuple[int, int]:
-        stats = r.info("commandstats")
-        lua = sum(stats.get(k, {}).get("calls", 0) for k in ("cmdstat_evalsha", "cmdstat_eval"))
-        return lua, stats.get("cmdstat_blmove", {}).get("calls", 0)
+    def calls() -> dict[str, int]:
+        return {k: int(v["calls"]) for k, v in r.info("commandstats").items() if k not in OWN}
 
-    lua0, waits0 = calls()
+    before = calls()
     for _ in range(jobs):
         job = queue.enqueue("jobs.add", 1, 2)
-        wait_status(r, job.id, "finished", timeout=20)
-        wait_for(lambda: blocked_waits(r) == n * len(QUEUES), timeout=20, what="every worker idle again")
-    lua1, waits1 = calls()
-    return (lua1 - lua0) / jobs, (waits1 - waits0) / jobs
+        wait_for(lambda key=job.key: r.hstrlen(key, "status") == len("finished"), 20, what="job finished")
+        wait_for(all_idle, timeout=20, what="every worker idle again")
+    after = calls()
+    return {k: (after[k] - before.get(k, 0)) / jobs for k in after}
+
+
+def lua_calls(counts: dict[str, float]) -> float:
+    return counts.get("cmdstat_evalsha", 0) + counts.get("cmdstat_eval", 0)
 
 
 def test_lua_calls_and_wakes_per_job_do_not_grow_with_the_number_of_idle_workers(
@@ -67,16 +84,38 @@ def test_lua_calls_and_wakes_per_job_do_not_grow_with_the_number_of_idle_workers
 ) -> None:
     url = own_server.url
     r = redis.Redis.from_url(url)
-    start_fleet(procs, url, r, 2, **QUIET)
-    small = lua_and_waits_per_job(r, 2, 20)
-    start_fleet(procs, url, r, 12, **QUIET)
-    large = lua_and_waits_per_job(r, 12, 20)
+    small = per_job(r, start_fleet(procs, url, r, 2, **QUIET), 20)
+    large = per_job(r, start_fleet(procs, url, r, 12, **QUIET), 20)
     # the woken worker claims (1 Lua call), runs the job (its start and finish scripts),
-    # looks at its queues once (pop_job) and waits again: none of it depends on the fleet
-    assert large[0] <= small[0] + 1.0, (small, large)
-    assert large[1] <= small[1] + 1.0, (small, large)  # one worker re-arms its waits per job
-    assert large[1] <= len(QUEUES) + 1, (small, large)
-    print(f"per job (Lua calls, BLMOVE): N=2 {small}, N=12 {large}")
+    # looks at its queues (one EXISTS) and waits again: none of it depends on the fleet
+    assert lua_calls(large) <= lua_calls(small) + 1.0, (small, large)
+    waits = (small.get("cmdstat_blmove", 0), large.get("cmdstat_blmove", 0))
+    assert waits[1] <= waits[0] + 1.0, waits  # one worker re-arms its waits per job
+    assert waits[1] <= len(QUEUES) + 1, waits
+    print(f"per job (Lua calls, BLMOVE): N=2 {lua_calls(small), waits[0]}, N=12 {lua_calls(large), waits[1]}")
+
+
+def test_redis_commands_per_job_on_three_queues_stay_within_a_tenth_of_stock_rqs_at_any_fleet_size(
+    own_server: RedisServer, procs: Processes
+) -> None:
+    """A count, not a time. Our wait costs three BLMOVE and two CLIENT UNBLOCK per job on
+    three queues where stock RQ's costs one BLPOP (a BLPOP pops without a trace); the
+    take, the fenced start and finish and the skipped repeats of RQ's heartbeats pay for
+    that. Measured when written (RQ 3): stock 65, ours 69.0 at N=2 and N=12."""
+    url = own_server.url
+    r = redis.Redis.from_url(url)
+    stock = per_job(r, start_fleet(procs, url, r, 2, worker_class="rq.Worker"), 20)
+    procs.stop_all()
+    wait_for(lambda: blocked_clients(r) == 0, timeout=10, what="stock workers gone")
+    r.flushdb()
+    ours = {n: per_job(r, start_fleet(procs, url, r, n, **QUIET), 20) for n in (2, 12)}
+    totals = {"stock": sum(stock.values()), **{f"ours N={n}": sum(c.values()) for n, c in ours.items()}}
+    print(f"Redis commands per job: {totals}")
+    # RQ 2's stock worker sends fewer commands of its own (61 on 2.12, 63 on 2.0), so our
+    # fixed cost weighs more there: 69.1 and 71.1 measured (docs/fleet.md)
+    ratio = 1.1 if int(rq.__version__.split(".")[0]) >= 3 else 1.15
+    for n in ours:
+        assert totals[f"ours N={n}"] <= ratio * totals["stock"], totals
 
 
 def test_an_idle_worker_takes_jobs_arriving_together_in_its_queue_order_and_strands_none(

@@ -114,6 +114,38 @@ def test_claim_leases_a_job_moved_to_the_intermediate_list(r: redis.Redis) -> No
     assert taker(r).claim("q", job.id) is None
 
 
+def calls(r: redis.Redis, command: str) -> int:
+    return int(r.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+def test_a_taker_back_from_the_wait_waits_at_once_and_a_busy_one_pops_straight_away(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trickle finds the queues empty after nearly every job: the BLMOVEs are the look.
+    A wait answered at once means a backlog, which is taken with one script call a job."""
+    monkeypatch.setattr("rq_emq.take.AT_ONCE_S", 0.15)  # "at once" on a loaded machine too
+    t = taker(r)
+    scripts.load_all(r)
+    queues = ["a", "b", "c"]
+    first, second, third = (Queue("c", connection=r).enqueue("jobs.noop") for _ in range(3))
+    r.config_resetstat()
+    taken = t.take(queues, timeout=2)  # a new worker goes straight to its waits
+    assert taken is not None and taken.job_id == first.id
+    assert (calls(r, "blmove"), calls(r, "evalsha")) == (3, 1)  # the claim
+    r.config_resetstat()
+    for job in (second, third):  # answered at once: a backlog, taken by pop_job
+        taken = t.take(queues, timeout=2)
+        assert taken is not None and taken.job_id == job.id
+    assert (calls(r, "blmove"), calls(r, "evalsha")) == (0, 2)
+    r.config_resetstat()
+    assert t.take(queues, timeout=0.2) is None  # the pop found nothing, then it waited
+    assert (calls(r, "blmove"), calls(r, "evalsha")) == (3, 1)
+    r.config_resetstat()
+    assert t.take(queues, timeout=0.2) is None  # and the next take waits without a pop
+    assert (calls(r, "blmove"), calls(r, "evalsha")) == (3, 0)
+    assert all(r.llen(QueueKeys(q).intermediate) == 0 for q in queues)
+
+
 def test_blocking_take_wakes_up_for_a_job_that_arrives(r: redis.Redis, redis_url: str) -> None:
     import threading
 

@@ -55,6 +55,41 @@ def test_a_heartbeat_a_second_later_is_sent(r: redis.Redis, monkeypatch: pytest.
     assert heartbeat_commands(r) == 2 * size
 
 
+def test_the_lone_beat_right_after_a_job_is_left_to_rqs_suspension_check(r: redis.Redis) -> None:
+    """RQ's loop beats alone after each job and again, a moment later, inside its
+    `rq suspend` check; the wait that follows beats once more. One of the three is sent."""
+    worker = LeaseWorker(["q"], connection=r, name="hb")
+    worker.register_birth()
+    size = stock_heartbeat_size(r, worker)
+    r.config_resetstat()
+    worker.job_ended()
+    worker.heartbeat()  # RQ's loop, right after the job
+    assert heartbeat_commands(r) == 0
+    worker.check_for_suspension(burst=False)  # beats in its transaction
+    assert heartbeat_commands(r) == size
+    worker.heartbeat()  # the wait's beat a moment later
+    assert heartbeat_commands(r) == size
+    assert r.ttl(worker.key) > worker.worker_ttl
+
+
+def test_the_beat_right_after_a_take_is_left_to_the_lock_manager_while_the_workers_ttl_is_long(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    worker = LeaseWorker(["q"], connection=r, name="hb")
+    worker.register_birth()
+    size = stock_heartbeat_size(r, worker)
+    clock = [1_000.0]
+    monkeypatch.setattr("rq_emq.heartbeats.time.monotonic", lambda: clock[0])
+    r.config_resetstat()
+    worker.heartbeat()
+    clock[0] += 30  # idle for a while, then a push wakes it
+    worker.heartbeat_after_take()
+    assert heartbeat_commands(r) == size  # minutes of TTL left: the lock manager beats next
+    clock[0] += worker.worker_ttl  # woken near the end of RQ's dequeue timeout
+    worker.heartbeat_after_take()
+    assert heartbeat_commands(r) == 2 * size
+
+
 def test_connections_of_a_worker_pool_reuse_the_driver_info_resolved_once(
     redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -114,7 +114,8 @@ class Taker:
         #: came from a wait that had to wait): the next take goes straight to the wait,
         #: whose ``BLMOVE`` returns at once where a job is waiting. Cleared when the wait
         #: answered at once, so that a backlog is taken with ``pop_job`` (one call a job).
-        self._expect_empty = True
+        #: A new worker pops first: it may start on a backlog (a deploy, a restart).
+        self._expect_empty = False
 
     def pop(self, queues: Sequence[str | QueueKeys]) -> Taken | None:
         """Lease the first waiting job across ``queues``; None when all are empty."""

@@ -127,9 +127,10 @@ def test_a_taker_back_from_the_wait_waits_at_once_and_a_busy_one_pops_straight_a
     t = taker(r)
     scripts.load_all(r)
     queues = ["a", "b", "c"]
+    assert t.take(queues, timeout=0.2) is None  # a new worker pops first, then waits
     first, second, third = (Queue("c", connection=r).enqueue("jobs.noop") for _ in range(3))
     r.config_resetstat()
-    taken = t.take(queues, timeout=2)  # a new worker goes straight to its waits
+    taken = t.take(queues, timeout=2)  # back from a wait: straight to its waits
     assert taken is not None and taken.job_id == first.id
     assert (calls(r, "blmove"), calls(r, "evalsha")) == (3, 1)  # the claim
     r.config_resetstat()

@@ -4,7 +4,9 @@ Real ``rq worker`` processes (N = 1, 10, 50, 200 by default, started in batches)
 queue and on three, ``rq_emq.LeaseWorker`` and stock ``rq.Worker``, one private
 redis-server. Per N:
 
-- idle Redis commands per second per worker (every worker blocked, nothing pushed);
+- idle Redis commands per second per worker (every worker blocked, nothing pushed), and
+  what that idle rate adds to each job of the trickle below (it depends on the trickle's
+  pace, not on the job: a share of the per-job count, shown apart);
 - under a trickle (one job at a time into the last queue, every worker idle before each
   push): Redis commands and Lua calls per job (the producer's enqueue included), the
   waiting's own share (BLMOVE/BLPOP and CLIENT UNBLOCK per job), Redis CPU per job
@@ -15,7 +17,8 @@ The benchmark's own polling uses commands no worker sends (CLIENT LIST, INFO, HS
 and those are left out of the counts.
 
     python benchmarks/fleet.py [--ns 1 10 50 200] [--jobs 30] [--idle-seconds 20] [--quick]
-                               [--queues 1 3] [--worker-env RQ_EMQ_...=...]
+                               [--queues 1 3] [--workers both|ours|stock]
+                               [--worker-env RQ_EMQ_...=...]
 """
 
 from __future__ import annotations
@@ -116,6 +119,7 @@ def measure(fleet: Fleet, n: int, jobs: int, idle_seconds: float) -> list[object
     target = Queue(fleet.queues[-1], connection=r)  # the last queue: looked at last
     ids = []
     start = counters(r)
+    began = time.monotonic()
     for _ in range(jobs):
         time.sleep(random.uniform(0.05, 0.15))
         job = target.enqueue("bench_jobs.noop")
@@ -123,6 +127,7 @@ def measure(fleet: Fleet, n: int, jobs: int, idle_seconds: float) -> list[object
         wait_until(lambda key=job.key: r.hstrlen(key, "status") == len("finished"), 30, interval=0.002)
         wait_until(fleet.all_idle, 30, interval=0.005)
     end = counters(r)
+    elapsed = time.monotonic() - began
     latencies = []
     for job_id in ids:
         enqueued, started = r.hmget(f"rq:job:{job_id}", "enqueued_at", "started_at")
@@ -134,6 +139,7 @@ def measure(fleet: Fleet, n: int, jobs: int, idle_seconds: float) -> list[object
         "stock rq.Worker" if fleet.worker_class == STOCK else "LeaseWorker",
         f"{idle:.2f}",
         f"{per_job[0]:.1f}",
+        f"{idle * n * elapsed / jobs:.1f}",
         f"{per_job[1]:.1f}",
         f"{per_job[2]:.1f}",
         f"{per_job[3] * 1e6:.0f}",
@@ -150,6 +156,7 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=20.0)
     parser.add_argument("--queues", type=int, nargs="+", default=[1, 3], choices=[1, 3])
     parser.add_argument("--quick", action="store_true", help="N <= 10, a few jobs: shows the script works")
+    parser.add_argument("--workers", choices=["both", "ours", "stock"], default="both")
     parser.add_argument(
         "--worker-env",
         nargs="*",
@@ -166,7 +173,8 @@ def main() -> None:
         r = redis.Redis.from_url(url)
         for count in options.queues:
             queues = ["q0", "q1", "q2"][:count]
-            for worker_class in (STOCK, OURS):
+            classes = {"both": (STOCK, OURS), "ours": (OURS,), "stock": (STOCK,)}[options.workers]
+            for worker_class in classes:
                 r.flushdb()
                 fleet = Fleet(url, r, worker_class, queues, worker_env)
                 try:
@@ -181,6 +189,7 @@ def main() -> None:
         "worker",
         "idle cmds/s per worker",
         "cmds per job",
+        "of which idle fleet's",
         "Lua calls per job",
         "wait cmds per job",
         "Redis CPU µs per job",

@@ -62,7 +62,10 @@ class Fleet:
         return len(self.queues) if self.worker_class == OURS else 1
 
     def blocked(self) -> int:
-        return sum("b" in str(c.get("flags")) for c in self.r.client_list())
+        """Blocked queue waits: ours are BLMOVEs (a standby's wait in the election's line
+        is a BLPOP, not counted), stock RQ's a BLPOP (or BLMOVE)."""
+        waits = ("blmove",) if self.worker_class == OURS else ("blpop", "blmove")
+        return sum(c.get("cmd") in waits and "b" in str(c.get("flags")) for c in self.r.client_list())
 
     def all_idle(self) -> bool:
         return self.blocked() == len(self.processes) * self.waits_per_worker

@@ -37,8 +37,8 @@ def intermediates(r: redis.Redis) -> dict[str, int]:
     return {q: int(r.llen(f"rq:queue:{q}:intermediate")) for q in QUEUES}
 
 
-def blocked_clients(r: redis.Redis) -> int:
-    return sum("b" in str(c.get("flags")) for c in r.client_list())
+def blocked_clients(r: redis.Redis, *commands: str) -> int:
+    return sum(c.get("cmd") in commands and "b" in str(c.get("flags")) for c in r.client_list())
 
 
 def start_fleet(
@@ -46,11 +46,14 @@ def start_fleet(
 ) -> Callable[[], bool]:
     """Grow the fleet to ``n`` idle workers; returns "is every worker idle" (its waits
     blocked: one per queue for ours, one BLPOP for stock RQ's)."""
-    waits = len(QUEUES) if worker_class.startswith("rq_emq.") else 1
-    for _ in range(n - blocked_clients(r) // waits):
+    ours = worker_class.startswith("rq_emq.")
+    waits = len(QUEUES) if ours else 1
+    # our queue waits are BLMOVEs (an election standby's BLPOP is no queue wait)
+    commands = ("blmove",) if ours else ("blpop", "blmove")
+    for _ in range(n - blocked_clients(r, *commands) // waits):
         procs.worker(url, *QUEUES, worker_class=worker_class, **env)
-    wait_for(lambda: blocked_clients(r) == n * waits, timeout=60 + 5 * n, what=f"{n} idle workers")
-    return lambda: blocked_clients(r) == n * waits
+    wait_for(lambda: blocked_clients(r, *commands) == n * waits, timeout=60 + 5 * n, what=f"{n} idle workers")
+    return lambda: blocked_clients(r, *commands) == n * waits
 
 
 #: This test's own commands (no worker sends them), left out of the counts.
@@ -106,7 +109,7 @@ def test_redis_commands_per_job_on_three_queues_stay_within_a_tenth_of_stock_rqs
     r = redis.Redis.from_url(url)
     stock = per_job(r, start_fleet(procs, url, r, 2, worker_class="rq.Worker"), 20)
     procs.stop_all()
-    wait_for(lambda: blocked_clients(r) == 0, timeout=10, what="stock workers gone")
+    wait_for(lambda: blocked_clients(r, "blpop", "blmove") == 0, timeout=10, what="stock workers gone")
     r.flushdb()
     ours = {n: per_job(r, start_fleet(procs, url, r, n, **QUIET), 20) for n in (2, 12)}
     totals = {"stock": sum(stock.values()), **{f"ours N={n}": sum(c.values()) for n, c in ours.items()}}

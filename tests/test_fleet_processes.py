@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 
@@ -53,7 +54,26 @@ def start_fleet(
     for _ in range(n - blocked_clients(r, *commands) // waits):
         procs.worker(url, *QUEUES, worker_class=worker_class, **env)
     wait_for(lambda: blocked_clients(r, *commands) == n * waits, timeout=60 + 5 * n, what=f"{n} idle workers")
+    settle(r)
     return lambda: blocked_clients(r, *commands) == n * waits
+
+
+def settle(r: redis.Redis, quiet_s: float = 0.5, timeout: float = 20.0) -> None:
+    """Wait until Redis has seen no command for ``quiet_s`` (this test's own aside): a new
+    worker's threads may still be starting (its first sweep round runs at once, which
+    with a job in flight is a whole round) after its waits are blocked."""
+
+    def total() -> int:
+        return sum(int(v["calls"]) for k, v in r.info("commandstats").items() if k not in OWN)
+
+    deadline = time.monotonic() + timeout
+    last = total()
+    while time.monotonic() < deadline:
+        time.sleep(quiet_s)
+        now = total()
+        if now == last:
+            return
+        last = now
 
 
 #: This test's own commands (no worker sends them), left out of the counts.

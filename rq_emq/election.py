@@ -136,7 +136,8 @@ class SweeperElection:
     def hold(self) -> bool:
         """Whether this worker sweeps now. The sweeper renews the election when a third of
         its hold has passed; the deputy checks it (renewing its deputy key); a standby
-        that starts checks it with one ``SET NX``, then waits in the line."""
+        that starts checks it with one ``SET NX`` (and the deputy key with another), then waits
+        in the line."""
         sent = time.monotonic()
         if self.role == SWEEPER and not self._unsure and (sent - self._renewed_at) * 1000 < self.hold_ms / 3:
             return True
@@ -145,7 +146,7 @@ class SweeperElection:
             if self._unsure or self.role in (SWEEPER, DEPUTY):
                 self.role = self._hold_script()
             elif self.role == CHECK:
-                self.role = self._check()
+                self.role = self._check(or_deputy=True)
             else:
                 self.role = self._wait_in_line()
         except Exception:
@@ -174,10 +175,15 @@ class SweeperElection:
     def _keys(self) -> list[str]:
         return [self.key, self.deputy_key, self.line_key]
 
-    def _check(self) -> str:
-        """One plain look at the election, which takes it when free."""
+    def _check(self, or_deputy: bool) -> str:
+        """One plain look at the election, which takes it when free; a starting worker
+        then takes the deputy key when free, so that a fleet that starts together has a
+        deputy at once, not after the sweeper's first renewal (a sweeper killed in that
+        gap would wait for a line wait's end)."""
         if self.client.set(self.key, self.token, nx=True, px=self.hold_ms):
             return SWEEPER
+        if or_deputy and self.client.set(self.deputy_key, self.token, nx=True, px=self.hold_ms):
+            return DEPUTY
         return LINE
 
     def _wait_in_line(self) -> str:
@@ -190,7 +196,7 @@ class SweeperElection:
             if self.client.set(self.deputy_key, self.token, nx=True, px=self.hold_ms):
                 return DEPUTY
             return LINE
-        return self._check()
+        return self._check(or_deputy=False)
 
     def _blpop(self, timeout_s: float) -> bool | None:
         """``BLPOP`` on the line, on the line's own connection: True when an element came,

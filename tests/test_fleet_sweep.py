@@ -289,27 +289,44 @@ def test_workers_on_different_queue_sets_each_have_a_sweeper(
 def test_the_election_is_kept_only_by_its_holder_and_given_up_only_by_it(r: redis.Redis) -> None:
     a = SweeperElection(r, ["q"], idle_ms=3_000, name="a")
     b = SweeperElection(r, ["q"], idle_ms=3_000, name="b")
-    assert a.hold() and not b.hold()  # one SET NX each: a takes it, b goes to the line
-    assert 3_500 < r.pttl(a.key) <= 4_000  # hold = 4/3 idle
-    assert b.role == "line"
-    b.resign()  # not b's to give up
-    assert r.get(a.key) == a.token.encode()
+    c = SweeperElection(r, ["q"], idle_ms=3_000, name="c")
+    # a SET NX each: a takes the election, b (a SET NX more) the free deputy key, c waits in the line
+    assert a.hold() and not b.hold() and not c.hold()
+    assert (b.role, c.role) == ("deputy", "line")
+    assert 3_500 < r.pttl(a.key) <= 4_000 and 3_500 < r.pttl(a.deputy_key) <= 4_000  # hold = 4/3 idle
+    c.resign()  # nothing of c's to give up
+    assert r.get(a.key) == a.token.encode() and r.get(a.deputy_key) == b.token.encode()
     a._renewed_at = -1e9
-    assert a.hold()  # a's renewal finds no deputy and an empty line: it calls one
-    assert r.lrange(a.line_key, 0, -1) == [a.token.encode()]
-    assert not b.hold() and b.role == "deputy"  # b's line wait takes the call at once
-    assert r.get(a.deputy_key) == b.token.encode() and r.llen(a.line_key) == 0
-    a._renewed_at = -1e9
-    assert a.hold() and r.llen(a.line_key) == 0  # a deputy is in place: no call
+    assert a.hold() and not r.exists(a.line_key)  # a deputy is in place: no call to the line
+    r.pexpire(a.deputy_key, 1_000)
     assert not b.hold() and b.role == "deputy"  # the deputy's check renews its key
     assert 3_500 < r.pttl(a.deputy_key) <= 4_000
     r.delete(a.key)  # a's hold lapsed (a froze) ...
-    assert b.hold() and b.elected  # ... the deputy takes over, drops its deputy key, calls the next
+    assert b.hold() and b.elected  # ... the deputy takes over, drops its deputy key, calls the line
     assert not r.exists(a.deputy_key) and r.lrange(a.line_key, 0, -1) == [b.token.encode()]
+    assert not c.hold() and c.role == "deputy"  # c's line wait takes the call at once
+    assert r.get(a.deputy_key) == c.token.encode() and not r.exists(a.line_key)
     a._renewed_at = -1e9  # a wakes: its renewal finds b's token and it goes to the line
     assert not a.hold() and not a.elected and a.role == "line" and r.get(a.key) == b.token.encode()
+    c.resign()  # the deputy gives its key up ...
+    assert not r.exists(a.deputy_key)
+    b._renewed_at = -1e9
+    assert b.hold() and r.lrange(a.line_key, 0, -1) == [b.token.encode()]  # ... b calls the next
     b.resign()
     assert not r.exists(a.key)
+
+
+def test_a_lone_sweeper_looks_at_its_unanswered_call_only_every_fourth_renewal(r: redis.Redis) -> None:
+    a = SweeperElection(r, ["q"], idle_ms=3_000, name="a")
+    assert a.hold()
+    looks = []
+    for _ in range(9):
+        a._renewed_at = -1e9
+        r.config_resetstat()
+        assert a.hold()
+        looks.append(int(r.info("commandstats").get("cmdstat_exists", {}).get("calls", 0)))
+    assert r.llen(a.line_key) == 1  # one call, waiting for a standby
+    assert looks == [1, 1, 0, 0, 0, 1, 0, 0, 0], looks  # the first found the line empty and called
 
 
 def test_a_deputy_whose_key_went_or_was_taken_goes_back_to_the_line(r: redis.Redis) -> None:
@@ -349,8 +366,9 @@ def blocked_on(r: redis.Redis, key: str) -> int:
 
 def test_a_line_wait_ends_at_once_when_its_worker_stops(r: redis.Redis) -> None:
     a = SweeperElection(r, ["q"], idle_ms=3_000, name="a")
+    deputy = SweeperElection(r, ["q"], idle_ms=3_000, name="deputy")
     b = SweeperElection(r, ["q"], idle_ms=3_000, name="b")
-    assert a.hold() and not b.hold()  # no call from a yet: b's line wait blocks (up to 60 s)
+    assert a.hold() and not deputy.hold() and not b.hold()  # b's line wait blocks (up to 60 s)
     waiter = threading.Thread(target=b.hold)
     waiter.start()
     wait_for(lambda: blocked_on(r, b.line_key) == 1, timeout=5, what="b to block in the line")
@@ -367,10 +385,9 @@ def test_a_line_wait_that_times_out_checks_the_election_once(r: redis.Redis) -> 
     """The sweeper and the deputy died together: nobody calls the line, so a standby
     takes the free election when its wait ends (at most 10 leases)."""
     lease_ms = 100
-    a = SweeperElection(r, ["q"], idle_ms=lease_ms // 2, name="a", lease_ms=lease_ms)
-    b = SweeperElection(r, ["q"], idle_ms=lease_ms // 2, name="b", lease_ms=lease_ms)
-    assert a.hold() and not b.hold() and b.role == "line"
-    r.delete(a.key)  # a died (no deputy either)
+    a, deputy, b = (SweeperElection(r, ["q"], lease_ms // 2, name, lease_ms=lease_ms) for name in "adb")
+    assert a.hold() and not deputy.hold() and not b.hold() and b.role == "line"
+    r.delete(a.key, a.deputy_key)  # a and the deputy died together
     started = time.monotonic()
     assert b.hold() and b.elected  # one wait of 0.5..1 s, then one SET NX
     assert 0.45 <= time.monotonic() - started <= 1.0 + 0.5

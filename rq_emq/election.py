@@ -18,7 +18,9 @@ Now the standbys have two parts:
   it, on a connection of its own, and sends nothing while it waits. When the sweeper's
   renewal (the same script) finds no deputy and an empty line, it pushes one element:
   Redis hands it to the standby that has waited longest, which takes the deputy key
-  (``SET NX PX``; if another was quicker, it goes back to the line).
+  (``SET NX PX``; if another was quicker, it goes back to the line). A starting worker
+  that finds the election taken tries the deputy key too, so that a fleet that starts
+  together has a deputy before the sweeper's first renewal.
 
 A line wait ends after ``line = 10 lease`` at the most (each wait a random
 ``line/2 .. line``); the standby then checks the election once (``SET NX PX``) and waits
@@ -45,7 +47,7 @@ lease``: by the time a job the dead sweeper held can lapse, another sweeper is i
 and the recovery bound (lease + grace + sweep interval) stays what it is with a live one.
 A dead deputy's key lapses within ``hold``, and the sweeper's next renewal (within
 ``idle``) recruits the next one from the line. When the sweeper and the deputy die
-together, a standby of the line takes the election within ``hold + line`` (about 10.7
+together (or the sweeper within that replacement), a standby of the line takes the election within ``hold + line`` (about 10.7
 leases), and a job of the dead sweeper is back within that plus 2 sweep intervals.
 """
 

@@ -47,8 +47,9 @@ lease``: by the time a job the dead sweeper held can lapse, another sweeper is i
 and the recovery bound (lease + grace + sweep interval) stays what it is with a live one.
 A dead deputy's key lapses within ``hold``, and the sweeper's next renewal (within
 ``idle``) recruits the next one from the line. When the sweeper and the deputy die
-together (or the sweeper within that replacement), a standby of the line takes the election within ``hold + line`` (about 10.7
-leases), and a job of the dead sweeper is back within that plus 2 sweep intervals.
+together (or the sweeper within that replacement), a standby of the line takes the
+election within ``hold + line`` (about 10.7 leases), and a job of the dead sweeper is back
+within that plus 2 sweep intervals.
 """
 
 from __future__ import annotations

@@ -391,3 +391,34 @@ def test_a_line_wait_that_times_out_checks_the_election_once(r: redis.Redis) -> 
     started = time.monotonic()
     assert b.hold() and b.elected  # one wait of 0.5..1 s, then one SET NX
     assert 0.45 <= time.monotonic() - started <= 1.0 + 0.5
+
+
+def test_a_line_wait_whose_connection_breaks_raises_and_the_next_step_waits_again(r: redis.Redis) -> None:
+    """Redis trouble in the line wait (here its connection killed) reaches the sweeper's
+    loop, which logs it and retries: the next step settles what the lost call may have
+    done (hold_sweeper) and the one after waits in the line again, on a new connection."""
+    a, deputy, b = (SweeperElection(r, ["q"], idle_ms=3_000, name=name) for name in ("a", "deputy", "b"))
+    assert a.hold() and not deputy.hold() and not b.hold()
+    errors: list[BaseException] = []
+
+    def step() -> None:
+        try:
+            b.hold()
+        except BaseException as error:
+            errors.append(error)
+
+    waiter = threading.Thread(target=step)
+    waiter.start()
+    wait_for(lambda: blocked_on(r, b.line_key) == 1, timeout=5, what="b to block in the line")
+    (blocked,) = [c for c in r.client_list() if c.get("cmd") == "blpop" and "b" in c.get("flags", "")]
+    r.client_kill_filter(_id=blocked["id"])
+    waiter.join(timeout=5)
+    assert not waiter.is_alive() and isinstance(errors[0], redis.ConnectionError), errors
+    assert not b.hold() and b.role == "line"  # the lost call settled: neither election nor deputy
+    waiter = threading.Thread(target=step)
+    waiter.start()
+    wait_for(lambda: blocked_on(r, b.line_key) == 1, timeout=5, what="b to block in the line again")
+    b.stopping.set()
+    waiter.join(timeout=5)
+    assert not waiter.is_alive() and len(errors) == 1
+    b.resign()

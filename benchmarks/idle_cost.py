@@ -7,7 +7,8 @@ Redis commands per second per worker; MONITOR, watched over the same window, spl
 by what they are for (a script's inner commands count with its ``EVALSHA``):
 
 - sweep: the stalled sweep and its fleet-wide election (the sweep script, ``hold_sweeper``,
-  the idle sweeper's ``EXISTS``, a standby's ``SET NX`` on the election);
+  the idle sweeper's ``EXISTS``, a standby's ``SET NX`` on the election or the deputy key,
+  a line wait's ``BLPOP``);
 - wake: how an idle multi-queue worker learns of a push (``pop_job`` retries, ``CLIENT
   TRACKING`` re-arms, its ``PING``s, ``BLMOVE`` timeouts): owned by the wake/wait design;
 - other: the rest (RQ's own heartbeats and maintenance).
@@ -54,8 +55,8 @@ def kind(command: str, script: str | None) -> str:
         return "sweep" if script in SWEEP_SCRIPTS else "wake" if script in WAKE_SCRIPTS else "other"
     words = command.split()
     name, key = words[0].lower(), (words[1] if len(words) > 1 else "")
-    if name == "set" and key.startswith("emq:sweeper:"):
-        return "sweep"  # a standby's look at the election
+    if name in ("set", "blpop") and key.startswith("emq:sweeper:"):
+        return "sweep"  # a standby's look at the election, a deputy's recruitment, the line's wait
     if name == "exists" and key.startswith("emq:{"):
         return "sweep"  # an idle sweeper's look for work
     return "wake" if name in WAKE else "other"

@@ -20,6 +20,7 @@ SOAK = "tests/test_soak_checks.py"
 SETTINGS_T = "tests/test_settings.py"
 MODEL = "tests/test_state_machine.py::test_the_lease_protocol_holds_its_invariants"
 OPTIONS = "tests/test_worker_options.py"
+FLEET = "tests/test_fleet_sweep.py"
 
 
 @dataclass(frozen=True)
@@ -405,8 +406,40 @@ CATALOG: list[Mutation] = [
         [
             "tests/test_fleet_sweep.py::test_a_killed_sweepers_own_job_is_recovered_by_a_standby_within_the_bound"
         ],
-        "a dead sweeper's job waits for a standby far past lease + 2 sweep intervals",
+        "a dead sweeper's job waits for the deputy far past lease + 2 sweep intervals",
         fast=False,
+    ),
+    _m(
+        "no_deputy_is_called",
+        "lua/hold_sweeper-3.lua",
+        "redis.call('LPUSH', line, token)",
+        "local _ = line",
+        [f"{FLEET}::test_the_election_is_kept_only_by_its_holder_and_given_up_only_by_it"],
+        "no standby ever leaves the line: nobody watches the sweeper but the line's rare checks",
+    ),
+    _m(
+        "a_sweeping_deputy_keeps_its_deputy_key",
+        "lua/hold_sweeper-3.lua",
+        "redis.call('DEL', deputy)  -- the deputy took over",
+        "deputy_token = deputy_token  -- the deputy took over",
+        [f"{FLEET}::test_the_election_is_kept_only_by_its_holder_and_given_up_only_by_it"],
+        "a deputy turned sweeper blocks the call for the next deputy until its key lapses",
+    ),
+    _m(
+        "line_waits_far_too_long",
+        "rq_emq/election.py",
+        "LINE_LEASES = 10",
+        "LINE_LEASES = 30",
+        [f"{FLEET}::test_a_line_wait_that_times_out_checks_the_election_once"],
+        "the sweeper and the deputy dying together leave the set unswept for ages",
+    ),
+    _m(
+        "line_wait_ignores_a_stop",
+        "rq_emq/election.py",
+        "while not connection.can_read(timeout=STOP_POLL_S):",
+        "while not connection.can_read(timeout=timeout_s + LINE_MARGIN_S):",
+        [f"{FLEET}::test_a_line_wait_ends_at_once_when_its_worker_stops"],
+        "a stopping worker waits out its line wait (minutes) before it exits",
     ),
     # -- settings ---------------------------------------------------------------------------------
     _m(

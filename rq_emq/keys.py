@@ -126,3 +126,16 @@ def sweeper_election_key(
     if queue_prefix == _PLAIN_QUEUE_PREFIX and job_prefix == JOB_PREFIX:
         return "emq:sweeper:" + names
     return "emq:sweeper:" + json.dumps([queue_prefix, job_prefix]) + names
+
+
+def sweeper_deputy_key(election_key: str) -> str:
+    """The deputy of one sweeper election (its token, with an expiry): the one standby that
+    watches the election; the others wait in :func:`sweeper_line_key`."""
+    return election_key + ":deputy"
+
+
+def sweeper_line_key(election_key: str) -> str:
+    """The line of one sweeper election's standbys: a list each of them waits on with
+    ``BLPOP``; the sweeper pushes one element when its set has no deputy, which wakes the
+    standby that has waited longest."""
+    return election_key + ":line"

@@ -8,7 +8,8 @@ callback runs before that commit, and dependents follow RQ's rules after it. The
 itself never unpickles anything; only the drain, like RQ's own cleanup, loads the job.
 
 Every LeaseWorker runs a :class:`Sweeper` thread for its queues, but only the one elected
-for its queue set (:mod:`rq_emq.election`) sweeps; the others stand by. ``rq-emq reaper``
+for its queue set (:mod:`rq_emq.election`) sweeps; the others stand by (one deputy watching
+the election, the rest waiting in a line). ``rq-emq reaper``
 runs the same loop on its own, always sweeping. A sweeper that finds nothing in flight
 (one ``EXISTS``) looks again only after half a lease: a job taken meanwhile cannot lapse
 before that look, which then finds it and returns to rounds every sweep interval.
@@ -108,7 +109,16 @@ class Sweeper(BackgroundLoop):
         #: Sweep only while elected for this queue set (workers); None sweeps always (reaper).
         layout = QueueKeys.named("", queue_class, job_class)
         self.election = (
-            SweeperElection(client, self.queues, self.idle_ms, name, layout.queue_prefix, layout.job_prefix)
+            SweeperElection(
+                client,
+                self.queues,
+                self.idle_ms,
+                name,
+                layout.queue_prefix,
+                layout.job_prefix,
+                lease_ms=settings.lease_ms,
+                stopping=self._stop,  # a standby waiting in the line stops waiting at once
+            )
             if elect
             else None
         )

@@ -21,7 +21,8 @@ which Redis reads the end of input; TLS connections, which cannot half-close and
 closed) is a job without a lock in the intermediate list, where the sweep finds it, as it
 finds the job of a worker that died between its ``BLMOVE`` and its claim.
 
-No ``BLPOP``/``BLMPOP``: they pop without a trace, and a worker dying just after loses the job.
+No ``BLPOP``/``BLMPOP`` on a queue: they pop without a trace, and a worker dying just after
+loses the job. (The sweeper election's line, :mod:`rq_emq.election`, is the one ``BLPOP``: it holds no job.)
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -15,11 +17,12 @@ from procs import Processes, wait_for
 from rq import Queue
 
 from rq_emq.election import SweeperElection
-from rq_emq.keys import QueueKeys, job_key, sweeper_election_key
+from rq_emq.keys import QueueKeys, job_key, sweeper_deputy_key, sweeper_election_key, sweeper_line_key
 
 pytestmark = pytest.mark.slow
 Q = QueueKeys("default")
 ELECTION = sweeper_election_key(["default"])
+DEPUTY, LINE = sweeper_deputy_key(ELECTION), sweeper_line_key(ELECTION)
 
 #: Short timings so a few leases pass in seconds: idle sweeper looks every 0.75 s, holds
 #: the election 1 s, standbys check every 0.25-0.5 s.
@@ -32,7 +35,13 @@ def calls(r: redis.Redis) -> dict[str, int]:
 
 
 def idle_fleet_commands(
-    r: redis.Redis, redis_url: str, procs: Processes, workers: int, seconds: float, in_flight: bool
+    r: redis.Redis,
+    redis_url: str,
+    procs: Processes,
+    workers: int,
+    seconds: float,
+    in_flight: bool,
+    settings: dict[str, str] = IDLE,
 ) -> dict[str, int]:
     """Commands Redis ran for ``workers`` idle LeaseWorkers on one queue over ``seconds``;
     ``in_flight`` plants a live lease (a job held elsewhere) so that every sweep is a real
@@ -41,7 +50,7 @@ def idle_fleet_commands(
         r.set(Q.lock("held-elsewhere"), "t", px=600_000)
         r.zadd(Q.leases, {"held-elsewhere": time.time() * 1000 + 600_000})
     for i in range(workers):
-        procs.worker(redis_url, name=f"idle-{i}", **IDLE)
+        procs.worker(redis_url, name=f"idle-{i}", **settings)
     wait_for(lambda: r.scard("rq:workers") == workers, timeout=30, what="the workers to register")
     time.sleep(2.0)  # every worker's start-up round is over, and a sweeper elected
     r.config_resetstat()
@@ -69,19 +78,48 @@ def test_sweep_script_calls_of_an_idle_fleet_do_not_grow_with_its_size(
     assert six.get("lrange", 0) <= 1.5 * one.get("lrange", 0) + 4, (one, six)  # lrange: a full round
 
 
-def test_an_idle_worker_costs_at_most_nine_commands_per_lease(
+def test_an_idle_worker_costs_at_most_nine_commands_per_lease_and_a_fleet_not_much_more(
     r: redis.Redis, redis_url: str, procs: Processes
 ) -> None:
     """Nothing in flight: the sweeper looks (one EXISTS) and renews its election every
-    half lease, and each standby checks the election every 1/6 to 1/3 lease. Nine
-    commands per worker per lease is 0.3 commands per second at the default 30 s lease."""
+    half lease (EVALSHA, MGET, SET); a lone sweeper looks at the line for a deputy every
+    fourth renewal. In a fleet the deputy checks the election every 1/6 to 1/3 lease
+    (EVALSHA, MGET, SET); every other worker waits in the line and sends nothing but a
+    BLPOP and a SET NX when its wait (5-10 leases) ends. Nine commands per lease is 0.3
+    commands per second at the default 30 s lease; six workers cost about 20 per lease
+    (before the deputy: 8 + 4 per standby, 28, so this test fails on that code)."""
     window = 4 * IDLE_LEASE_S
-    for workers in (1, 6):
+    for workers, most in ((1, 9), (6, 24)):
         counted = idle_fleet_commands(r, redis_url, procs, workers, window, in_flight=False)
         total = sum(counted.values()) - counted.get("config|resetstat", 0) - counted.get("info", 0)
-        per_worker_per_lease = total / workers / (window / IDLE_LEASE_S)
-        assert per_worker_per_lease <= 9, (workers, per_worker_per_lease, counted)
+        per_lease = total / (window / IDLE_LEASE_S)
+        assert per_lease <= most, (workers, per_lease, counted)
         assert counted.get("lrange", 0) == 0, counted  # no sweep round ran: nothing was in flight
+
+
+#: A short lease, so that a measurement window holds several of them: the sweeper renews
+#: every 0.3 s, the deputy checks every 0.1-0.2 s, a line wait lasts 3-6 s.
+SHORT = {"RQ_EMQ_LEASE_MS": "600", "RQ_EMQ_RENEW_INTERVAL_MS": "60", "RQ_EMQ_SWEEP_INTERVAL_MS": "100"}
+
+
+def test_an_idle_fleets_election_costs_do_not_grow_with_its_size(
+    r: redis.Redis, redis_url: str, procs: Processes
+) -> None:
+    """Two idle workers and eight on one queue: Redis runs about as many commands per
+    second for both (the sweeper's renewals, the deputy's checks; the six more standbys
+    wait in the line and send at most one BLPOP and one SET NX per 3-6 s each). Before the
+    deputy every standby checked the election every 0.1-0.2 s: 8 workers cost three times
+    what 2 did, and this test fails on that code."""
+    window = 3.0
+    two = idle_fleet_commands(r, redis_url, procs, 2, window, in_flight=False, settings=SHORT)
+    eight = idle_fleet_commands(r, redis_url, procs, 8, window, in_flight=False, settings=SHORT)
+
+    def per_second(counted: dict[str, int]) -> float:
+        ignored = counted.get("config|resetstat", 0) + counted.get("info", 0)
+        return (sum(counted.values()) - ignored) / window
+
+    assert per_second(two) >= 10, two  # the election is at work
+    assert per_second(eight) <= 1.2 * per_second(two) + 4, (per_second(two), per_second(eight), two, eight)
 
 
 def elected(r: redis.Redis) -> str:
@@ -126,6 +164,112 @@ def test_a_killed_sweepers_own_job_is_recovered_by_a_standby_within_the_bound(
     assert [line.split()[0] for line in runs(log)] == ["start", "start", "end"]
 
 
+def deputy(r: redis.Redis) -> str:
+    token = r.get(DEPUTY)
+    return token.decode().split(":", 1)[1] if token else ""
+
+
+def line_waits(r: redis.Redis) -> int:
+    """Clients blocked in the line of the default queue's election."""
+    return sum(
+        1 for client in r.client_list() if client.get("cmd") == "blpop" and "b" in client.get("flags", "")
+    )
+
+
+def start_fleet(
+    r: redis.Redis, redis_url: str, procs: Processes, names: list[str], **settings: str
+) -> dict[str, subprocess.Popen[bytes]]:
+    """Workers started one after the other (the first becomes the sweeper), with a deputy
+    in place and every other worker blocked in the line."""
+    started = {}
+    for name in names:
+        started[name] = procs.worker(redis_url, name=name, **settings)
+        if name == names[0]:
+            wait_for(lambda: elected(r) == f"rq-emq-sweeper:{names[0]}", timeout=15, what="the sweeper")
+    wait_for(lambda: r.scard("rq:workers") == len(names), timeout=30, what="the workers to register")
+    wait_for(lambda: deputy(r), timeout=10, what="a deputy")
+    wait_for(lambda: line_waits(r) == len(names) - 2, timeout=10, what="the others to wait in the line")
+    return started
+
+
+def test_a_killed_deputy_is_replaced_and_the_new_one_recovers_a_killed_sweepers_job_in_the_bound(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
+) -> None:
+    """The deputy is SIGKILLed: its key lapses (hold = 2/3 lease) and the sweeper's next
+    renewal calls the line, whose longest waiter becomes the deputy. Then the sweeper is
+    SIGKILLed with a job of its own: the new deputy takes over in time, and the job is back
+    within lease + 2 sweep intervals."""
+    log = str(tmp_path / "runs.log")
+    a = procs.worker(redis_url, name="worker-a", **BOUND)
+    wait_for(lambda: elected(r) == "rq-emq-sweeper:worker-a", timeout=15, what="worker-a to be the sweeper")
+    job = Queue(connection=r).enqueue("integration_jobs.slow_on_first_run", log, 60.0, job_timeout=120)
+    wait_for(lambda: runs(log), timeout=10, what="the job to start")
+    others = {name: procs.worker(redis_url, name=name, **BOUND) for name in ("worker-b", "worker-c")}
+    wait_for(lambda: r.scard("rq:workers") == 3, timeout=30, what="the workers to register")
+    wait_for(lambda: deputy(r) and line_waits(r) == 1, timeout=10, what="a deputy and one line wait")
+    first = deputy(r).removeprefix("rq-emq-sweeper:")
+    killed_at = time.monotonic()
+    os.killpg(others[first].pid, signal.SIGKILL)
+    (second,) = set(others) - {first}
+    wait_for(lambda: deputy(r) == f"rq-emq-sweeper:{second}", timeout=10, interval=0.005, what="a new deputy")
+    # its key lapses within hold (0.27 s), the sweeper looks within its renewal (0.2 s)
+    assert time.monotonic() - killed_at <= 2 / 3 * BOUND_LEASE_S + BOUND_LEASE_S / 2 + 0.3
+    assert line_waits(r) == 0 and elected(r) == "rq-emq-sweeper:worker-a"
+
+    token = r.hget(job_key(job.id), "emq_token")
+    assert token == r.get(Q.lock(job.id))  # a holds the running job
+    killed_at = time.monotonic()
+    os.killpg(a.pid, signal.SIGKILL)
+    wait_for(
+        lambda: r.hget(job_key(job.id), "emq_token") != token, timeout=10, interval=0.005, what="the recovery"
+    )
+    after_kill = time.monotonic() - killed_at
+    assert after_kill <= BOUND_LEASE_S + 2 * BOUND_SWEEP_S + SCHEDULING_SLACK_S, after_kill
+    assert elected(r) == f"rq-emq-sweeper:{second}"
+    wait_for(lambda: r.hget(job_key(job.id), "status") == b"finished", timeout=15, what="the job to finish")
+
+
+def test_when_the_sweeper_and_the_deputy_die_together_a_line_waiter_sweeps_within_hold_and_a_line_wait(
+    r: redis.Redis, redis_url: str, procs: Processes
+) -> None:
+    """Nobody calls the line any more: each waiter's BLPOP ends after at most 10 leases
+    (a random 5 to 10), and then checks the election once (SET NX). The set has a sweeper
+    again within hold + 10 leases of the last renewal, and a deputy just after."""
+    fleet = start_fleet(r, redis_url, procs, ["worker-a", "worker-b", "worker-c", "worker-d"], **BOUND)
+    sweeper_name = elected(r).removeprefix("rq-emq-sweeper:")
+    deputy_name = deputy(r).removeprefix("rq-emq-sweeper:")
+    killed_at = time.monotonic()
+    for name in (sweeper_name, deputy_name):
+        os.killpg(fleet[name].pid, signal.SIGKILL)
+    survivors = {f"rq-emq-sweeper:{name}" for name in set(fleet) - {sweeper_name, deputy_name}}
+    wait_for(lambda: elected(r) in survivors, timeout=20, interval=0.01, what="a new sweeper")
+    after_kill = time.monotonic() - killed_at
+    hold_s, line_s = 2 / 3 * BOUND_LEASE_S, 10 * BOUND_LEASE_S
+    assert after_kill <= hold_s + line_s + 0.3, after_kill
+    wait_for(lambda: deputy(r) in survivors - {elected(r)}, timeout=5, what="the new sweeper's deputy")
+
+
+def test_a_worker_stopped_while_waiting_in_the_line_or_as_deputy_exits_at_once_and_resigns(
+    r: redis.Redis, redis_url: str, procs: Processes
+) -> None:
+    fleet = start_fleet(r, redis_url, procs, ["worker-a", "worker-b", "worker-c"], **IDLE)
+    in_charge = {elected(r), deputy(r)}
+    (waiter,) = [name for name in fleet if f"rq-emq-sweeper:{name}" not in in_charge]
+    stopped_at = time.monotonic()
+    os.kill(fleet[waiter].pid, signal.SIGTERM)
+    assert fleet[waiter].wait(timeout=15) == 0
+    assert time.monotonic() - stopped_at < 2.0
+    assert line_waits(r) == 0 and {elected(r), deputy(r)} == in_charge  # its wait went, nothing else
+    deputy_name = deputy(r).removeprefix("rq-emq-sweeper:")
+    stopped_at = time.monotonic()
+    os.kill(fleet[deputy_name].pid, signal.SIGTERM)
+    assert fleet[deputy_name].wait(timeout=15) == 0
+    assert time.monotonic() - stopped_at < 2.0
+    assert not r.exists(DEPUTY)  # given up, not left to lapse
+    # nobody is left to call: the sweeper's call waits in the line for the next standby
+    wait_for(lambda: r.llen(LINE) == 1, timeout=5, what="the sweeper's call")
+
+
 def test_a_worker_that_stops_gives_its_election_up(r: redis.Redis, redis_url: str, procs: Processes) -> None:
     a = procs.worker(redis_url, name="worker-a", **IDLE)
     wait_for(lambda: elected(r) == "rq-emq-sweeper:worker-a", timeout=15, what="worker-a to be the sweeper")
@@ -146,16 +290,57 @@ def test_workers_on_different_queue_sets_each_have_a_sweeper(
 def test_the_election_is_kept_only_by_its_holder_and_given_up_only_by_it(r: redis.Redis) -> None:
     a = SweeperElection(r, ["q"], idle_ms=3_000, name="a")
     b = SweeperElection(r, ["q"], idle_ms=3_000, name="b")
-    assert a.hold() and not b.hold()  # one SET NX each: a takes it, b stands by
-    assert 3_500 < r.pttl(a.key) <= 4_000  # hold = 4/3 idle
-    b.resign()  # not b's to give up
-    assert r.get(a.key) == a.token.encode()
+    c = SweeperElection(r, ["q"], idle_ms=3_000, name="c")
+    # a SET NX each: a takes the election, b (a SET NX more) the free deputy key, c waits in the line
+    assert a.hold() and not b.hold() and not c.hold()
+    assert (b.role, c.role) == ("deputy", "line")
+    assert 3_500 < r.pttl(a.key) <= 4_000 and 3_500 < r.pttl(a.deputy_key) <= 4_000  # hold = 4/3 idle
+    c.resign()  # nothing of c's to give up
+    assert r.get(a.key) == a.token.encode() and r.get(a.deputy_key) == b.token.encode()
+    a._renewed_at = -1e9
+    assert a.hold() and not r.exists(a.line_key)  # a deputy is in place: no call to the line
+    r.pexpire(a.deputy_key, 1_000)
+    assert not b.hold() and b.role == "deputy"  # the deputy's check renews its key
+    assert 3_500 < r.pttl(a.deputy_key) <= 4_000
     r.delete(a.key)  # a's hold lapsed (a froze) ...
-    assert b.hold()  # ... b takes over
-    a._renewed_at = -1e9  # a wakes: its renewal finds b's token and it stands by
-    assert not a.hold() and not a.elected and r.get(a.key) == b.token.encode()
+    assert b.hold() and b.elected  # ... the deputy takes over, drops its deputy key, calls the line
+    assert not r.exists(a.deputy_key) and r.lrange(a.line_key, 0, -1) == [b.token.encode()]
+    assert not c.hold() and c.role == "deputy"  # c's line wait takes the call at once
+    assert r.get(a.deputy_key) == c.token.encode() and not r.exists(a.line_key)
+    a._renewed_at = -1e9  # a wakes: its renewal finds b's token and it goes to the line
+    assert not a.hold() and not a.elected and a.role == "line" and r.get(a.key) == b.token.encode()
+    c.resign()  # the deputy gives its key up ...
+    assert not r.exists(a.deputy_key)
+    b._renewed_at = -1e9
+    assert b.hold() and r.lrange(a.line_key, 0, -1) == [b.token.encode()]  # ... b calls the next
     b.resign()
     assert not r.exists(a.key)
+
+
+def test_a_lone_sweeper_looks_at_its_unanswered_call_only_every_fourth_renewal(r: redis.Redis) -> None:
+    a = SweeperElection(r, ["q"], idle_ms=3_000, name="a")
+    assert a.hold()
+    looks = []
+    for _ in range(9):
+        a._renewed_at = -1e9
+        r.config_resetstat()
+        assert a.hold()
+        looks.append(int(r.info("commandstats").get("cmdstat_exists", {}).get("calls", 0)))
+    assert r.llen(a.line_key) == 1  # one call, waiting for a standby
+    assert looks == [1, 1, 0, 0, 0, 1, 0, 0, 0], looks  # the first found the line empty and called
+
+
+def test_a_deputy_whose_key_went_or_was_taken_goes_back_to_the_line(r: redis.Redis) -> None:
+    a = SweeperElection(r, ["q"], idle_ms=3_000, name="a")
+    b = SweeperElection(r, ["q"], idle_ms=3_000, name="b")
+    assert a.hold()
+    r.set(a.deputy_key, b.token)
+    b.role = "deputy"
+    r.set(a.deputy_key, "another")  # b froze past its deputy hold, another was recruited
+    assert not b.hold() and b.role == "line"
+    assert r.get(a.deputy_key) == b"another"
+    b.resign()  # not b's to give up either
+    assert r.get(a.deputy_key) == b"another" and r.get(a.key) == a.token.encode()
 
 
 def test_a_standby_whose_set_nx_answer_was_lost_finds_the_election_its_own(r: redis.Redis) -> None:
@@ -163,3 +348,78 @@ def test_a_standby_whose_set_nx_answer_was_lost_finds_the_election_its_own(r: re
     r.set(a.key, a.token, px=4_000)  # its SET NX landed; the reply did not
     a._unsure = True
     assert a.hold() and a.elected  # not a wait for its own hold to lapse
+
+
+def test_a_standby_whose_deputy_set_nx_answer_was_lost_finds_the_deputy_its_own(r: redis.Redis) -> None:
+    a = SweeperElection(r, ["q"], idle_ms=3_000, name="a")
+    b = SweeperElection(r, ["q"], idle_ms=3_000, name="b")
+    assert a.hold()
+    r.set(a.deputy_key, b.token, px=4_000)  # b's SET NX on the deputy landed; the reply did not
+    b.role, b._unsure = "line", True
+    assert not b.hold() and b.role == "deputy"
+
+
+def blocked_on(r: redis.Redis, key: str) -> int:
+    return sum(
+        1 for client in r.client_list() if client.get("cmd") == "blpop" and "b" in client.get("flags", "")
+    )
+
+
+def test_a_line_wait_ends_at_once_when_its_worker_stops(r: redis.Redis) -> None:
+    a = SweeperElection(r, ["q"], idle_ms=3_000, name="a")
+    deputy = SweeperElection(r, ["q"], idle_ms=3_000, name="deputy")
+    b = SweeperElection(r, ["q"], idle_ms=3_000, name="b")
+    assert a.hold() and not deputy.hold() and not b.hold()  # b's line wait blocks (up to 60 s)
+    waiter = threading.Thread(target=b.hold)
+    waiter.start()
+    wait_for(lambda: blocked_on(r, b.line_key) == 1, timeout=5, what="b to block in the line")
+    stopped_at = time.monotonic()
+    b.stopping.set()
+    waiter.join(timeout=5)
+    assert not waiter.is_alive() and time.monotonic() - stopped_at < 0.5
+    b.resign()
+    wait_for(lambda: blocked_on(r, b.line_key) == 0, timeout=5, what="Redis to drop the wait")
+    assert r.get(a.key) == a.token.encode()  # nothing else changed
+
+
+def test_a_line_wait_that_times_out_checks_the_election_once(r: redis.Redis) -> None:
+    """The sweeper and the deputy died together: nobody calls the line, so a standby
+    takes the free election when its wait ends (at most 10 leases)."""
+    lease_ms = 100
+    a, deputy, b = (SweeperElection(r, ["q"], lease_ms // 2, name, lease_ms=lease_ms) for name in "adb")
+    assert a.hold() and not deputy.hold() and not b.hold() and b.role == "line"
+    r.delete(a.key, a.deputy_key)  # a and the deputy died together
+    started = time.monotonic()
+    assert b.hold() and b.elected  # one wait of 0.5..1 s, then one SET NX
+    assert 0.45 <= time.monotonic() - started <= 1.0 + 0.5
+
+
+def test_a_line_wait_whose_connection_breaks_raises_and_the_next_step_waits_again(r: redis.Redis) -> None:
+    """Redis trouble in the line wait (here its connection killed) reaches the sweeper's
+    loop, which logs it and retries: the next step settles what the lost call may have
+    done (hold_sweeper) and the one after waits in the line again, on a new connection."""
+    a, deputy, b = (SweeperElection(r, ["q"], idle_ms=3_000, name=name) for name in ("a", "deputy", "b"))
+    assert a.hold() and not deputy.hold() and not b.hold()
+    errors: list[BaseException] = []
+
+    def step() -> None:
+        try:
+            b.hold()
+        except BaseException as error:
+            errors.append(error)
+
+    waiter = threading.Thread(target=step)
+    waiter.start()
+    wait_for(lambda: blocked_on(r, b.line_key) == 1, timeout=5, what="b to block in the line")
+    (blocked,) = [c for c in r.client_list() if c.get("cmd") == "blpop" and "b" in c.get("flags", "")]
+    r.client_kill_filter(_id=blocked["id"])
+    waiter.join(timeout=5)
+    assert not waiter.is_alive() and isinstance(errors[0], redis.ConnectionError), errors
+    assert not b.hold() and b.role == "line"  # the lost call settled: neither election nor deputy
+    waiter = threading.Thread(target=step)
+    waiter.start()
+    wait_for(lambda: blocked_on(r, b.line_key) == 1, timeout=5, what="b to block in the line again")
+    b.stopping.set()
+    waiter.join(timeout=5)
+    assert not waiter.is_alive() and len(errors) == 1
+    b.resign()

@@ -21,6 +21,7 @@ from rq import Queue, Retry
 from rq.job import Job
 
 import rq_emq
+from rq_emq.keys import sweeper_deputy_key, sweeper_election_key
 from rq_emq.testing import RedisServer
 
 pytestmark = pytest.mark.slow
@@ -37,9 +38,10 @@ COMMANDS = (
     *"evalsha script|load script|exists multi exec watch unwatch time".split(),
     # RQ's worker channel (its commands: stop job, shutdown)
     *"subscribe unsubscribe".split(),
-    *"get set del exists expire persist pttl".split(),
+    *"get mget set del exists expire persist pttl".split(),
     *"hget hmget hgetall hset hsetnx hdel hincrby hincrbyfloat".split(),
-    *"llen lindex lpush rpush lpop lrange lrem lpos blmove".split(),
+    # blpop: a standby's wait in its sweeper election's line (never on a queue)
+    *"llen lindex lpush rpush lpop lrange lrem lpos blmove blpop".split(),
     *"sadd srem smembers".split(),
     *"zadd zcard zcount zrange zrangebyscore zrem zremrangebyscore zscore".split(),
     *"xadd xrevrange".split(),  # RQ's job results
@@ -132,13 +134,18 @@ def run_everything(server: RedisServer, procs: Processes, tmp_path: Path) -> red
     sweeper.send_signal(signal.SIGTERM)
     assert sweeper.wait(timeout=15) == 0, procs.log(sweeper)
 
-    # an idle forking LeaseWorker on one queue blocks (BLMOVE) until a job arrives
+    # an idle forking LeaseWorker on one queue blocks (BLMOVE) until a job arrives; a
+    # second one on the same queue waits in the election's line (BLPOP), then is its deputy
     idle = procs.worker(url, "default", **FAST)
     wait_for(lambda: worker_state(r, idle.pid) == b"idle", what="an idle worker")
+    second = procs.worker(url, "default", **FAST)
+    wait_for(lambda: worker_state(r, second.pid) == b"idle", what="a second idle worker")
+    wait_for(lambda: r.exists(sweeper_deputy_key(sweeper_election_key(["default"]))), what="a deputy")
     plain = queue.enqueue("jobs.add", 1, 2)
     wait_status(r, plain.id, "finished", timeout=15)
-    os.kill(idle.pid, signal.SIGTERM)
-    assert idle.wait(timeout=30) == 0, procs.log(idle)
+    for process in (idle, second):
+        os.kill(process.pid, signal.SIGTERM)
+        assert process.wait(timeout=30) == 0, procs.log(process)
 
     # rq info
     info = subprocess.run(

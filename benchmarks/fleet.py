@@ -10,7 +10,8 @@ redis-server. Per N:
 - under a trickle (one job at a time into the last queue, every worker idle before each
   push): Redis commands and Lua calls per job (the producer's enqueue included), the
   waiting's own share (BLMOVE/BLPOP and CLIENT UNBLOCK per job), Redis CPU per job
-  (INFO cpu, user + sys), pick-up latency (enqueue to ``started_at``) p50/p95;
+  (INFO cpu, user + sys, less the benchmark's own commands' time), pick-up latency
+  (enqueue to ``started_at``) p50/p95;
 - connections per worker (CLIENT LIST while idle).
 
 The benchmark's own polling uses commands no worker sends (CLIENT LIST, INFO, HSTRLEN)
@@ -96,13 +97,16 @@ class Fleet:
 
 def counters(r: redis.Redis) -> tuple[int, int, int, float]:
     """(commands, Lua calls, wait commands, Redis CPU seconds) so far, the benchmark's own
-    commands left out."""
+    commands left out: the CPU is the server's (INFO cpu, user + sys) less the time INFO
+    commandstats gives the benchmark's own commands (its CLIENT LIST polling costs more
+    the more connections the fleet holds)."""
     stats = r.info("commandstats")
     cpu = r.info("cpu")
     commands = sum(v["calls"] for k, v in stats.items() if k not in OWN)
     lua = sum(stats.get(k, {}).get("calls", 0) for k in LUA)
     waits = sum(stats.get(k, {}).get("calls", 0) for k in WAITS)
-    return commands, lua, waits, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+    own_s = sum(v["usec"] for k, v in stats.items() if k in OWN) / 1e6
+    return commands, lua, waits, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]) - own_s
 
 
 def _when(value: bytes | None) -> float:
@@ -128,7 +132,7 @@ def measure(fleet: Fleet, n: int, jobs: int, idle_seconds: float) -> list[object
         job = target.enqueue("bench_jobs.noop")
         ids.append(job.id)
         wait_until(lambda key=job.key: r.hstrlen(key, "status") == len("finished"), 30, interval=0.002)
-        wait_until(fleet.all_idle, 30, interval=0.005)
+        wait_until(fleet.all_idle, 30, interval=0.02)
     end = counters(r)
     elapsed = time.monotonic() - began
     latencies = []

@@ -57,7 +57,8 @@ def test_ci_runs_both_quickstart_lines_before_the_matrix() -> None:
 
 
 def test_the_readme_is_read_in_minutes() -> None:
-    assert len(README.read_bytes()) <= 12_500
+    # 12.5 KB, plus the fleet table issue 12 asks the README to carry
+    assert len(README.read_bytes()) <= 13_500
 
 
 def slug(heading: str) -> str:

@@ -9,6 +9,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -60,6 +61,18 @@ def idle_fleet_commands(
     procs.started.clear()
     r.flushdb()
     return counted
+
+
+def kill_the_sweeper_with_its_job_and_see_it_recovered_in_the_bound(r: redis.Redis, a: Any, job: Any) -> None:
+    token = r.hget(job_key(job.id), "emq_token")
+    assert token == r.get(Q.lock(job.id))  # a holds the running job
+    killed_at = time.monotonic()
+    os.killpg(a.pid, signal.SIGKILL)
+    wait_for(
+        lambda: r.hget(job_key(job.id), "emq_token") != token, timeout=10, interval=0.005, what="the recovery"
+    )
+    after_kill = time.monotonic() - killed_at
+    assert after_kill <= BOUND_LEASE_S + 2 * BOUND_SWEEP_S + SCHEDULING_SLACK_S, after_kill
 
 
 def test_sweep_script_calls_of_an_idle_fleet_do_not_grow_with_its_size(
@@ -150,15 +163,7 @@ def test_a_killed_sweepers_own_job_is_recovered_by_a_standby_within_the_bound(
     wait_for(lambda: r.scard("rq:workers") == 2, timeout=15, what="worker-b to register")
     time.sleep(0.5)  # b's start-up round is over: from now on it stands by
     assert elected(r) == "rq-emq-sweeper:worker-a"
-    token = r.hget(job_key(job.id), "emq_token")
-    assert token == r.get(Q.lock(job.id))  # a holds the running job
-    killed_at = time.monotonic()
-    os.killpg(a.pid, signal.SIGKILL)
-    wait_for(
-        lambda: r.hget(job_key(job.id), "emq_token") != token, timeout=10, interval=0.005, what="the recovery"
-    )
-    after_kill = time.monotonic() - killed_at
-    assert after_kill <= BOUND_LEASE_S + 2 * BOUND_SWEEP_S + SCHEDULING_SLACK_S, after_kill
+    kill_the_sweeper_with_its_job_and_see_it_recovered_in_the_bound(r, a, job)
     assert elected(r) == "rq-emq-sweeper:worker-b"
     wait_for(lambda: r.hget(job_key(job.id), "status") == b"finished", timeout=15, what="the job to finish")
     assert [line.split()[0] for line in runs(log)] == ["start", "start", "end"]
@@ -216,15 +221,7 @@ def test_a_killed_deputy_is_replaced_and_the_new_one_recovers_a_killed_sweepers_
     assert time.monotonic() - killed_at <= 2 / 3 * BOUND_LEASE_S + BOUND_LEASE_S / 2 + 0.3
     assert line_waits(r) == 0 and elected(r) == "rq-emq-sweeper:worker-a"
 
-    token = r.hget(job_key(job.id), "emq_token")
-    assert token == r.get(Q.lock(job.id))  # a holds the running job
-    killed_at = time.monotonic()
-    os.killpg(a.pid, signal.SIGKILL)
-    wait_for(
-        lambda: r.hget(job_key(job.id), "emq_token") != token, timeout=10, interval=0.005, what="the recovery"
-    )
-    after_kill = time.monotonic() - killed_at
-    assert after_kill <= BOUND_LEASE_S + 2 * BOUND_SWEEP_S + SCHEDULING_SLACK_S, after_kill
+    kill_the_sweeper_with_its_job_and_see_it_recovered_in_the_bound(r, a, job)
     assert elected(r) == f"rq-emq-sweeper:{second}"
     wait_for(lambda: r.hget(job_key(job.id), "status") == b"finished", timeout=15, what="the job to finish")
 

@@ -12,8 +12,9 @@ The caller ends up:
   that became the sweeper drops its deputy key; and when the set has no deputy and the line
   is empty, one element is pushed onto the line: it wakes the one standby that waited
   longest (or waits there for the next standby), which then takes the deputy key (SET NX);
-- the deputy (the election is another's and the deputy key is the caller's): kept for hold_ms;
-- neither: it goes (back) to the line.
+- the deputy (the election is another's and the deputy key is the caller's, or free): kept
+  (or taken) for hold_ms;
+- neither (another holds the deputy key): it goes (back) to the line.
 
 KEYS:
   1 emq:sweeper:<queue set>           the election
@@ -56,7 +57,11 @@ if sweeper == token or not sweeper then
   end
   return 1
 end
-if deputy_token == token then
+-- the deputy keeps its key; a caller whose deputy key lapsed (its thread starved past the
+-- hold on a loaded host), or a sweeper that woke to find the election another's, takes a
+-- free deputy key: sending it to the line would leave the set without a watcher until a
+-- line wait ends (lease multiples), should the sweeper die meanwhile
+if deputy_token == token or not deputy_token then
   redis.call('SET', deputy, token, 'PX', hold_ms)
   return 2
 end

@@ -418,6 +418,14 @@ CATALOG: list[Mutation] = [
         "no standby ever leaves the line: nobody watches the sweeper but the line's rare checks",
     ),
     _m(
+        "a_lapsed_deputy_goes_to_the_line",
+        "lua/hold_sweeper-3.lua",
+        "if deputy_token == token or not deputy_token then",
+        "if deputy_token == token then",
+        [f"{FLEET}::test_a_deputy_whose_key_lapsed_takes_it_again_while_it_is_free"],
+        "a deputy starved past its hold leaves the set unwatched until a line wait ends",
+    ),
+    _m(
         "a_sweeping_deputy_keeps_its_deputy_key",
         "lua/hold_sweeper-3.lua",
         "redis.call('DEL', deputy)  -- the deputy took over",

@@ -340,6 +340,19 @@ def test_a_deputy_whose_key_went_or_was_taken_goes_back_to_the_line(r: redis.Red
     assert r.get(a.deputy_key) == b"another" and r.get(a.key) == a.token.encode()
 
 
+def test_a_deputy_whose_key_lapsed_takes_it_again_while_it_is_free(r: redis.Redis) -> None:
+    """A deputy's thread starved past its hold (a loaded host) must not drop to the line
+    while the key is free: the set would have no watcher until a line wait ends, and a
+    sweeper dying meanwhile would leave its job far past the bound (seen in the crash demo
+    under a full test run: 16.8 s against 4 s)."""
+    a = SweeperElection(r, ["q"], idle_ms=3_000, name="a")
+    b = SweeperElection(r, ["q"], idle_ms=3_000, name="b")
+    assert a.hold() and not b.hold() and b.role == "deputy"
+    r.delete(a.deputy_key)  # b's key lapsed
+    assert not b.hold() and b.role == "deputy"
+    assert r.get(a.deputy_key) == b.token.encode()
+
+
 def test_a_standby_whose_set_nx_answer_was_lost_finds_the_election_its_own(r: redis.Redis) -> None:
     a = SweeperElection(r, ["q"], idle_ms=3_000, name="a")
     r.set(a.key, a.token, px=4_000)  # its SET NX landed; the reply did not

@@ -24,12 +24,17 @@ def stock_heartbeat_size(r: redis.Redis, worker: LeaseWorker) -> int:
         return len(pipe)
 
 
+def registered_worker(r: redis.Redis) -> tuple[LeaseWorker, int]:
+    """A LeaseWorker registered in Redis, and the size of RQ's own heartbeat."""
+    worker = LeaseWorker(["q"], connection=r, name="hb")
+    worker.register_birth()
+    return worker, stock_heartbeat_size(r, worker)
+
+
 def test_a_heartbeat_sent_alone_is_one_round_trip_and_a_repeat_within_a_second_is_skipped(
     r: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    worker = LeaseWorker(["q"], connection=r, name="hb")
-    worker.register_birth()
-    size = stock_heartbeat_size(r, worker)
+    worker, size = registered_worker(r)
     sent = count_pipelines(monkeypatch)
     r.config_resetstat()
     worker.heartbeat()
@@ -42,9 +47,7 @@ def test_a_heartbeat_sent_alone_is_one_round_trip_and_a_repeat_within_a_second_i
 
 
 def test_a_heartbeat_a_second_later_is_sent(r: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
-    worker = LeaseWorker(["q"], connection=r, name="hb")
-    worker.register_birth()
-    size = stock_heartbeat_size(r, worker)
+    worker, size = registered_worker(r)
     r.config_resetstat()
     worker.heartbeat()
     clock = [1_000.0]
@@ -58,9 +61,7 @@ def test_a_heartbeat_a_second_later_is_sent(r: redis.Redis, monkeypatch: pytest.
 def test_the_lone_beat_right_after_a_job_is_left_to_rqs_suspension_check(r: redis.Redis) -> None:
     """RQ's loop beats alone after each job and again, a moment later, inside its
     `rq suspend` check; the wait that follows beats once more. One of the three is sent."""
-    worker = LeaseWorker(["q"], connection=r, name="hb")
-    worker.register_birth()
-    size = stock_heartbeat_size(r, worker)
+    worker, size = registered_worker(r)
     r.config_resetstat()
     worker.job_ended()
     worker.heartbeat()  # RQ's loop, right after the job
@@ -75,9 +76,7 @@ def test_the_lone_beat_right_after_a_job_is_left_to_rqs_suspension_check(r: redi
 def test_the_beat_right_after_a_take_is_left_to_the_lock_manager_while_the_workers_ttl_is_long(
     r: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    worker = LeaseWorker(["q"], connection=r, name="hb")
-    worker.register_birth()
-    size = stock_heartbeat_size(r, worker)
+    worker, size = registered_worker(r)
     clock = [1_000.0]
     monkeypatch.setattr("rq_emq.heartbeats.time.monotonic", lambda: clock[0])
     r.config_resetstat()

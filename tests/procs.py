@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 TESTS_DIR = Path(__file__).resolve().parent
 RQ_BIN = str(Path(sys.executable).parent / "rq")
@@ -25,6 +26,11 @@ def wait_for(
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+
+
+def blocked_clients(r: Any, *commands: str) -> int:
+    """Clients of the Redis behind ``r`` blocked now in one of ``commands`` (``blmove``, ``blpop``)."""
+    return sum(c.get("cmd") in commands and "b" in str(c.get("flags")) for c in r.client_list())
 
 
 def pid_alive(pid: int) -> bool:

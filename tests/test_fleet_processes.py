@@ -17,7 +17,7 @@ import pytest
 import redis
 import rq
 from helpers import FAST, status, wait_status
-from procs import Processes, wait_for
+from procs import Processes, blocked_clients, wait_for
 from rq import Queue
 from rq.job import Job, JobStatus
 
@@ -31,15 +31,11 @@ QUIET = {"RQ_EMQ_LEASE_MS": "600000", "RQ_EMQ_SWEEP_INTERVAL_MS": "60000"}
 
 
 def blocked_waits(r: redis.Redis) -> int:
-    return sum(c.get("cmd") == "blmove" and "b" in str(c.get("flags")) for c in r.client_list())
+    return blocked_clients(r, "blmove")
 
 
 def intermediates(r: redis.Redis) -> dict[str, int]:
     return {q: int(r.llen(f"rq:queue:{q}:intermediate")) for q in QUEUES}
-
-
-def blocked_clients(r: redis.Redis, *commands: str) -> int:
-    return sum(c.get("cmd") in commands and "b" in str(c.get("flags")) for c in r.client_list())
 
 
 def start_fleet(

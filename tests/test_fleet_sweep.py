@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 from jobs import runs
-from procs import Processes, wait_for
+from procs import Processes, blocked_clients, wait_for
 from rq import Queue
 
 from rq_emq.election import SweeperElection
@@ -29,6 +29,11 @@ DEPUTY, LINE = sweeper_deputy_key(ELECTION), sweeper_line_key(ELECTION)
 #: the election 1 s, standbys check every 0.25-0.5 s.
 IDLE = {"RQ_EMQ_LEASE_MS": "1500", "RQ_EMQ_RENEW_INTERVAL_MS": "150", "RQ_EMQ_SWEEP_INTERVAL_MS": "250"}
 IDLE_LEASE_S = 1.5
+
+
+def line_waits(r: redis.Redis) -> int:
+    """Clients blocked in an election's line (each test has one election)."""
+    return blocked_clients(r, "blpop")
 
 
 def calls(r: redis.Redis) -> dict[str, int]:
@@ -53,7 +58,14 @@ def idle_fleet_commands(
     for i in range(workers):
         procs.worker(redis_url, name=f"idle-{i}", **settings)
     wait_for(lambda: r.scard("rq:workers") == workers, timeout=30, what="the workers to register")
-    time.sleep(2.0)  # every worker's start-up round is over, and a sweeper elected
+    # Steady state, not a fixed sleep: on a loaded host a worker may still be opening its
+    # connections (HELLO, CLIENT SETINFO) seconds after it registered.
+    wait_for(
+        lambda: blocked_clients(r, "blmove") == workers and line_waits(r) == max(workers - 2, 0),
+        timeout=30,
+        what="every worker to wait on its queue and every standby but the deputy in the line",
+    )
+    time.sleep(1.0)  # the sweeper's start-up round is over
     r.config_resetstat()
     time.sleep(seconds)
     counted = calls(r)
@@ -119,11 +131,13 @@ def test_an_idle_fleets_election_costs_do_not_grow_with_its_size(
     r: redis.Redis, redis_url: str, procs: Processes
 ) -> None:
     """Two idle workers and eight on one queue: Redis runs about as many commands per
-    second for both (the sweeper's renewals, the deputy's checks; the six more standbys
-    wait in the line and send at most one BLPOP and one SET NX per 3-6 s each). Before the
-    deputy every standby checked the election every 0.1-0.2 s: 8 workers cost three times
-    what 2 did, and this test fails on that code."""
+    second for both (the sweeper's renewals, the deputy's checks); the six more standbys
+    wait in the line, and each ends its wait once per 3-6 s with a SET NX and the next
+    BLPOP (the ended BLPOP counts too). Before the deputy every standby checked the
+    election every 0.1-0.2 s (three commands): 8 workers cost three times what 2 did, and
+    this test fails on that code."""
     window = 3.0
+    line_waits_ending = 6 * 3 / window  # each of the six ends at most one wait of >= 3 s
     two = idle_fleet_commands(r, redis_url, procs, 2, window, in_flight=False, settings=SHORT)
     eight = idle_fleet_commands(r, redis_url, procs, 8, window, in_flight=False, settings=SHORT)
 
@@ -132,7 +146,8 @@ def test_an_idle_fleets_election_costs_do_not_grow_with_its_size(
         return (sum(counted.values()) - ignored) / window
 
     assert per_second(two) >= 10, two  # the election is at work
-    assert per_second(eight) <= 1.2 * per_second(two) + 4, (per_second(two), per_second(eight), two, eight)
+    allowed = 1.2 * per_second(two) + line_waits_ending
+    assert per_second(eight) <= allowed, (per_second(two), per_second(eight), allowed, two, eight)
 
 
 def elected(r: redis.Redis) -> str:
@@ -172,13 +187,6 @@ def test_a_killed_sweepers_own_job_is_recovered_by_a_standby_within_the_bound(
 def deputy(r: redis.Redis) -> str:
     token = r.get(DEPUTY)
     return token.decode().split(":", 1)[1] if token else ""
-
-
-def line_waits(r: redis.Redis) -> int:
-    """Clients blocked in the line of the default queue's election."""
-    return sum(
-        1 for client in r.client_list() if client.get("cmd") == "blpop" and "b" in client.get("flags", "")
-    )
 
 
 def start_fleet(
@@ -369,12 +377,6 @@ def test_a_standby_whose_deputy_set_nx_answer_was_lost_finds_the_deputy_its_own(
     assert not b.hold() and b.role == "deputy"
 
 
-def blocked_on(r: redis.Redis, key: str) -> int:
-    return sum(
-        1 for client in r.client_list() if client.get("cmd") == "blpop" and "b" in client.get("flags", "")
-    )
-
-
 def test_a_line_wait_ends_at_once_when_its_worker_stops(r: redis.Redis) -> None:
     a = SweeperElection(r, ["q"], idle_ms=3_000, name="a")
     deputy = SweeperElection(r, ["q"], idle_ms=3_000, name="deputy")
@@ -382,13 +384,13 @@ def test_a_line_wait_ends_at_once_when_its_worker_stops(r: redis.Redis) -> None:
     assert a.hold() and not deputy.hold() and not b.hold()  # b's line wait blocks (up to 60 s)
     waiter = threading.Thread(target=b.hold)
     waiter.start()
-    wait_for(lambda: blocked_on(r, b.line_key) == 1, timeout=5, what="b to block in the line")
+    wait_for(lambda: line_waits(r) == 1, timeout=5, what="b to block in the line")
     stopped_at = time.monotonic()
     b.stopping.set()
     waiter.join(timeout=5)
     assert not waiter.is_alive() and time.monotonic() - stopped_at < 0.5
     b.resign()
-    wait_for(lambda: blocked_on(r, b.line_key) == 0, timeout=5, what="Redis to drop the wait")
+    wait_for(lambda: line_waits(r) == 0, timeout=5, what="Redis to drop the wait")
     assert r.get(a.key) == a.token.encode()  # nothing else changed
 
 
@@ -420,7 +422,7 @@ def test_a_line_wait_whose_connection_breaks_raises_and_the_next_step_waits_agai
 
     waiter = threading.Thread(target=step)
     waiter.start()
-    wait_for(lambda: blocked_on(r, b.line_key) == 1, timeout=5, what="b to block in the line")
+    wait_for(lambda: line_waits(r) == 1, timeout=5, what="b to block in the line")
     (blocked,) = [c for c in r.client_list() if c.get("cmd") == "blpop" and "b" in c.get("flags", "")]
     r.client_kill_filter(_id=blocked["id"])
     waiter.join(timeout=5)
@@ -428,7 +430,7 @@ def test_a_line_wait_whose_connection_breaks_raises_and_the_next_step_waits_agai
     assert not b.hold() and b.role == "line"  # the lost call settled: neither election nor deputy
     waiter = threading.Thread(target=step)
     waiter.start()
-    wait_for(lambda: blocked_on(r, b.line_key) == 1, timeout=5, what="b to block in the line again")
+    wait_for(lambda: line_waits(r) == 1, timeout=5, what="b to block in the line again")
     b.stopping.set()
     waiter.join(timeout=5)
     assert not waiter.is_alive() and len(errors) == 1

@@ -544,14 +544,14 @@ CATALOG: list[Mutation] = [
     _m(
         "fence_spent_on_a_read",
         "rq_emq/fencing.py",
-        " or _reads_only(commands):",
+        " or reads_only(commands):",
         ":",
         [f"{LIFE}::test_a_read_only_transaction_inside_the_finish_does_not_spend_the_fence"],
         "RQ 3 reads dependents in a transaction: the fence is spent on it, the outcome goes unfenced",
     ),
     _m(
         "long_commands_not_split",
-        "rq_emq/fencing.py",
+        "rq_emq/packing.py",
         "MAX_PACKED_ARGS = 1000",
         "MAX_PACKED_ARGS = 1_000_000",
         [f"{LIFE}::test_a_finish_with_a_command_longer_than_luas_unpack_limit_commits_whole"],
@@ -645,7 +645,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "start_does_not_record_rqs_status",
-        "rq_emq/fencing.py",
+        "rq_emq/packing.py",
         'extra = ["emq_status", status]',
         "extra = []",
         [f"{LIFE}::test_a_fenced_finish_records_the_jobs_own_max_attempts_with_its_start"],

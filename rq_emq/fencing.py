@@ -28,43 +28,24 @@ from redis import Redis
 from redis.client import Pipeline
 from redis.exceptions import ResponseError, WatchError
 
-from . import compat, scripts
+from . import scripts
 from .keys import QueueKeys
+from .packing import (
+    MAX_PACKED_ARGS,
+    command_name,
+    merge_replies,
+    pack,
+    reads_only,
+    resp2_callbacks,
+    split,
+    start_record,
+    text,
+)
 
 logger = logging.getLogger("rq_emq.lease")
 
 # Commands Lua cannot run inside a script; a batch holding one is committed the slow way.
 _NOT_IN_SCRIPTS = frozenset({"EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO", "SCRIPT", "FCALL", "MULTI", "EXEC"})
-
-# Commands that only read: a transaction of nothing else is not an outcome. Anything not
-# listed counts as a write, so an unknown command is fenced rather than let through.
-_READ_ONLY = frozenset(
-    """GET MGET STRLEN GETRANGE EXISTS TYPE TTL PTTL HGET HGETALL HMGET HEXISTS HLEN HKEYS HVALS
-    HSTRLEN SMEMBERS SISMEMBER SMISMEMBER SCARD ZSCORE ZMSCORE ZRANGE ZRANGEBYSCORE ZREVRANGE
-    ZREVRANGEBYSCORE ZCARD ZCOUNT ZRANK ZREVRANK LRANGE LLEN LINDEX LPOS XRANGE XREVRANGE XLEN
-    SCAN HSCAN SSCAN ZSCAN PING TIME DBSIZE""".split()
-)
-
-# A packed command's arguments reach redis.call through Lua's unpack, which fails past
-# about 8000 values (after the commands before it ran: a half-run outcome). Longer
-# variadic commands are sent as several of at most this many arguments each.
-MAX_PACKED_ARGS = 1000
-
-# Variadic commands that split into several of the same: words before the repeated part
-# (the name included), the size of one repeated item, and how the replies combine.
-_SPLITTABLE: dict[str, tuple[int, int, str]] = {
-    "DEL": (1, 1, "sum"),
-    "UNLINK": (1, 1, "sum"),
-    "SADD": (2, 1, "sum"),
-    "SREM": (2, 1, "sum"),
-    "ZREM": (2, 1, "sum"),
-    "HDEL": (2, 1, "sum"),
-    "HSET": (2, 2, "sum"),
-    "LPUSH": (2, 1, "last"),
-    "RPUSH": (2, 1, "last"),
-    "ZADD": (2, 2, "sum"),
-}
-_ZADD_FLAGS = frozenset({"NX", "XX", "GT", "LT", "CH"})
 
 
 class LeaseLost(Exception):
@@ -174,7 +155,7 @@ class _FencedPipelineMixin:
         pipe: Any = self
         commands = list(pipe.command_stack)
         session = self._emq_session
-        if not pipe.transaction or not commands or session.committed or _reads_only(commands):
+        if not pipe.transaction or not commands or session.committed or reads_only(commands):
             # reads, and RQ's steps after the outcome (enqueueing dependents), run as they would
             return super().execute(raise_on_error)  # type: ignore[misc]
         fence = session.fence
@@ -197,8 +178,8 @@ class _FencedPipelineMixin:
         pipe: Any = self
         session = self._emq_session
         fence = session.fence
-        pieces = [_split(args) for args, _ in commands]
-        if any(_command_name(args) in _NOT_IN_SCRIPTS for args, _ in commands) or any(
+        pieces = [split(args) for args, _ in commands]
+        if any(command_name(args) in _NOT_IN_SCRIPTS for args, _ in commands) or any(
             len(words) > MAX_PACKED_ARGS for parts, _ in pieces for words in parts
         ):
             return self._execute_checked(commands, raise_on_error)
@@ -206,12 +187,8 @@ class _FencedPipelineMixin:
         if session.release:
             packed: list[Any] = [fence.job_id, fence.token, fence.counter]
         else:
-            packed = [fence.job_id, fence.token, *_start_record(fence, commands, pieces)]
-        packed.append(sum(len(parts) for parts, _ in pieces))
-        for parts, _ in pieces:
-            for words in parts:
-                packed.append(len(words))
-                packed.extend(words)
+            packed = [fence.job_id, fence.token, *start_record(fence, commands, pieces)]
+        packed.extend(pack(pieces))
         watching = bool(pipe.watching)
         for attempt in (1, 2):
             pipe.command_stack = []
@@ -227,11 +204,11 @@ class _FencedPipelineMixin:
             raise reply
         outcome = int(reply[0])
         if outcome == 2:
-            raise session.refuse(ended_status=_text(reply[1]))
+            raise session.refuse(ended_status=text(reply[1]))
         if outcome != 1:
             raise session.refuse()
         session.mark_committed()
-        replies = _merge_replies(pieces, list(reply[1]))
+        replies = merge_replies(pieces, list(reply[1]))
         return self._apply_callbacks(commands, replies, raise_on_error)
 
     def _send_script(self, watching: bool) -> list[Any]:
@@ -267,136 +244,20 @@ class _FencedPipelineMixin:
 
     def _apply_callbacks(self, commands: list[Any], replies: list[Any], raise_on_error: bool) -> list[Any]:
         # Lua hands back RESP2 shapes whatever the client's protocol, so parse them as RESP2.
-        callbacks = _resp2_callbacks()
+        callbacks = resp2_callbacks()
         data: list[Any] = []
         for index, ((args, options), reply) in enumerate(zip(commands, replies, strict=True)):
             if isinstance(reply, ResponseError):
                 if raise_on_error:
                     raise type(reply)(
-                        f"Command # {index + 1} ({_command_name(args)}) of pipeline caused error: {reply}"
+                        f"Command # {index + 1} ({command_name(args)}) of pipeline caused error: {reply}"
                     )
                 data.append(reply)
                 continue
             options = {k: v for k, v in options.items() if k not in ("keys", "EMPTY_RESPONSE")}
-            callback = callbacks.get(_command_name(args, words=2)) or callbacks.get(_command_name(args))
+            callback = callbacks.get(command_name(args, words=2)) or callbacks.get(command_name(args))
             data.append(callback(reply, **options) if callback else reply)
         return data
-
-
-def _reads_only(commands: list[Any]) -> bool:
-    return all(_command_name(args) in _READ_ONLY for args, _ in commands)
-
-
-#: Commands on the job hash that leave its ``status`` field as it was.
-_KEEP_FIELDS = frozenset(
-    {"PERSIST", "EXPIRE", "PEXPIRE", "EXPIREAT", "PEXPIREAT", "HGET", "HMGET", "HGETALL"}
-)
-
-
-def _start_record(fence: Fence, commands: list[Any], pieces: list[tuple[list[list[Any]], str]]) -> list[str]:
-    """``guard_job_write``'s max attempts and status arguments: what it records on the job
-    hash with RQ's commands. When RQ's last HSET of the job's status is known here, the
-    status it writes (and the job's own max attempts) ride in that very HSET, which
-    changes the job hash in the same way as the script's own write after it would, one
-    command fewer; else the script records them itself."""
-    if not fence.records_status:
-        return [fence.max_attempts, "0"]
-    status, at = _status_written(fence.keys[0], commands)
-    if status is None or at is None or pieces[at][1] != "one":
-        return [fence.max_attempts, "1" if status is None else "=" + status]
-    extra = ["emq_status", status]
-    if fence.max_attempts:
-        extra += ["emq_max_attempts", fence.max_attempts]
-    pieces[at][0][0].extend(extra)
-    return ["", "0"]
-
-
-def _status_written(key: str, commands: list[Any]) -> tuple[str | None, int | None]:
-    """The RQ status ``commands`` leave on the job hash ``key`` and the index of the HSET
-    that writes it, when nothing but plain HSETs (and expiry changes, reads) touch the
-    hash; else (None, None): the script reads the status back, the only sure answer then."""
-    keys = (key, key.encode())  # a pickled job's data need not decode: compare as sent
-    status: str | None = None
-    at: int | None = None
-    for index, (args, _) in enumerate(commands):
-        if not any(word in keys for word in args[1:] if isinstance(word, (str, bytes))):
-            continue
-        name = _command_name(args)
-        if name in _KEEP_FIELDS and args[1] in keys:
-            continue
-        if name != "HSET" or args[1] not in keys or len(args) % 2:
-            return None, None
-        for field, value in zip(args[2::2], args[3::2], strict=True):
-            if field in ("status", b"status"):
-                status, at = _sent(value), index
-    return (status, at) if status is not None else (None, None)
-
-
-def _sent(value: Any) -> str | None:
-    """A command argument as redis-py sends it (RQ's statuses are str enums: their text
-    is the value, not what ``str()`` of the member says); None for other types."""
-    if isinstance(value, bytes):
-        return value.decode()
-    if isinstance(value, str):
-        return value.encode().decode()
-    return None
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _split(args: tuple[Any, ...]) -> tuple[list[list[Any]], str]:
-    """One queued command as the packed commands that carry it, and how their replies
-    combine ("one": a single command)."""
-    words = _split_name(args)
-    name = _text(words[0]).upper()
-    rule = _SPLITTABLE.get(name)
-    if rule is None or len(words) <= MAX_PACKED_ARGS:
-        return [words], "one"
-    head_len, item, combine = rule
-    if name == "ZADD":
-        while head_len < len(words) and _text(words[head_len]).upper() in _ZADD_FLAGS:
-            head_len += 1
-    head, body = words[:head_len], words[head_len:]
-    step = max(item, (MAX_PACKED_ARGS - head_len) // item * item)
-    return [[*head, *body[i : i + step]] for i in range(0, len(body), step)], combine
-
-
-def _merge_replies(pieces: list[tuple[list[list[Any]], str]], replies: list[Any]) -> list[Any]:
-    merged: list[Any] = []
-    at = 0
-    for parts, combine in pieces:
-        mine = replies[at : at + len(parts)]
-        at += len(parts)
-        errors = [reply for reply in mine if isinstance(reply, ResponseError)]
-        if combine == "one":
-            merged.append(mine[0])
-        elif errors:
-            merged.append(errors[0])
-        elif combine == "sum":
-            merged.append(sum(int(reply) for reply in mine))
-        else:
-            merged.append(mine[-1])
-    return merged
-
-
-def _command_name(args: tuple[Any, ...], words: int = 1) -> str:
-    first = args[0]
-    text = first.decode() if isinstance(first, bytes) else str(first)
-    return " ".join(text.upper().split()[:words])
-
-
-@cache
-def _resp2_callbacks() -> dict[str, Any]:
-    return {name.upper(): callback for name, callback in compat.resp2_callbacks().items()}
-
-
-def _split_name(args: tuple[Any, ...]) -> list[Any]:
-    # redis-py lets a command name carry literal words ("CONFIG GET"); Lua wants them apart.
-    first = args[0]
-    words: list[Any] = first.split() if isinstance(first, str) else [first]
-    return [*words, *args[1:]]
 
 
 @cache
@@ -407,7 +268,7 @@ def _fenced_class(base: type) -> type:
 def prepare(connection: Redis) -> None:
     """Build now what the first fenced finish would build, so that a forked horse, whose
     first finish is its only one, inherits it instead of building it per job."""
-    _resp2_callbacks()
+    resp2_callbacks()
     pipe = connection.pipeline()
     _fenced_class(type(pipe))
     pipe.reset()

@@ -19,9 +19,10 @@ from rq.registry import FailedJobRegistry
 
 import rq_emq
 from rq_emq import scripts
-from rq_emq.fencing import MAX_PACKED_ARGS, Fence, LeaseLost, fenced
+from rq_emq.fencing import Fence, LeaseLost, fenced
 from rq_emq.keys import QueueKeys, job_key
 from rq_emq.lease import Lease, LockManager
+from rq_emq.packing import MAX_PACKED_ARGS
 from rq_emq.settings import MAX_INTERVAL_MS, LeaseSettings, SettingsError
 from rq_emq.sweep import Sweeper
 from rq_emq.take import Taker

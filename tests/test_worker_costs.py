@@ -155,19 +155,20 @@ def test_redis_commands_per_job_are_no_more_than_stock_rqs(
 
 
 def test_the_starts_status_rides_in_rqs_own_hset_unless_anything_else_touches_the_job() -> None:
-    from rq_emq.fencing import Fence, _split, _start_record
+    from rq_emq.fencing import Fence
+    from rq_emq.packing import split, start_record
 
     fence = Fence("q", "j1", "t", max_attempts="5")
     start = [
         (("HSET", "rq:job:j1", "status", "started", "worker_name", "w"), {}),
         (("PERSIST", "rq:job:j1"), {}),
     ]
-    pieces = [_split(args) for args, _ in start]
-    assert _start_record(fence, start, pieces) == ["", "0"]  # nothing left for the script to write
+    pieces = [split(args) for args, _ in start]
+    assert start_record(fence, start, pieces) == ["", "0"]  # nothing left for the script to write
     assert pieces[0][0][0][-4:] == ["emq_status", "started", "emq_max_attempts", "5"]
     # a command that may change the hash otherwise: the script reads the status back
     deleted = [*start, (("DEL", "rq:job:j1"), {})]
-    assert _start_record(fence, deleted, [_split(args) for args, _ in deleted]) == ["5", "1"]
+    assert start_record(fence, deleted, [split(args) for args, _ in deleted]) == ["5", "1"]
     # RQ's worker-side record leaves the status alone: nothing recorded
     quiet = Fence("q", "j1", "t", records_status=False)
-    assert _start_record(quiet, start, [_split(args) for args, _ in start]) == ["", "0"]
+    assert start_record(quiet, start, [split(args) for args, _ in start]) == ["", "0"]

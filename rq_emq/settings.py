@@ -62,7 +62,8 @@ class LeaseSettings:
     #: it finish (its outcome is still fenced and discarded).
     stop_on_lease_lost: bool = True
     #: Unused since idle workers block on every queue at once (:mod:`rq_emq.wake`); still
-    #: accepted (and checked) so that configurations setting it keep starting.
+    #: accepted (and checked) so that configurations setting it keep starting, with a
+    #: warning at startup (:data:`UNUSED_SETTINGS`).
     idle_poll_ms: int = 200
     #: Lease event hooks to load at startup, ``package.module:function`` separated by commas
     #: (see :mod:`rq_emq.events`).
@@ -175,6 +176,9 @@ class LeaseSettings:
             raise SettingsError(f"unknown lease setting(s): {', '.join(sorted(unknown))}")
         return cls(**values)
 
+
+#: Settings that no longer change anything: accepted (and checked), with a warning at startup.
+UNUSED_SETTINGS = ("idle_poll_ms",)
 
 #: (setting, minimum, maximum) of every whole-number setting.
 _BOUNDS = (

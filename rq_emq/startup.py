@@ -9,6 +9,7 @@ line: Python prints it, alone, and exits with status 1.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,7 +18,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .settings import LeaseSettings, SettingsError
+from .settings import ENV_PREFIX, UNUSED_SETTINGS, LeaseSettings, SettingsError
 
 logger = logging.getLogger("rq_emq.startup")
 
@@ -32,11 +33,24 @@ class StartupError(SystemExit):
         super().__init__(f"rq-emq: {message}")
 
 
-def worker_settings(overrides: Mapping[str, Any], defaults: Mapping[str, Any]) -> LeaseSettings:
+def worker_settings(
+    overrides: Mapping[str, Any], defaults: Mapping[str, Any], environ: Mapping[str, str] | None = None
+) -> LeaseSettings:
+    environ = os.environ if environ is None else environ
     try:
-        return LeaseSettings.resolve(overrides, defaults)
+        settings = LeaseSettings.resolve(overrides, defaults, environ)
     except SettingsError as error:
         raise StartupError(f"invalid setting: {error}") from error
+    for name in UNUSED_SETTINGS:
+        variable = ENV_PREFIX + name.upper()
+        if (
+            any(given.get(name) is not None for given in (overrides, defaults))
+            or environ.get(variable, "").strip()
+        ):
+            # still accepted so that a configuration setting it keeps starting, but whoever
+            # tunes it should know it changes nothing
+            logger.warning("%s (%s) is no longer used and changes nothing; it can be removed", name, variable)
+    return settings
 
 
 def check_redis(connection: Redis) -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rq_emq import LeaseSettings, LeaseWorker, SettingsError, SimpleLeaseWorker, StartupError, max_attempts
+from rq_emq.startup import worker_settings
 
 
 def test_defaults() -> None:
@@ -68,6 +71,29 @@ def test_workers_take_settings_as_keywords_and_class_attributes(monkeypatch: pyt
             ["q"], connection=connection, lease_ms=1_000, renew_interval_ms=1_000, prepare_for_work=False
         )
     assert isinstance(refused.value, SystemExit) and isinstance(refused.value.__cause__, SettingsError)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "environ", "warned"),
+    [
+        ({"idle_poll_ms": 500}, {}, True),
+        ({}, {"RQ_EMQ_IDLE_POLL_MS": "500"}, True),
+        ({}, {"RQ_EMQ_IDLE_POLL_MS": " "}, False),
+        ({"lease_ms": 60_000}, {}, False),
+    ],
+)
+def test_a_worker_given_a_setting_that_no_longer_does_anything_starts_and_says_so(
+    overrides: dict, environ: dict, warned: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="rq_emq.startup"):
+        settings = worker_settings(overrides, {}, environ)
+    assert settings.lease_ms > 0  # it starts
+    said = [r.getMessage() for r in caplog.records if "no longer used" in r.getMessage()]
+    assert said == (
+        ["idle_poll_ms (RQ_EMQ_IDLE_POLL_MS) is no longer used and changes nothing; it can be removed"]
+        if warned
+        else []
+    )
 
 
 def test_the_max_attempts_helper_builds_meta_and_rejects_nonsense() -> None:

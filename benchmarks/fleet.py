@@ -54,6 +54,8 @@ class Fleet:
     ) -> None:
         self.url, self.r, self.worker_class, self.queues = url, r, worker_class, list(queues)
         self.processes: list[subprocess.Popen[bytes]] = []
+        #: blocked clients when every worker waits (None: not known for this fleet size)
+        self._expected_blocked: int | None = None
         path = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
         self.env = {**os.environ, "PYTHONPATH": path, **env}
 
@@ -71,7 +73,29 @@ class Fleet:
     def all_idle(self) -> bool:
         return self.blocked() == len(self.processes) * self.waits_per_worker
 
+    def blocked_clients(self) -> int:
+        return int(self.r.info("clients")["blocked_clients"])
+
+    def settle(self) -> None:
+        """Wait until every worker waits again. CLIENT LIST says it exactly, but its reply
+        grows with the connections (300 KB at 1,000), and writing it out costs Redis CPU
+        that INFO commandstats does not give to the command: polled after every job, it
+        made a fleet with more connections look costlier per job. So the count of blocked
+        clients (INFO, a small reply) is compared with the one read when CLIENT LIST last
+        said every worker waits (queue waits and line waits alike); CLIENT LIST again only
+        when that count is not back within a second (a standby that left the line)."""
+        expected = self._expected_blocked
+        if expected is not None:
+            try:
+                wait_until(lambda: self.blocked_clients() == expected, 1.0, interval=0.005)
+                return
+            except TimeoutError:
+                pass
+        wait_until(self.all_idle, 30, interval=0.02)
+        self._expected_blocked = self.blocked_clients()
+
     def grow(self, n: int) -> None:
+        self._expected_blocked = None
         while len(self.processes) < n:
             for _ in range(min(BATCH, n - len(self.processes))):
                 args = [RQ_BIN, "worker", "-w", self.worker_class, "--url", self.url, "-q", *self.queues]
@@ -125,6 +149,7 @@ def measure(fleet: Fleet, n: int, jobs: int, idle_seconds: float) -> list[object
 
     target = Queue(fleet.queues[-1], connection=r)  # the last queue: looked at last
     ids = []
+    fleet.settle()  # reads the blocked count that means "all waiting", before counting starts
     start = counters(r)
     began = time.monotonic()
     for _ in range(jobs):
@@ -132,7 +157,7 @@ def measure(fleet: Fleet, n: int, jobs: int, idle_seconds: float) -> list[object
         job = target.enqueue("bench_jobs.noop")
         ids.append(job.id)
         wait_until(lambda key=job.key: r.hstrlen(key, "status") == len("finished"), 30, interval=0.002)
-        wait_until(fleet.all_idle, 30, interval=0.02)
+        fleet.settle()
     end = counters(r)
     elapsed = time.monotonic() - began
     latencies = []

@@ -436,8 +436,8 @@ CATALOG: list[Mutation] = [
     _m(
         "line_waits_far_too_long",
         "rq_emq/election.py",
+        "LINE_LEASES = 2",
         "LINE_LEASES = 10",
-        "LINE_LEASES = 30",
         [f"{FLEET}::test_a_line_wait_that_times_out_checks_the_election_once"],
         "the sweeper and the deputy dying together leave the set unswept for ages",
     ),
@@ -478,10 +478,18 @@ CATALOG: list[Mutation] = [
     _m(
         "soak_recovery_bound_not_enforced",
         "soak/checks.py",
-        "if t > limit:",
+        "if t > bound + cfg.bound_slack_s:",
         "if False:",
         [f"{SOAK}::test_a_recovery_slower_than_the_bound_and_its_slack_fails_the_soak"],
         "a job back 498 s after its worker died passes the soak",
+    ),
+    _m(
+        "soak_gives_every_recovery_the_double_failure_bound",
+        "soak/checks.py",
+        "if _another_worker_hit(cfg, f, faults):",
+        "if True:",
+        [f"{SOAK}::test_a_recovery_while_another_worker_was_hit_too_is_held_to_the_double_failure_bound"],
+        "a lone worker's crash is held only to the looser bound of two workers hit together",
     ),
     _m(
         "soak_job_never_back_not_flagged",

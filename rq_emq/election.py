@@ -22,12 +22,14 @@ Now the standbys have two parts:
   that finds the election taken tries the deputy key too, so that a fleet that starts
   together has a deputy before the sweeper's first renewal.
 
-A line wait ends after ``line = 10 lease`` at the most (each wait a random
+A line wait ends after ``line = 2 lease`` at the most (each wait a random
 ``line/2 .. line``); the standby then checks the election once (``SET NX PX``) and waits
-again: that covers the sweeper and the deputy dying together. That residue is one
-``BLPOP`` and one ``SET`` per standby per ``3/4 line`` on average (0.009 commands/s at
-the default 30 s lease), below what stock RQ's own idle worker sends around its 405 s
-dequeue timeout.
+again: that covers the sweeper and the deputy dying together (one host running both, a
+common crash). That residue is one ``BLPOP`` and one ``SET`` per standby per ``3/4 line``
+on average (0.044 commands/s at the default 30 s lease): the one idle cost that still
+grows with the fleet, a third of what every standby paid before the deputy. A longer
+line was cheaper still, but at 10 leases a host crash taking the sweeper and the deputy
+left their jobs unrecovered for up to 5 minutes, which the chaos soak caught.
 
 The election is per queue *set*, so in a mixed fleet (``rq worker a b`` beside
 ``rq worker b c``) every queue has a sweeper; a queue shared by several sets is swept by
@@ -48,7 +50,7 @@ and the recovery bound (lease + grace + sweep interval) stays what it is with a 
 A dead deputy's key lapses within ``hold``, and the sweeper's next renewal (within
 ``idle``) recruits the next one from the line. When the sweeper and the deputy die
 together (or the sweeper within that replacement), a standby of the line takes the
-election within ``hold + line`` (about 10.7 leases), and a job of the dead sweeper is back
+election within ``hold + line`` (about 2.7 leases), and a job of the dead sweeper is back
 within that plus 2 sweep intervals.
 """
 
@@ -71,7 +73,7 @@ logger = logging.getLogger("rq_emq.sweep")
 
 #: A line wait ends after at most this many leases (a random half to all of it), and the
 #: standby checks the election once: the bound when the sweeper and the deputy die together.
-LINE_LEASES = 10
+LINE_LEASES = 2
 #: How often a line wait looks whether its worker is stopping (no Redis command): a stop
 #: waits this long at most, and an idle fleet's host wakes each standby's thread 4 times a second.
 STOP_POLL_S = 0.25

@@ -132,7 +132,8 @@ def table(ev: Evidence, v: Verdict) -> str:
                 f"{_ms(lat['lapse_p50'])} / {_ms(lat['lapse_p95'])} / {_ms(lat['lapse_max'])}",
             ),
             (
-                f"fault -> requeued ms p50 / p95 / max (bound lease + 2 sweeps = {_ms(lat['bound_s'])}, "
+                f"fault -> requeued ms p50 / p95 / max (bound lease + 2 sweeps = {_ms(lat['bound_s'])}; "
+                f"{_ms(lat['double_bound_s'])} with another worker hit too ({lat['double']} such); "
                 f"+ {_ms(lat['slack_s'])} slack)",
                 f"{_ms(lat['fault_p50'])} / {_ms(lat['fault_p95'])} / {_ms(lat['fault_max'])}; "
                 f"over bound + slack: {lat['over_bound']}",

@@ -52,6 +52,16 @@ class Config:
         """The promise: a dead holder's job is back within lease + 2 sweep intervals."""
         return (self.lease_ms + 2 * self.sweep_ms) / 1000
 
+    @property
+    def double_bound_s(self) -> float:
+        """The promise when another worker was hit too (the sweeper and its deputy on one
+        crashed host): a standby of the election's line takes over within hold + a line
+        wait instead of hold + standby, so the job is back within that plus 2 sweeps."""
+        from rq_emq.election import LINE_LEASES
+
+        lease_s = self.lease_ms / 1000
+        return 2 / 3 * lease_s + LINE_LEASES * lease_s + 2 * self.sweep_ms / 1000
+
     def env(self) -> dict[str, str]:
         return {
             "RQ_EMQ_LEASE_MS": str(self.lease_ms),

@@ -258,6 +258,29 @@ def test_a_recovery_slower_than_the_bound_and_its_slack_fails_the_soak() -> None
     assert not _recovered(_lapse("kill_worker", 2.0, bound + 0.1), slack=0.0).passed
 
 
+def test_a_recovery_while_another_worker_was_hit_too_is_held_to_the_double_failure_bound() -> None:
+    """The sweeper and its deputy hit together (one crashed host): a standby of the line
+    takes over within hold + a line wait, so the job's bound is that plus 2 sweeps; a
+    fault with no other worker hit near it keeps the single bound."""
+    cfg = Config()
+    assert cfg.double_bound_s > cfg.bound_s
+    late_for_one = cfg.bound_s + cfg.bound_slack_s + 0.5
+    assert late_for_one < cfg.double_bound_s + cfg.bound_slack_s
+    alone = _lapse("kill_worker", 10.0, late_for_one)
+    assert not evaluate(evidence([run(1, 1.0)], faults=[alone])).passed
+    neighbour = Fault("kill_worker", 9.5, "other", OTHER_WORKER, [OTHER_HORSE], "k", None, ended=9.5)
+    hit_together = _lapse("kill_worker", 10.0, late_for_one)
+    verdict = evaluate(evidence([run(1, 1.0)], faults=[hit_together, neighbour]))
+    assert verdict.passed, verdict.violations
+    # long ago (more than 1.5 leases + a lease before): not the same crash
+    earlier = Fault("kill_worker", 10.0 - 4 * cfg.lease_ms / 1000, "other", OTHER_WORKER, [], "k", None)
+    alone_again = _lapse("kill_worker", 10.0, late_for_one)
+    assert not evaluate(evidence([run(1, 1.0)], faults=[alone_again, earlier])).passed
+    too_late = _lapse("kill_worker", 10.0, cfg.double_bound_s + cfg.bound_slack_s + 0.1)
+    late = evaluate(evidence([run(1, 1.0)], faults=[too_late, neighbour]))
+    assert not late.passed and any("another worker hit too" in v for v in late.violations)
+
+
 def test_a_fault_whose_job_never_came_back_fails_the_soak() -> None:
     never = _recovered(_lapse("kill_group", 2.0, None))
     assert not never.passed and never.latency["not_seen"] == 1

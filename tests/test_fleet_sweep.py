@@ -36,6 +36,10 @@ def line_waits(r: redis.Redis) -> int:
     return blocked_clients(r, "blpop")
 
 
+#: What a connection sends once when it opens (redis-py's handshake).
+CONNECTION_SETUP = ("hello", "client|setinfo", "client|setname", "select", "auth")
+
+
 def calls(r: redis.Redis) -> dict[str, int]:
     return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in r.info("commandstats").items()}
 
@@ -68,7 +72,10 @@ def idle_fleet_commands(
     time.sleep(1.0)  # the sweeper's start-up round is over
     r.config_resetstat()
     time.sleep(seconds)
-    counted = calls(r)
+    # A new pooled connection's handshake is a one-off, not idle traffic: on a loaded host a
+    # worker's threads may still open one (two of them wanting the pool at once) well
+    # after it settled, and CI once counted 4 HELLOs in the window.
+    counted = {name: n for name, n in calls(r).items() if name not in CONNECTION_SETUP}
     procs.stop_all()
     procs.started.clear()
     r.flushdb()
@@ -112,9 +119,10 @@ def test_an_idle_worker_costs_at_most_nine_commands_per_lease_and_a_fleet_not_mu
     (EVALSHA, MGET, SET); every other worker waits in the line and sends nothing but a
     BLPOP and a SET NX when its wait (1-2 leases) ends. Nine commands per lease is 0.3
     commands per second at the default 30 s lease; six workers cost about 20 per lease
-    plus their four line waits, each ending at most once a lease (2 commands)."""
+    plus their four line waits, each ending at most once a lease (its BLPOP and a SET NX,
+    and a third command when the end was a call for a deputy)."""
     window = 4 * IDLE_LEASE_S
-    for workers, most in ((1, 9), (6, 20 + 4 * 2)):
+    for workers, most in ((1, 9), (6, 20 + 4 * 3)):
         counted = idle_fleet_commands(r, redis_url, procs, workers, window, in_flight=False)
         total = sum(counted.values()) - counted.get("config|resetstat", 0) - counted.get("info", 0)
         per_lease = total / (window / IDLE_LEASE_S)

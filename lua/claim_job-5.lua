@@ -1,11 +1,11 @@
---[[ claim_job: lease a job that a blocking BLMOVE just moved to the queue's intermediate list.
+--[[ claim_job: lease a job that a blocking BLMOVE just moved to the queue's moving list.
 
-A crash between the BLMOVE and this script leaves the job in the intermediate list with
+A crash between the BLMOVE and this script leaves the job in the moving list with
 no lock, where the sweep finds it; nothing is lost. The script is atomic: no moment
 exists in which the job is out of the list without its lease.
 
 KEYS:
-  1  <queue prefix><q>:intermediate   (`rq:queue:<q>:intermediate`; the queue class's prefix)
+  1  emq:{<q>}:moving                 (ours: never RQ's intermediate list, see rq_emq/wake.py)
   2  <job prefix><id>                  (`rq:job:<id>`; the job class's prefix)
   3  emq:{<q>}:<id>:lock
   4  emq:{<q>}:leases
@@ -13,7 +13,7 @@ KEYS:
 ARGV:
   1 job id  2 token  3 worker name  4 lease_ms
 Returns:
-  {-1}  the job is no longer in the intermediate list (someone else handled it)
+  {-1}  the job is no longer in the moving list (someone else handled it)
   {0}   the job hash no longer exists (the id is dropped, as RQ does)
   {1, attempts, field, value, ...}  leased; the job's hash as HGETALL gives it
 ]]
@@ -22,7 +22,7 @@ Returns:
 local job_id = ARGV[1]
 -- read first: a hash of the wrong type fails the script here, before any write
 local hash = redis.call('HGETALL', KEYS[2])
--- the intermediate list is short (a job stays there between BLMOVE and this call), so
+-- the moving list is short (a job stays there between BLMOVE and this call), so
 -- LREM is cheap, and its count says whether the job was still there (no LPOS first).
 -- Taking it out before the lease is written loses nothing: once a script has written,
 -- Redis refuses none of its later writes for memory (it cannot stop it halfway), and

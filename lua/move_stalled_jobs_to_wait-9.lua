@@ -12,20 +12,20 @@ Phase 2 (recover): each job marked at least `grace_ms` ago
   - ended by RQ since the take (its owner token is no longer a lease's, or its RQ status
     is no longer the one our last write left: canceled, failed or requeued by stock
     cleanup, ...): only our lease entry goes, and the job is left as RQ put it;
-  - else recovered: out of the started registry, the intermediate list and the lease
+  - else recovered: out of the started registry, the moving list and the lease
     index; then back to the front of its queue (status queued) or, when its attempts have
     reached its max attempts, to RQ's failed registry (status failed) with an outbox entry
     (owner `outbox`) so that a worker writes RQ's Result and runs the failure callback
     exactly once.
 Phase 1 (mark): leased jobs whose deadline passed and whose lock is gone, and lock-less
-entries of the intermediate list (a worker died between BLMOVE and its lease). Jobs that
+entries of the moving list (our BLMOVE, then the worker died before its claim). Jobs that
 never held a lease (stock RQ workers in the same fleet) are left alone.
 
 Work per call is bounded by `batch` in each phase; `more` tells the caller to call again.
 
 KEYS:
   1 emq:{<q>}:leases   2 emq:{<q>}:stalled   3 emq:{<q>}:sweep   4 emq:{<q>}:stats
-  5 rq:queue:<q>       6 rq:queue:<q>:intermediate   7 rq:wip:<q>   8 rq:failed:<q>
+  5 rq:queue:<q>       6 emq:{<q>}:moving   7 rq:wip:<q>   8 rq:failed:<q>
   (RQ's keys as the queue's class and RQ build them)
   9 emq:{<q>}:outbox
 ARGV:
@@ -48,7 +48,7 @@ Returns:
 -- @include lib/lease.lua
 
 local leases_key, stalled_key, sweep_key, stats_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local queue_key, intermediate_key, started_key, failed_key, outbox_key = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local queue_key, moving_key, started_key, failed_key, outbox_key = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local window_ms, batch, prefix = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local default_failure_ttl, default_max, mode, ended_at = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6], ARGV[7]
 local grace_ms = tonumber(ARGV[8])
@@ -66,19 +66,15 @@ local now = now_ms()
 local marked, requeued, failed, dropped, ended = {}, {}, {}, {}, {}
 local unmarked, more = 0, 0
 
-local function in_intermediate(job_id)
-  return redis.call('LPOS', intermediate_key, job_id) ~= false
-end
-
--- a lock-less entry of the intermediate list that no RQ execution claims: a worker died
--- between its BLMOVE and the lease (a stock worker's job there has an execution)
-local function orphaned_in_intermediate(job_id)
-  return in_intermediate(job_id) and redis.call('EXISTS', rq_prefix .. 'executions:' .. job_id) == 0
+-- an entry of the moving list (ours alone: no stock worker moves a job there) is a job
+-- our BLMOVE moved and no claim has leased: its worker died between the two
+local function orphaned_in_moving(job_id)
+  return redis.call('LPOS', moving_key, job_id) ~= false
 end
 
 -- Whether a marked job is still in flight as we left it. Leased: its owner is a lease
 -- token (not `done:` after a finish, nor `outbox` after a stall failure) and RQ has not
--- changed its status since our last write. Found lock-less in the intermediate list (its
+-- changed its status since our last write. Found lock-less in the moving list (its
 -- worker died between BLMOVE and the lease): RQ still has it queued.
 local function still_in_flight(job_key, leased)
   local found = redis.call('HMGET', job_key, 'emq_token', 'status', 'emq_status')
@@ -95,14 +91,14 @@ for _, job_id in ipairs(due_marks) do
   local lock_key = prefix .. job_id .. ':lock'
   local job_key = job_prefix .. job_id
   local leased = redis.call('ZSCORE', leases_key, job_id) ~= false
-  if redis.call('EXISTS', lock_key) == 1 or not (leased or orphaned_in_intermediate(job_id)) then
+  if redis.call('EXISTS', lock_key) == 1 or not (leased or orphaned_in_moving(job_id)) then
     if not dry then redis.call('ZREM', stalled_key, job_id) end
     unmarked = unmarked + 1
   elseif redis.call('EXISTS', job_key) == 0 then
     if not dry then
       redis.call('ZREM', stalled_key, job_id)
       redis.call('ZREM', leases_key, job_id)
-      redis.call('LREM', intermediate_key, 0, job_id)
+      redis.call('LREM', moving_key, 0, job_id)
     end
     dropped[#dropped + 1] = job_id
   elseif not still_in_flight(job_key, leased) then
@@ -110,7 +106,7 @@ for _, job_id in ipairs(due_marks) do
       redis.call('ZREM', stalled_key, job_id)
       redis.call('ZREM', leases_key, job_id)
       redis.call('DEL', lock_key)
-      if not leased then redis.call('LREM', intermediate_key, 0, job_id) end
+      if not leased then redis.call('LREM', moving_key, 0, job_id) end
     end
     ended[#ended + 1] = job_id
   else
@@ -125,7 +121,7 @@ for _, job_id in ipairs(due_marks) do
     end
     if not dry then
       remove_executions(started_key, job_id, rq_prefix)
-      redis.call('LREM', intermediate_key, 0, job_id)
+      redis.call('LREM', moving_key, 0, job_id)
       drop_lease(job_key, lock_key, leases_key, stalled_key, job_id, false)
       if exhausted then
         local ttl = tonumber(string.match(counts[3] or '', '^-?%d+$') or '') or default_failure_ttl
@@ -176,14 +172,11 @@ for _, job_id in ipairs(due_leases) do
   end
 end
 
--- The intermediate list is short-lived (BLMOVE, then the lease within milliseconds), so
--- the first `batch` entries are all a call needs to look at.
-local waiting = redis.call('LRANGE', intermediate_key, 0, batch - 1)
+-- The moving list is short-lived (BLMOVE, then the lease within milliseconds), so the
+-- first `batch` entries are all a call needs to look at.
+local waiting = redis.call('LRANGE', moving_key, 0, batch - 1)
 for _, job_id in ipairs(waiting) do
-  if redis.call('ZSCORE', leases_key, job_id) == false
-    and redis.call('EXISTS', rq_prefix .. 'executions:' .. job_id) == 0 then
-    mark(job_id, false)
-  end
+  if redis.call('ZSCORE', leases_key, job_id) == false then mark(job_id, false) end
 end
 
 if not dry then

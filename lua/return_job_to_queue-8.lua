@@ -11,7 +11,7 @@ KEYS:
   4  emq:{<q>}:stalled
   5  emq:{<q>}:stats
   6  rq:queue:<q>
-  7  rq:queue:<q>:intermediate
+  7  emq:{<q>}:moving
   8  rq:wip:<q>
 ARGV:
   1  job id
@@ -26,7 +26,7 @@ local job_id, token = ARGV[1], ARGV[2]
 local state = check_holder(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, token)
 if state ~= 'held' then return 0 end
 remove_executions(KEYS[8], job_id, ARGV[3])
-redis.call('LREM', KEYS[7], 0, job_id)  -- the intermediate list is short by construction
+redis.call('LREM', KEYS[7], 0, job_id)  -- the moving list is short by construction
 drop_lease(KEYS[1], KEYS[2], KEYS[3], KEYS[4], job_id, false)
 local attempts = count_value(redis.call('HGET', KEYS[1], 'emq_attempts'))
 if attempts and attempts > 0 then

@@ -104,7 +104,15 @@ class QueueKeys:
 
     @property
     def intermediate(self) -> str:
+        """RQ's own list between a stock worker's ``BLMOVE`` and its start: ours never go there."""
         return self.rq_queue + ":intermediate"
+
+    @property
+    def moving(self) -> str:
+        """Where an idle LeaseWorker's ``BLMOVE`` puts a job until its claim leases it (a
+        list of our own, so that no stock worker's job is ever in it and RQ's
+        intermediate-list cleanup never sees one of ours)."""
+        return self.prefix + "moving"
 
     @property
     def started(self) -> str:

@@ -98,7 +98,7 @@ class Lease:
             q.stalled,
             q.stats,
             q.rq_queue,
-            q.intermediate,
+            q.moving,
             q.started,
         ]
         return bool(scripts.load("return_job_to_queue")(client, keys, [self.job_id, self.token, RQ_PREFIX]))

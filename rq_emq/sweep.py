@@ -162,7 +162,7 @@ class Sweeper(BackgroundLoop):
             q.sweep,
             q.stats,
             q.rq_queue,
-            q.intermediate,
+            q.moving,
             q.started,
             q.failed,
             q.outbox,
@@ -312,11 +312,11 @@ class Sweeper(BackgroundLoop):
     # -- the loop --------------------------------------------------------------------------
     def _work_keys(self) -> list[str]:
         """Keys that exist whenever a round has anything to do on one of the queues: a
-        lease, a mark, the intermediate list (a take's BLMOVE) or a failure to complete."""
+        lease, a mark, the moving list (a take's BLMOVE) or a failure to complete."""
         keys: list[str] = []
         for queue in self.queues:
             q = self.keys(queue)
-            keys += [q.leases, q.stalled, q.intermediate, q.outbox]
+            keys += [q.leases, q.stalled, q.moving, q.outbox]
         return keys
 
     def has_work(self) -> bool:

@@ -3,12 +3,12 @@
 When jobs are waiting, ``pop_job`` takes the first one across the worker's queues (in
 order) and leases it in one EVALSHA, which also returns the job's hash: one round trip,
 where RQ spends two (pop, then fetch). When the queues were empty at the last look, the
-worker blocks straight away with one ``BLMOVE`` per queue into that queue's intermediate
+worker blocks straight away with one ``BLMOVE`` per queue into that queue's moving
 list (:mod:`rq_emq.wake`; a ``BLMOVE`` on a list that is not empty returns at once, so
 it is the look too, and a wait answered at once switches the worker back to popping), so
 Redis wakes one worker per push however many wait; ``claim_job`` then leases what
 arrived, and a job a second queue moved at the same moment goes back to the head of its
-queue. A crash between a move and its claim leaves the job in the intermediate list,
+queue. A crash between a move and its claim leaves the job in the moving list,
 where the sweep finds it. RQ's multi-queue ``BLPOP`` (which drops a job popped by a
 worker that dies before recording it) is never used.
 """
@@ -149,11 +149,11 @@ class Taker:
             return Taken(index - 1, _text(reply[1]), token, int(reply[2]), _as_hash(reply[4:]))
 
     def claim(self, queue: str | QueueKeys, job_id: str, queue_index: int = 0) -> Taken | None:
-        """Lease a job that ``BLMOVE`` put in ``queue``'s intermediate list."""
+        """Lease a job that ``BLMOVE`` put in ``queue``'s moving list (``emq:{<q>}:moving``)."""
         q = _keys(queue)
         queue_name = q.queue
         token = new_token(self.worker_name)
-        keys = [q.intermediate, q.job(job_id), q.lock(job_id), q.leases, q.stats]
+        keys = [q.moving, q.job(job_id), q.lock(job_id), q.leases, q.stats]
         args = [job_id, token, self.worker_name, self.settings.lease_ms]
         reply = scripts.load("claim_job")(self.connection, keys, args)
         status = int(reply[0])
@@ -201,7 +201,7 @@ class Taker:
         self, queue_names: Sequence[str | QueueKeys], timeout: float, record: Callable[[Taken], None]
     ) -> Taken | None:
         """Block on every queue at once; claim the job of the first queue that hands one
-        over and give back any other that arrived with it (never left in an intermediate
+        over and give back any other that arrived with it (never left in a moving
         list). A stop that interrupts the wait hands back whatever was moved meanwhile."""
         queues = [_keys(queue) for queue in queue_names]
         started = time.monotonic()

@@ -1,6 +1,6 @@
 """The idle wait: one blocked ``BLMOVE`` per queue, so each push wakes one worker.
 
-An idle worker (every queue empty) sends ``BLMOVE rq:queue:<q> rq:queue:<q>:intermediate
+An idle worker (every queue empty) sends ``BLMOVE rq:queue:<q> emq:{<q>}:moving
 LEFT RIGHT <timeout>`` on each of its queues, each on a connection of its own taken from
 the client's pool (TLS, ACL users and Sentinel-managed connections come as configured),
 without waiting for the replies, and watches their sockets together with ``select``.
@@ -18,8 +18,12 @@ half-closing its connection: Redis frees the client on the end of its input, and
 it wrote in an earlier pass of its event loop (it served the wait just before) is still
 read from the open half and handed back. What is left (a wait served in the very pass in
 which Redis reads the end of input; TLS connections, which cannot half-close and are
-closed) is a job without a lock in the intermediate list, where the sweep finds it, as it
+closed) is a job without a lock in the moving list, where the sweep finds it, as it
 finds the job of a worker that died between its ``BLMOVE`` and its claim.
+
+The moving list is ours, not RQ's ``rq:queue:<q>:intermediate``: a stock worker's job in a
+mixed fleet is never in it (our sweep recovers only what is there), and RQ's
+intermediate-list cleanup, which fails what it finds, never sees one of ours.
 
 No ``BLPOP``/``BLMPOP`` on a queue: they pop without a trace, and a worker dying just after
 loses the job. (The sweeper election's line, :mod:`rq_emq.election`, is the one ``BLPOP``: it holds no job.)
@@ -95,7 +99,7 @@ class Waiting:
 
     def collect(self) -> list[tuple[int, str]]:
         """End every wait: read the replies at hand, cancel the others and read theirs.
-        Returns the jobs moved into intermediate lists, as (queue index, job id), in the
+        Returns the jobs moved into moving lists, as (queue index, job id), in the
         worker's queue order. Connection trouble is raised only when nothing was moved
         (a job moved by a broken connection is left to the sweep)."""
         self.done = True
@@ -157,9 +161,7 @@ class QueueWait:
                 connection = _borrow(self.pool)
                 try:
                     client_id = self._client_id(connection)
-                    connection.send_command(
-                        "BLMOVE", queue.rq_queue, queue.intermediate, "LEFT", "RIGHT", block
-                    )
+                    connection.send_command("BLMOVE", queue.rq_queue, queue.moving, "LEFT", "RIGHT", block)
                 except BaseException:
                     connection.disconnect()
                     self.release(connection)
@@ -246,6 +248,4 @@ class QueueWait:
     def hand_back(self, queue: QueueKeys, job_id: str) -> bool:
         """Put a job that one of our waits moved, and that we will not claim, back at the
         head of its queue (where another idle worker's wait takes it)."""
-        return bool(
-            scripts.load("return_moved_job")(self.client, [queue.intermediate, queue.rq_queue], [job_id])
-        )
+        return bool(scripts.load("return_moved_job")(self.client, [queue.moving, queue.rq_queue], [job_id]))

@@ -31,7 +31,6 @@ from rq import SimpleWorker, Worker
 from rq.exceptions import InvalidJobOperation
 from rq.job import Job
 from rq.queue import Queue
-from rq.utils import now
 
 from . import compat, fencing, scripts
 from .blips import BLIPS, wait_for_redis
@@ -249,23 +248,6 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
 
     def _stop_lost_job(self, lease: Lease) -> None:
         raise NotImplementedError
-
-    # -- maintenance -----------------------------------------------------------------------
-    def clean_registries(self) -> None:
-        """RQ's registry maintenance, minus its intermediate-list cleanup: that one fails a
-        job found there, where our sweep puts it back in its queue. The queues are lease
-        queues (:mod:`rq_emq.registries`): taking the maintenance lock keeps leased jobs'
-        started-registry entries from RQ's cleanup."""
-        from rq import worker_registration
-        from rq.registry import clean_registries
-
-        me: Any = self
-        for queue in self.queues:
-            if queue.acquire_maintenance_lock():
-                clean_registries(queue, me._exc_handlers)
-                worker_registration.clean_worker_registry(queue)
-                queue.release_maintenance_lock()
-        me.last_cleaned_at = now()
 
     # -- stop now --------------------------------------------------------------------------
     def request_force_stop(self, signum: int, frame: FrameType | None) -> None:

@@ -21,6 +21,7 @@ from procs import Processes, blocked_clients, wait_for
 from rq import Queue
 from rq.job import Job, JobStatus
 
+from rq_emq.keys import QueueKeys
 from rq_emq.testing import RedisServer
 
 pytestmark = pytest.mark.slow
@@ -35,7 +36,7 @@ def blocked_waits(r: redis.Redis) -> int:
 
 
 def intermediates(r: redis.Redis) -> dict[str, int]:
-    return {q: int(r.llen(f"rq:queue:{q}:intermediate")) for q in QUEUES}
+    return {q: int(r.llen(QueueKeys(q).moving)) for q in QUEUES}
 
 
 def start_fleet(

@@ -21,7 +21,7 @@ from rq import Queue, Retry
 from rq.job import Job
 
 import rq_emq
-from rq_emq.keys import sweeper_deputy_key, sweeper_election_key
+from rq_emq.keys import QueueKeys, sweeper_deputy_key, sweeper_election_key
 from rq_emq.testing import RedisServer
 
 pytestmark = pytest.mark.slow
@@ -201,7 +201,7 @@ def test_without_client_unblock_an_idle_worker_on_several_queues_closes_its_wait
     assert worker.wait(timeout=20) == 0, procs.log(worker)
     # Redis 7 names the subcommand (client|unblock); 6.2 logs the command alone (client)
     assert all(d.startswith("command client") for d in denials(admin)), denials(admin)
-    assert not any(r.llen(f"rq:queue:{q}:intermediate") for q in ("other", "default"))
+    assert not any(r.llen(QueueKeys(q).moving) for q in ("other", "default"))
 
 
 def test_the_documented_acl_rule_is_the_tested_one() -> None:

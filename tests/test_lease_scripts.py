@@ -103,12 +103,12 @@ def test_a_deleted_job_in_the_queue_is_skipped_and_logged(
     assert not r.exists(QueueKeys("q").lock(ghost.id))
 
 
-def test_claim_leases_a_job_moved_to_the_intermediate_list(r: redis.Redis) -> None:
+def test_claim_leases_a_job_moved_to_the_moving_list(r: redis.Redis) -> None:
     job = Queue("q", connection=r).enqueue("jobs.noop")
     q = QueueKeys("q")
-    r.lmove(q.rq_queue, q.intermediate)
+    r.lmove(q.rq_queue, q.moving)
     taken = taker(r).claim("q", job.id)
-    assert taken is not None and r.llen(q.intermediate) == 0
+    assert taken is not None and r.llen(q.moving) == 0
     assert r.get(q.lock(job.id)).decode() == taken.token
     # a second claim of the same id finds nothing to claim
     assert taker(r).claim("q", job.id) is None
@@ -144,7 +144,7 @@ def test_a_taker_back_from_the_wait_waits_at_once_and_a_busy_one_pops_straight_a
     r.config_resetstat()
     assert t.take(queues, timeout=0.2) is None  # and the next take waits without a pop
     assert (calls(r, "blmove"), calls(r, "evalsha")) == (3, 0)
-    assert all(r.llen(QueueKeys(q).intermediate) == 0 for q in queues)
+    assert all(r.llen(QueueKeys(q).moving) == 0 for q in queues)
 
 
 def test_blocking_take_wakes_up_for_a_job_that_arrives(r: redis.Redis, redis_url: str) -> None:
@@ -158,7 +158,7 @@ def test_blocking_take_wakes_up_for_a_job_that_arrives(r: redis.Redis, redis_url
     taken = taker(r).take(["q"], timeout=5)
     timer.join()
     assert taken is not None
-    assert r.llen(QueueKeys("q").intermediate) == 0
+    assert r.llen(QueueKeys("q").moving) == 0
 
 
 def test_with_several_queues_a_job_on_any_queue_is_taken(r: redis.Redis) -> None:

@@ -208,13 +208,13 @@ def test_a_worker_that_dies_between_the_take_and_the_start_still_has_its_job_rec
     assert queued_ids(r) == [job.id] and status(r, job.id) == "queued"
 
 
-def test_a_job_canceled_while_in_the_intermediate_list_is_not_recovered(r: redis.Redis) -> None:
+def test_a_job_canceled_while_in_the_moving_list_is_not_recovered(r: redis.Redis) -> None:
     job = Queue("q", connection=r).enqueue("jobs.noop")
-    r.lmove(Q.rq_queue, Q.intermediate)  # a worker's BLMOVE, then it died
+    r.lmove(Q.rq_queue, Q.moving)  # a worker's BLMOVE, then it died
     r.hset(job_key(job.id), "status", "canceled")
     _, (first, second) = sweep_twice(r)
     assert first.marked == [job.id] and second.ended == [job.id]  # type: ignore[attr-defined]
-    assert queued_ids(r) == [] and r.llen(Q.intermediate) == 0 and status(r, job.id) == "canceled"
+    assert queued_ids(r) == [] and r.llen(Q.moving) == 0 and status(r, job.id) == "canceled"
 
 
 def test_a_late_outcome_for_a_job_rq_ended_is_discarded_and_releases_the_lease(r: redis.Redis) -> None:

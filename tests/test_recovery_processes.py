@@ -248,7 +248,7 @@ def test_a_long_running_reaper_started_before_its_queue_exists_warns_and_sweeps_
     wait_for(lambda: "sweeping fresh" in procs.log(reaper), timeout=20, what="the reaper to start")
     assert "unknown queue(s): fresh" in procs.log(reaper) and reaper.poll() is None
     job = Queue("fresh", connection=r).enqueue("jobs.noop")
-    r.lmove("rq:queue:fresh", "rq:queue:fresh:intermediate")  # a worker's BLMOVE, then it died
+    r.lmove("rq:queue:fresh", "emq:{fresh}:moving")  # a worker's BLMOVE, then it died
     wait_for(lambda: r.lrange("rq:queue:fresh", 0, -1) == [job.id.encode()], timeout=20, what="the recovery")
     reaper.send_signal(signal.SIGTERM)
     assert reaper.wait(timeout=10) == 0, procs.log(reaper)

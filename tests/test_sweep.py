@@ -149,19 +149,19 @@ def test_a_drainer_that_dies_after_claiming_is_taken_over_once(r: redis.Redis) -
     assert len(Job.fetch(job_id, connection=r).results()) == 1
 
 
-def test_a_lockless_entry_in_the_intermediate_list_is_recovered(r: redis.Redis) -> None:
+def test_a_lockless_entry_in_our_moving_list_is_recovered(r: redis.Redis) -> None:
     job = Queue("q", connection=r).enqueue("jobs.noop")
-    r.lmove(Q.rq_queue, Q.intermediate)  # a worker's BLMOVE, then it died
+    r.lmove(Q.rq_queue, Q.moving)  # a worker's BLMOVE, then it died
     s = sweeper(r)
     assert s.sweep("q").marked == [job.id]
     next_round(s)
     assert s.sweep("q").requeued == [job.id]
-    assert r.llen(Q.intermediate) == 0 and r.lrange(Q.rq_queue, 0, -1) == [job.id.encode()]
+    assert r.llen(Q.moving) == 0 and r.lrange(Q.rq_queue, 0, -1) == [job.id.encode()]
 
 
 def test_stock_rq_jobs_are_left_alone(r: redis.Redis) -> None:
     job = Queue("q", connection=r).enqueue("jobs.noop")
-    # a stock worker: BLMOVE to the intermediate list, an execution, a started entry
+    # a stock worker: BLMOVE to RQ's intermediate list, an execution, a started entry
     r.lmove(Q.rq_queue, Q.intermediate)
     r.zadd(f"rq:executions:{job.id}", {"e": 1})
     r.zadd(Q.started, {f"{job.id}:e": 1})  # even overdue, that is RQ's business
@@ -171,6 +171,20 @@ def test_stock_rq_jobs_are_left_alone(r: redis.Redis) -> None:
         assert report.marked == report.requeued == report.failed == []
     assert r.lrange(Q.intermediate, 0, -1) == [job.id.encode()]
     assert r.zcard(Q.started) == 1
+
+
+def test_a_stock_workers_job_between_its_move_and_its_start_is_never_marked(r: redis.Redis) -> None:
+    """A stock worker frozen right after its BLMOVE (no execution, no started entry yet)
+    looks like nothing at all to the sweep: RQ's intermediate list is not ours."""
+    job = Queue("q", connection=r).enqueue("jobs.noop")
+    r.lmove(Q.rq_queue, Q.intermediate)
+    s = sweeper(r)
+    for _ in range(3):
+        report = s.sweep("q", mode="force")
+        assert report.marked == report.requeued == report.failed == []
+        next_round(s)
+    assert r.lrange(Q.intermediate, 0, -1) == [job.id.encode()] and r.llen(Q.rq_queue) == 0
+    assert r.zcard(Q.stalled) == 0
 
 
 def test_a_lease_entry_for_a_deleted_job_is_dropped_and_logged(
@@ -348,22 +362,6 @@ def test_a_marked_job_whose_lock_is_back_is_unmarked_not_recovered(r: redis.Redi
     report = s.sweep("q")
     assert report.requeued == [] and report.failed == [] and report.unmarked == 1
     assert r.zscore(Q.stalled, job_id) is None and r.llen(Q.rq_queue) == 0
-
-
-def test_a_stock_workers_job_marked_before_its_execution_was_recorded_is_left_alone(r: redis.Redis) -> None:
-    """A stock worker's BLMOVE, a sweep, then its execution record: the sweep's mark must
-    not turn into a recovery of a job a stock worker is running."""
-    job = Queue("q", connection=r).enqueue("jobs.noop")
-    r.lmove(Q.rq_queue, Q.intermediate)
-    s = sweeper(r)
-    assert s.sweep("q").marked == [job.id]
-    r.zadd(f"rq:executions:{job.id}", {"e": 1})  # the stock worker records its execution
-    r.zadd(Q.started, {f"{job.id}:e": time.time() + 100})
-    next_round(s)
-    report = s.sweep("q")
-    assert report.requeued == [] and report.failed == [] and report.unmarked == 1
-    assert r.lrange(Q.intermediate, 0, -1) == [job.id.encode()] and r.llen(Q.rq_queue) == 0
-    assert r.zcard(Q.started) == 1 and r.zscore(Q.stalled, job.id) is None
 
 
 def test_a_stale_deadline_whose_lock_lives_is_moved_to_the_locks_end_not_marked(r: redis.Redis) -> None:

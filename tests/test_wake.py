@@ -45,7 +45,7 @@ def test_an_idle_taker_blocks_on_every_queue_and_wakes_on_a_push_to_any(r: redis
     assert time.monotonic() - started < 3
     assert seen == [3]  # one blocked BLMOVE per queue while idle
     assert _blocked_clients(watcher) == []  # the other two were cancelled
-    assert all(r.llen(QueueKeys(q).intermediate) == 0 for q in QUEUES)
+    assert all(r.llen(QueueKeys(q).moving) == 0 for q in QUEUES)
 
 
 def test_two_queues_handing_over_a_job_at_once_claim_the_first_and_hand_back_the_other(
@@ -65,7 +65,7 @@ def test_two_queues_handing_over_a_job_at_once_claim_the_first_and_hand_back_the
     taken = taker.take(QUEUES, timeout=10)
     assert taken is not None and (taken.job_id, taken.queue_index) == ("a", 0)  # queue order wins
     assert r.lrange("rq:queue:q2", 0, -1) == [b"b"]  # handed back to the head of its queue
-    assert all(r.llen(QueueKeys(q).intermediate) == 0 for q in QUEUES)
+    assert all(r.llen(QueueKeys(q).moving) == 0 for q in QUEUES)
     again = taker.take(QUEUES, timeout=1)
     assert again is not None and again.job_id == "b"
 
@@ -90,7 +90,7 @@ def test_a_stop_during_the_wait_hands_back_a_job_moved_meanwhile(r: redis.Redis)
     def start(queues: list[QueueKeys], timeout: float) -> object:
         waiting = real_ready(queues, timeout)
         r.rpush("rq:queue:q1", "j")
-        time.sleep(0.2)  # Redis has served the wait: the job sits in q1's intermediate list
+        time.sleep(0.2)  # Redis has served the wait: the job sits in q1's moving list
 
         def interrupted(timeout: float) -> bool:
             raise Stop
@@ -106,7 +106,7 @@ def test_a_stop_during_the_wait_hands_back_a_job_moved_meanwhile(r: redis.Redis)
     else:
         raise AssertionError("the stop did not reach the caller")
     assert r.lrange("rq:queue:q1", 0, -1) == [b"j"]
-    assert r.llen(QueueKeys("q1").intermediate) == 0
+    assert r.llen(QueueKeys("q1").moving) == 0
     assert _blocked_clients(r) == []
 
 

@@ -270,7 +270,7 @@ def test_deleted_jobs_and_stray_registry_entries_are_skipped_not_fatal(
     q = QueueKeys("default")
     r.zadd(q.started, {"no-such-job:no-such-execution": 1})  # long overdue
     r.zadd(q.leases, {"no-such-job": 1})
-    r.rpush(q.intermediate, "no-such-job")
+    r.rpush(q.moving, "no-such-job")
     worker = procs.worker(redis_url, burst=True, **FAST)
     wait_for(lambda: runs(log), what="the job to start")
     r.delete(job_key(deleted_mid_run.id))

@@ -39,7 +39,7 @@ redis.call('ZREM', KEYS[4], job_id)
 -- wrote both fields with the token, so finding neither means RQ's commands deleted the
 -- job (result_ttl=0): then nothing is written back (no hash re-created). Else the owner
 -- becomes `done:<token>`, so the holder's next renewal learns the job ended normally.
-if redis.call('HDEL', KEYS[1], 'emq_attempts', 'emq_status') > 0 then
+if redis.call('HDEL', KEYS[1], 'emq_attempts', 'emq_status', 'emq_started') > 0 then
   redis.call('HSET', KEYS[1], 'emq_token', 'done:' .. token)
 end
 redis.call('HINCRBY', KEYS[5], ARGV[3], 1)

@@ -107,6 +107,7 @@ for _, job_id in ipairs(due_marks) do
       redis.call('ZREM', leases_key, job_id)
       redis.call('DEL', lock_key)
       if not leased then redis.call('LREM', moving_key, 0, job_id) end
+      drop_stale_pin(started_key, job_key)
     end
     ended[#ended + 1] = job_id
   else
@@ -120,7 +121,7 @@ for _, job_id in ipairs(due_marks) do
       requeued[#requeued + 1] = job_id
     end
     if not dry then
-      remove_executions(started_key, job_id, rq_prefix)
+      release_started(started_key, job_key, job_id, rq_prefix)
       redis.call('LREM', moving_key, 0, job_id)
       drop_lease(job_key, lock_key, leases_key, stalled_key, job_id, false)
       if exhausted then

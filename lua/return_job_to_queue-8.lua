@@ -25,7 +25,7 @@ Returns: 1 when the job went back to its queue, 0 when the lease was no longer o
 local job_id, token = ARGV[1], ARGV[2]
 local state = check_holder(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, token)
 if state ~= 'held' then return 0 end
-remove_executions(KEYS[8], job_id, ARGV[3])
+release_started(KEYS[8], KEYS[1], job_id, ARGV[3])
 redis.call('LREM', KEYS[7], 0, job_id)  -- the moving list is short by construction
 drop_lease(KEYS[1], KEYS[2], KEYS[3], KEYS[4], job_id, false)
 local attempts = count_value(redis.call('HGET', KEYS[1], 'emq_attempts'))

@@ -3,7 +3,8 @@
 
 ``status`` and ``leases`` show lease state (``rq_emq.inspection``), ``metrics`` prints it
 as Prometheus text (``rq_emq.metrics``), ``sweep`` runs one sweep round now and
-``reaper`` runs the sweep as a standalone process. Tables and JSON live in
+``reaper`` runs the sweep as a standalone process, ``rollback`` hands every leased job
+back to stock RQ after a fleet moved back to stock workers. Tables and JSON live in
 ``rq_emq.cli_output``, connecting and reading the input in ``rq_emq.cli_connect``. Bad
 input (an unknown queue, malformed settings) exits 2 with a message naming it; an
 unreachable Redis exits 1 naming the URL, password redacted.
@@ -24,7 +25,7 @@ from redis.exceptions import RedisError
 from rq.job import Job
 from rq.queue import Queue
 
-from . import __version__, cli_output, inspection, metrics, scripts
+from . import __version__, cli_output, inspection, metrics, rollback, scripts
 from .cli_connect import BadInput, Target, connect, load_class, load_serializer, redact, select_queues
 from .keys import QueueKeys
 from .settings import ENV_PREFIX
@@ -314,6 +315,39 @@ def sweep(
         cli_output.emit(cli_output.sweep_json(reports, dry_run), as_json=True)
     else:
         click.echo(cli_output.sweep_texts(reports, dry_run, not no_drain))
+
+
+@main.command(name="rollback", short_help="Hand every leased job back to stock RQ (a fleet back on stock).")
+@common
+@class_options
+def rollback_command(
+    url: str | None,
+    config: str | None,
+    queue_options: tuple[str, ...],
+    queue_args: tuple[str, ...],
+    as_json: bool,
+    job_class: str | None,
+    queue_class: str | None,
+) -> None:
+    """Run once every LeaseWorker (and reaper) is stopped for good: each job a dead
+    LeaseWorker still held is handed to stock RQ (a started run: stock cleanup fails or
+    retries it as abandoned; a job that never started: back to the front of its queue).
+    A lease whose lock is alive is left and counted, and the command exits 1."""
+    target = connect(url, config)
+    classes = load_classes(job_class, queue_class)
+    queues = select_queues(target, queue_options, queue_args, queue_class=classes[1])
+    scripts.load_all(target.client)
+    results = rollback.release_to_rq(target.client, queues, layout_of(classes))
+    if as_json:
+        cli_output.emit({"queues": [vars(r) for r in results]}, as_json=True)
+    else:
+        for r in results:
+            click.echo(
+                f"{r.queue}: {r.unpinned} started run(s) handed to stock cleanup, "
+                f"{r.requeued} job(s) back in the queue, {r.alive} lease(s) still alive"
+            )
+    if any(r.alive for r in results):
+        raise click.ClickException("leases still alive: stop every LeaseWorker first, then run this again")
 
 
 @main.command(short_help="Run the stalled sweep as a standalone process.")

@@ -12,12 +12,19 @@ django-rq's pages, rq-dashboard, every stock worker's maintenance. This module o
 - :class:`LeaseQueueMixin`, :class:`LeaseQueue` and :func:`lease_queue_class`: a queue
   class serving those registries, composable with a user's own queue class;
 - :func:`patch_stock_started_registry`: the same cleanup for RQ's own registry class,
-  which RQ's ``clean_registries()`` and some tools build themselves.
+  which RQ's ``clean_registries()`` and some tools build themselves;
+- pinning: the started-registry entry a lease worker writes for a job it holds is scored
+  ``+inf`` (RQ's own score for an entry that never expires), so that no process, not even
+  one that never imported rq_emq (a stock worker's maintenance, ``rq info``, a dashboard),
+  ever finds it due and fails the job, however long the whole lease fleet is down. The
+  sweep removes it when it recovers the job; ``rq-emq rollback`` hands such entries back
+  to stock handling.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from rq.job import Job
@@ -38,6 +45,30 @@ KEEP_BATCH = 500
 #: on at every renewal anyway; for a dead holder's job, this is when cleanup looks again
 #: (and keeps it again, until the sweep has recovered the job).
 KEEP_FOR_S = 60
+
+
+#: The score of a pinned started-registry entry: RQ's own for "never expires" (ttl -1).
+PINNED_SCORE = "+inf"
+
+#: The job-hash field that names a job's pinned entry (``<job_id>:<execution_id>``), so
+#: that our scripts find it even after RQ's execution records expired (a fleet down for
+#: hours).
+PINNED_FIELD = "emq_started"
+
+
+def _held_by_nobody(job_id: str) -> bool:
+    return False
+
+
+#: Whether this process holds the lease of a job (a lease worker sets it as it starts).
+_held_here: Callable[[str], bool] = _held_by_nobody
+
+
+def pin_started_entries_of(held: Callable[[str], bool]) -> None:
+    """From now on, RQ's started-registry entries that this process writes for a job that
+    ``held(job_id)`` says it leases are pinned (scored ``+inf``)."""
+    global _held_here
+    _held_here = held
 
 
 #: Queue namespaces other than RQ's default that lease queues of this process use, by
@@ -88,6 +119,17 @@ class LeaseStartedJobRegistry(StartedJobRegistry):
                     break
                 offset += len(others)  # kept entries left the due range; the others did not
         return left
+
+    def add_execution(self, execution: Any, pipeline: Any, ttl: int = 0, xx: bool = False) -> Any:
+        """RQ's entry for a run, pinned (``+inf``) when this process leases the job: the
+        lease, not the entry's score, says whether the run is alive. A run's first entry
+        (``xx`` false: RQ's ``Execution.create``) also records its member on the job hash
+        in the same transaction."""
+        if not _held_here(execution.job_id):
+            return _STOCK_ADD_EXECUTION(self, execution, pipeline=pipeline, ttl=ttl, xx=xx)
+        if not xx:
+            pipeline.hset(self.job_class.key_for(execution.job_id), PINNED_FIELD, execution.composite_key)
+        return pipeline.zadd(self.key, {execution.composite_key: PINNED_SCORE}, xx=xx)
 
 
 class _LeaseStateRegistry:
@@ -225,8 +267,9 @@ def given_queue_class(queue_class: type[Queue]) -> type[Queue]:
     return queue_class
 
 
-_PATCHED = ("keep_leased", "get_expired_job_ids")
+_PATCHED = ("keep_leased", "get_expired_job_ids", "add_execution")
 _STOCK = {name: StartedJobRegistry.__dict__.get(name) for name in _PATCHED}
+_STOCK_ADD_EXECUTION = StartedJobRegistry.add_execution
 
 
 def patch_stock_started_registry() -> None:
@@ -276,4 +319,5 @@ __all__ = [
     "as_lease_queue",
     "lease_queue_class",
     "patch_stock_started_registry",
+    "pin_started_entries_of",
 ]

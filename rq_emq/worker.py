@@ -41,7 +41,7 @@ from .heartbeats import HeartbeatMixin
 from .horse_fence import HorseDeadline, die_with_parent, libc
 from .job_writes import JobWritesMixin, LeaseJobInterrupted
 from .lease import Lease, LockManager, own_client
-from .registries import as_lease_queue, lease_queue_class
+from .registries import as_lease_queue, lease_queue_class, pin_started_entries_of
 from .settings import LeaseSettings
 from .startup import check_redis, worker_settings
 from .sweep import Sweeper
@@ -146,6 +146,9 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
         self._taker = Taker(self.connection, self.name, settings)
         self.lock_manager = self._new_lock_manager(own_client(self.connection, settings.redis_timeout_s))
         self.lock_manager.start()
+        manager = self.lock_manager
+        # RQ's started-registry entries of our leased runs never fall due (registries.py)
+        pin_started_entries_of(lambda job_id: manager.get(job_id) is not None)
 
     def _new_lock_manager(self, client: Redis) -> LockManager:
         settings = self.lease_settings

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -114,14 +115,105 @@ def test_a_dead_workers_leased_job_survives_cleanup_an_hour_later_and_finishes_o
     worker.wait(timeout=15)
 
 
-def test_stock_classes_fail_the_same_job_as_abandoned(
+#: Stock cleanup in a process that never imported rq_emq, ``later_s`` seconds on.
+STOCK_CLEANUP = """
+import sys, time, redis
+from rq.registry import StartedJobRegistry
+client = redis.Redis.from_url(sys.argv[1])
+StartedJobRegistry(sys.argv[2], connection=client).cleanup(timestamp=time.time() + float(sys.argv[3]))
+assert not any(name.startswith("rq_emq") for name in sys.modules), "rq_emq was imported"
+"""
+
+
+def stock_cleanup(url: str, later_s: float, queue: str = "default") -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", STOCK_CLEANUP, url, queue, str(later_s)], capture_output=True, timeout=60, cwd="/"
+    )
+    assert done.returncode == 0, done.stderr.decode()
+
+
+def test_no_stock_process_fails_a_leased_job_however_long_the_fleet_is_down(
     r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
 ) -> None:
-    """Why the classes exist: the same crash and cleanup through RQ's own Queue."""
+    """The lever every process reads is the started-registry score: a leased run's entry is
+    pinned at +inf (RQ's own "never expires"), so stock cleanup in a process that never
+    imported rq_emq (and stock ``rq info``, with no queue class) never finds it due. Before,
+    the entry fell due a minute after the lease and stock cleanup failed the job."""
+    log = str(tmp_path / "runs.log")
+    job = dead_leased_job(r, procs, redis_url, log)
+    assert [score for _, score in r.zrange(Q.started, 0, -1, withscores=True)] == [float("inf")]
+    stock_cleanup(redis_url, later_s=10 * HOUR)
+    rq_info(redis_url)
+    assert status(r, job.id) == "started" and not failed(r, job.id)
+    # hours on, RQ's own records of the run have expired (their TTL is minutes): the pin
+    # is found through the job hash
+    for key in [*r.scan_iter(f"rq:execution:{job.id}:*"), f"rq:executions:{job.id}"]:
+        r.delete(key)
+
+    worker = procs.worker(redis_url, **FAST)
+    wait_status(r, job.id, "finished", timeout=90)
+    assert len(starts(log)) == 2 and ends(log) == 1
+    assert started_members(r, "default") == [], "the recovery removed the pinned entry"
+    assert r.hget(f"rq:job:{job.id}", registries.PINNED_FIELD) is None
+    worker.send_signal(signal.SIGTERM)
+    worker.wait(timeout=15)
+
+
+def rollback(redis_url: str, *queues: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rq_emq.cli", "rollback", "--url", redis_url, *queues],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_rollback_hands_a_dead_workers_leased_job_to_stock_handling(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
+) -> None:
+    """A fleet moved back to stock workers: ``rq-emq rollback`` unpins the run's entry and
+    drops our bookkeeping, so stock cleanup treats the job as stock RQ treats an abandoned
+    one, and nothing of ours is left to act on it."""
     job = dead_leased_job(r, procs, redis_url, str(tmp_path / "runs.log"))
-    Queue(connection=r).started_job_registry.cleanup(timestamp=time.time() + HOUR)
+    done = rollback(redis_url, "default")
+    assert done.returncode == 0, done.stderr
+    assert "1 started run(s) handed to stock cleanup" in done.stdout
+    assert r.zcard(Q.leases) == 0 and r.hget(f"rq:job:{job.id}", "emq_token") is None
+    stock_cleanup(redis_url, later_s=1)
     assert failed(r, job.id) and status(r, job.id) == "failed"
     assert "AbandonedJobError" in (Job.fetch(job.id, connection=r).exc_info or "")
+
+
+def test_rollback_leaves_a_live_lease_and_says_so(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
+) -> None:
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 30.0, job_timeout=120)
+    worker = procs.worker(redis_url, **FAST)
+    wait_for(lambda: starts(log), timeout=20, what="the job to start")
+    done = rollback(redis_url, "default")
+    assert done.returncode == 1 and "still alive" in done.stderr, (done.stdout, done.stderr)
+    assert "1 lease(s) still alive" in done.stdout
+    assert r.zscore(Q.leases, job.id) is not None and status(r, job.id) == "started"
+    assert [score for _, score in r.zrange(Q.started, 0, -1, withscores=True)] == [float("inf")]
+    worker.kill()
+
+
+def test_rollback_puts_back_jobs_taken_or_moved_but_never_started(r: redis.Redis) -> None:
+    from rq_emq.rollback import release_to_rq
+    from rq_emq.take import Taker
+
+    queue = Queue(connection=r)
+    taken_job, moved_job = queue.enqueue("jobs.noop"), queue.enqueue("jobs.noop")
+    taken = Taker(r, "w", LeaseSettings(lease_ms=2_000)).take(["default"], timeout=None)
+    assert taken is not None and taken.job_id == taken_job.id
+    r.delete(Q.lock(taken_job.id))  # its worker died before the run started
+    r.lmove(Q.rq_queue, Q.moving)  # another one died between its BLMOVE and its claim
+    (released,) = release_to_rq(r, ["default"])
+    assert (released.unpinned, released.requeued, released.alive) == (0, 2, 0)
+    assert sorted(r.lrange(Q.rq_queue, 0, -1)) == sorted([taken_job.id.encode(), moved_job.id.encode()])
+    assert r.llen(Q.moving) == 0 and r.zcard(Q.leases) == 0
+    assert status(r, taken_job.id) == "queued" and r.hget(f"rq:job:{taken_job.id}", "emq_token") is None
 
 
 # -- 2. mixed fleet ------------------------------------------------------------------------

@@ -62,8 +62,8 @@ def test_a_job_running_20_times_the_lease_is_never_reclaimed_and_finishes_once(
     assert [line.split()[0] for line in runs(log)] == ["start", "end"]
     assert stat(r, "default", "lease_lost") == 0 and stat(r, "default", "fenced") == 0
     assert stat(r, "default", "renewed") >= 40
-    # the started-registry entry was pushed forward by the heartbeat all along
-    assert len(scores) > 20 and scores[-1] - scores[0] >= 5
+    # the started-registry entry was pinned all along: no cleanup could find it due
+    assert len(scores) > 20 and set(scores) == {float("inf")}
     assert not r.exists(q.lock(job.id)) and r.zcard(q.leases) == 0
 
 

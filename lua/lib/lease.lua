@@ -126,3 +126,26 @@ local function remove_executions(started_key, job_id, rq_prefix)
   end
   redis.call('DEL', registry)
 end
+
+-- remove_executions, and first the run's pinned entry (scored +inf by a lease worker;
+-- its member recorded on the job hash as `emq_started`), which outlives RQ's execution
+-- records when the whole fleet was down: RQ's records expire, the pin never does.
+local function release_started(started_key, job_key, job_id, rq_prefix)
+  local pinned = redis.call('HGET', job_key, 'emq_started')
+  if pinned then
+    redis.call('ZREM', started_key, pinned)
+    redis.call('HDEL', job_key, 'emq_started')
+  end
+  remove_executions(started_key, job_id, rq_prefix)
+end
+
+-- The pinned entry of a job RQ ended while it was leased, if RQ left it: stale, and
+-- pinned it would show the job as started forever. An entry RQ wrote since (a stock
+-- worker's run) has another member, and a finite score: left alone.
+local function drop_stale_pin(started_key, job_key)
+  local pinned = redis.call('HGET', job_key, 'emq_started')
+  if not pinned then return end
+  local score = redis.call('ZSCORE', started_key, pinned)
+  if score and tonumber(score) == math.huge then redis.call('ZREM', started_key, pinned) end
+  redis.call('HDEL', job_key, 'emq_started')
+end

@@ -126,9 +126,8 @@ assert not any(name.startswith("rq_emq") for name in sys.modules), "rq_emq was i
 
 
 def stock_cleanup(url: str, later_s: float, queue: str = "default") -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", STOCK_CLEANUP, url, queue, str(later_s)], capture_output=True, timeout=60, cwd="/"
-    )
+    command = [sys.executable, "-c", STOCK_CLEANUP, url, queue, str(later_s)]
+    done = subprocess.run(command, capture_output=True, timeout=60, cwd="/")
     assert done.returncode == 0, done.stderr.decode()
 
 

@@ -158,7 +158,7 @@ def atomic_run(r: redis.Redis, url: str, queue: str, job_ids: list[str]) -> dict
         if i % 2:
             taken = taker.pop([queue])
         else:
-            moved = r.lmove(q.rq_queue, q.intermediate, "LEFT", "RIGHT")
+            moved = r.lmove(q.rq_queue, q.moving, "LEFT", "RIGHT")
             taken = taker.claim(queue, text(moved)) if moved else None
         if taken is None:
             raise RuntimeError(f"could not lease job {i} on {queue}")

@@ -223,6 +223,17 @@ CATALOG: list[Mutation] = [
         "a worker stopped while idle leaves a job Redis moved for it to the sweep (or blocked waits behind)",
     ),
     _m(
+        "refused_waits_keep_their_connections",
+        "rq_emq/wake.py",
+        "                    if not _refused_for_clients(error):",
+        "                    if True:",
+        [
+            "tests/test_fleet_processes.py::"
+            "test_a_worker_refused_connections_for_its_waits_still_takes_jobs_within_a_small_budget"
+        ],
+        "a worker on many queues at Redis's client limit never takes a job and starves other clients",
+    ),
+    _m(
         "lost_lease_renewed_again",
         "rq_emq/lease.py",
         "return [lease for lease in self._leases.values() if not (lease.lost or lease.settled)]",

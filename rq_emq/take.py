@@ -31,7 +31,7 @@ from . import scripts
 from .keys import QueueKeys
 from .lease import new_token
 from .settings import LeaseSettings
-from .wake import SELECT_MARGIN_S, QueueWait
+from .wake import SELECT_MARGIN_S, QueueWait, WaitRefused
 
 logger = logging.getLogger("rq_emq.lease")
 
@@ -40,6 +40,11 @@ SKIP_BUDGET = 100
 
 #: A wait answered within this many seconds of being sent found a job already waiting.
 AT_ONCE_S = 0.02
+
+#: A worker whose waits Redis refused (its client limit) polls its queues this often with
+#: its one main connection, and tries the blocking waits again after RETRY_WAITS_S.
+POLL_WHEN_REFUSED_S = 0.5
+RETRY_WAITS_S = 60.0
 
 #: Signals that stop a worker; held back while a take is granted and registered.
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
@@ -116,6 +121,8 @@ class Taker:
         #: answered at once, so that a backlog is taken with ``pop_job`` (one call a job).
         #: A new worker pops first: it may start on a backlog (a deploy, a restart).
         self._expect_empty = False
+        #: Monotonic time Redis last refused the waits' connections (-inf: never).
+        self._waits_refused_at = float("-inf")
 
     def pop(self, queues: Sequence[str | QueueKeys]) -> Taken | None:
         """Lease the first waiting job across ``queues``; None when all are empty."""
@@ -205,7 +212,21 @@ class Taker:
         list). A stop that interrupts the wait hands back whatever was moved meanwhile."""
         queues = [_keys(queue) for queue in queue_names]
         started = time.monotonic()
-        waiting = self._wait.start(queues, timeout)
+        if started - self._waits_refused_at < RETRY_WAITS_S:
+            return self._poll(queues, timeout, record)
+        try:
+            waiting = self._wait.start(queues, timeout)
+        except WaitRefused as error:
+            if self._waits_refused_at == float("-inf"):
+                logger.warning(
+                    "Redis refused a connection for the wait on each of %d queues (%s): this worker "
+                    "polls them every %.1f s on its main connection instead, and tries again each minute",
+                    len(queues),
+                    error,
+                    POLL_WHEN_REFUSED_S,
+                )
+            self._waits_refused_at = time.monotonic()
+            return self._poll(queues, timeout, record)
         moved: list[tuple[int, str]] = []
         try:
             waiting.ready(timeout + SELECT_MARGIN_S)
@@ -228,6 +249,25 @@ class Taker:
                     moved = waiting.collect()
                 for index, job_id in moved:
                     self._wait.hand_back(queues[index], job_id)
+
+    def _poll(
+        self, queues: Sequence[QueueKeys], timeout: float, record: Callable[[Taken], None]
+    ) -> Taken | None:
+        """The wait of a worker whose waits' connections Redis refused: ``pop_job`` every
+        :data:`POLL_WHEN_REFUSED_S`, on the main connection, for up to ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with stop_signals_deferred():
+                sent_at = time.monotonic()
+                taken = self.pop(queues)
+                if taken is not None:
+                    taken = dataclasses.replace(taken, sent_at=sent_at)
+                    record(taken)
+                    return taken
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            time.sleep(min(POLL_WHEN_REFUSED_S, remaining))
 
     def close(self) -> None:
         """Nothing to close: the waits' connections belong to the client's pool."""

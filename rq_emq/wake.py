@@ -25,6 +25,14 @@ The moving list is ours, not RQ's ``rq:queue:<q>:intermediate``: a stock worker'
 mixed fleet is never in it (our sweep recovers only what is there), and RQ's
 intermediate-list cleanup, which fails what it finds, never sees one of ours.
 
+**The connection budget.** A worker on ``k`` queues holds ``k + 3`` connections while idle
+(one wait per queue, its main connection, the lock manager's, the sweeper election's line)
+plus RQ's pubsub. Where Redis refuses one of the waits' connections (``maxclients``
+reached: many workers on many queues), the worker does not keep what it got: every wait
+connection is closed again, and :class:`WaitRefused` tells the taker to wait with its one
+main connection instead (it polls, :mod:`rq_emq.take`), so it still takes jobs and leaves
+the server's slots to other clients.
+
 No ``BLPOP``/``BLMPOP`` on a queue: they pop without a trace, and a worker dying just after
 loses the job. (The sweeper election's line, :mod:`rq_emq.election`, is the one ``BLPOP``: it holds no job.)
 """
@@ -52,6 +60,15 @@ logger = logging.getLogger("rq_emq.lease")
 
 #: The select outlasts the BLMOVE timeout by this much: Redis's own timeout normally ends the wait.
 SELECT_MARGIN_S = 1.0
+
+
+class WaitRefused(RedisConnectionError):
+    """Redis refused a connection for one of the waits (its client limit): every wait
+    connection of this spell was closed again."""
+
+
+def _refused_for_clients(error: Exception) -> bool:
+    return "max number of clients" in str(error).lower()
 
 
 def _text(value: Any) -> str:
@@ -158,7 +175,13 @@ class QueueWait:
         blocked: list[_Blocked] = []
         try:
             for index, queue in enumerate(queues):
-                connection = _borrow(self.pool)
+                try:
+                    connection = _borrow(self.pool)
+                except RedisConnectionError as error:
+                    if not _refused_for_clients(error):
+                        raise
+                    self._close_waits(queues, blocked)
+                    raise WaitRefused(str(error)) from error
                 try:
                     client_id = self._client_id(connection)
                     connection.send_command("BLMOVE", queue.rq_queue, queue.moving, "LEFT", "RIGHT", block)
@@ -175,6 +198,18 @@ class QueueWait:
                 pass  # what a broken connection moved is left to the sweep
             raise
         return Waiting(self, blocked)
+
+    def _close_waits(self, queues: Sequence[QueueKeys], blocked: list[_Blocked]) -> None:
+        """End the waits sent so far, hand back what they moved, and close their
+        connections (released to the pool unconnected: no server slot kept)."""
+        try:
+            for index, job_id in Waiting(self, blocked).collect():
+                self.hand_back(queues[index], job_id)
+        except Exception:
+            pass  # what a broken connection moved is left to the sweep
+        for b in blocked:
+            b.connection.disconnect()
+        blocked.clear()
 
     def _client_id(self, connection: Any) -> int | None:
         if not self.can_unblock:

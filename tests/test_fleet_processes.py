@@ -264,3 +264,31 @@ def test_nothing_piles_up_in_redis_for_a_busy_worker_over_100k_queue_writes(
     print(f"worker's connections: omem max {baseline[0]} -> {largest}, tot-mem {baseline[1]} -> {total}")
     assert largest == 0 and total <= baseline[1] + 64 * 1024, (baseline, largest, total)
     assert worker.poll() is None, procs.log(worker)
+
+
+def test_a_worker_refused_connections_for_its_waits_still_takes_jobs_within_a_small_budget(
+    own_server: RedisServer, procs: Processes
+) -> None:
+    """A worker on 20 queues against a Redis near its client limit (the same shape as ~450
+    such workers against the default 10,000): it cannot open a wait per queue. It closes the
+    wait connections it did get (other clients still connect), says why once, and takes
+    jobs with its main connection. Before, it retried forever holding every connection it
+    got, and no client, the producer included, could connect."""
+    r = redis.Redis.from_url(own_server.url)
+    queues = [f"c{i}" for i in range(20)]
+    r.config_set("maxclients", 16)
+    worker = procs.worker(own_server.url, *queues, **QUIET)
+    wait_for(lambda: "polls them every" in procs.log(worker), timeout=30, what="the fallback's one line")
+    producer = redis.Redis.from_url(own_server.url)
+    jobs = [Queue(q, connection=producer).enqueue("jobs.add", 1, 1) for q in ("c19", "c0")]
+    for job in jobs:
+        wait_status(r, job.id, "finished", timeout=20)
+    assert procs.log(worker).count("Redis refused a connection for the wait") == 1
+    # its budget without the waits: main, lock manager, the sweeper election's line, RQ's pubsub
+    others = {int(r.client_id()), int(producer.client_id())}
+    wait_for(
+        lambda: len([c for c in r.client_list() if int(c["id"]) not in others]) <= 4,
+        timeout=10,
+        what="the worker down to its four connections",
+    )
+    assert worker.poll() is None, procs.log(worker)

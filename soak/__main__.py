@@ -41,6 +41,12 @@ def parse(argv: list[str] | None) -> tuple[Config, bool, bool, Path | None, floa
         help=f"seconds a recovery may take past lease + 2 sweeps before it fails (default {BOUND_SLACK_S})",
     )
     p.add_argument("--faults", default=",".join(KINDS), help=f"comma list of: {', '.join(KINDS)}")
+    p.add_argument(
+        "--stock-neighbours",
+        type=int,
+        default=1,
+        help="stock rq workers beside the lease fleet on the same queue, frozen now and then (0: none)",
+    )
     p.add_argument("--keep", type=Path, help="keep the run's files (worker logs, side-effect log) here")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--recheck", type=Path, help="run no soak: check again the evidence a --keep DIR holds")
@@ -70,6 +76,7 @@ def parse(argv: list[str] | None) -> tuple[Config, bool, bool, Path | None, floa
         kinds=kinds,
         out=a.keep,
         bound_slack_s=BOUND_SLACK_S if a.bound_slack is None else a.bound_slack,
+        stock_neighbours=max(0, a.stock_neighbours),
     )
     return config, a.json, a.keep is not None, a.recheck, a.bound_slack
 
@@ -114,6 +121,12 @@ def table(ev: Evidence, v: Verdict) -> str:
             f"{c.get('stale_runs', '-')}",
         ),
         ("worker respawns / crashes (exits the soak did not cause)", f"{c['respawns']} / {c['crashes']}"),
+        (
+            "stock neighbours (frozen, never killed) / their runs / stock rq info calls",
+            f"{cfg.stock_neighbours if cfg.worker == 'lease' else 0} / "
+            f"{sum(r.ppid in set(ev.stock_workers) for runs in ev.runs.values() for r in runs)} / "
+            f"{ev.rq_info_calls}",
+        ),
         ("faults", ", ".join(f"{k} {n}" for k, n in sorted(c["faults"].items())) or "none"),
         ("jobs by lifecycle kind", ", ".join(f"{k} {n}" for k, n in sorted(c["lifecycle_jobs"].items()))),
         (

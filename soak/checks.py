@@ -91,6 +91,10 @@ def _reason_ok(
         return None if "JobStalled" in reason else "failed at max attempts without RQ's Result saying so"
     if "ValueError: soak" in reason:
         return None if planned.outcome in ("raise", "flaky") else "failed with a planned error it never plans"
+    if "AbandonedJobError" in reason and any(
+        f.kind == "stock_exit" and f.worker_pid in {r.ppid for r in runs} for f in faults
+    ):
+        return None  # a stock neighbour quit mid-job: stock cleanup failed its job, as RQ does
     if "Work-horse terminated unexpectedly" in reason:
         horses = {r.pid for r in runs}
         for f in faults:
@@ -353,12 +357,21 @@ def _stale(run: Run, faults: list[Fault]) -> bool:
     )
 
 
+def _by_stock(runs: list[Run], ev: Any) -> bool:
+    """The job's last run was a stock neighbour's (its finish is RQ's own, which leaves
+    our fields as they were)."""
+    return bool(runs) and runs[-1].ppid in set(getattr(ev, "stock_workers", []))
+
+
 def _check_attempts(ev: Any, v: Verdict) -> None:
     total_takes, skipped, stale, inferred = 0, 0, 0, 0
+    stock = set(getattr(ev, "stock_workers", []))
     for job_id in ev.jobs:
         runs, state = ev.runs.get(job_id, []), ev.final[job_id]
         takes, previous = 0, None
         for run in runs:
+            if run.ppid in stock:
+                continue  # a stock neighbour's run: taken without a lease, counts no attempt
             if _stale(run, ev.faults):
                 stale += 1
                 continue
@@ -391,7 +404,7 @@ def _check_attempts(ev: Any, v: Verdict) -> None:
                 v.violations.append(f"{job_id}: failed, its Result written, still holds emq_attempts")
             takes += max(0, held - last)
             skipped += max(0, held - last)
-        elif state["status"] == "finished" and state["attempts"] is not None:
+        elif state["status"] == "finished" and state["attempts"] is not None and not _by_stock(runs, ev):
             v.violations.append(f"{job_id}: finished but still holds emq_attempts={state['attempts']}")
         total_takes += takes
     # a horse killed before its job began leaves no run, and RQ's failure of the job, which
@@ -478,6 +491,11 @@ def _check_ended_by_producer(job_id: str, planned: Any, state: dict[str, Any], e
         if _began(run) > planned.acted_at
     ]
     expected = "canceled" if planned.kind == "cancel" else None
+    if _by_stock(ev.runs.get(job_id, []), ev):
+        # a stock neighbour ran it when the producer acted: stock RQ writes that run's
+        # outcome (finished, or failed) over the cancel or into a new hash; that is RQ's
+        # semantics, not ours to judge, beyond "never started after the call"
+        return problems
     if state["status"] != expected:
         problems.append(
             f"{what} (status {planned.acted_on} then), yet ended {state['status'] or 'with no hash'}"

@@ -48,6 +48,7 @@ REPEAT_EXCUSED = {
     "stop_worker",
     "partition_long",
     "restart_long",  # a restart that outlasted the grace (checks.py renames it so)
+    "stock_exit",  # a stock neighbour that quit (a Redis error): its job is RQ's to redo
 }
 #: Faults after which a worker may crash: RQ's worker quits on a Redis error outside its
 #: dequeue, and a long cut outlasts the finish's patience (one lease). Any other crash is a

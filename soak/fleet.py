@@ -29,6 +29,8 @@ class Slot:
 
     index: int
     proxy: TcpProxy | None
+    #: a worker kind of its own (a stock neighbour in a lease fleet), else the fleet's
+    kind: str | None = None
     process: subprocess.Popen[bytes] | None = None
     generation: int = 0
     #: a stop or cut is in progress: not a victim, not respawned
@@ -37,7 +39,8 @@ class Slot:
 
     @property
     def name(self) -> str:
-        return f"soak-w{self.index}-{self.generation}"
+        letter = "s" if self.kind == "stock" else "w"
+        return f"soak-{letter}{self.index}-{self.generation}"
 
     @property
     def pid(self) -> int | None:
@@ -57,13 +60,23 @@ class Fleet:
         env: dict[str, str],
         log_dir: Path,
         proxied: int,
+        stock_neighbours: int = 0,
     ) -> None:
         self.kind = kind
         self.direct_url = direct_url
         self.env = env
         self.log_dir = log_dir
         self.slots = [Slot(i, TcpProxy(redis_port).start() if i < proxied else None) for i in range(count)]
+        self.slots += [Slot(count + i, None, kind="stock") for i in range(stock_neighbours)]
         self.respawns = 0
+
+    def neighbour_pids(self) -> set[int]:
+        return {pid for slot in self.neighbours for pid in slot.pids}
+
+    @property
+    def neighbours(self) -> list[Slot]:
+        """The stock workers beside a lease fleet (no fault's victim)."""
+        return [slot for slot in self.slots if slot.kind == "stock" and self.kind != "stock"]
 
     def url(self, slot: Slot) -> str:
         return slot.proxy.url if slot.proxy is not None else self.direct_url
@@ -71,11 +84,13 @@ class Fleet:
     def spawn(self, slot: Slot) -> None:
         slot.generation += 1
         # both kinds run RQ's scheduler (one holds its lock at a time): the mix has enqueue_in jobs
-        cmd = [RQ_BIN, "worker", "--with-scheduler", "-w", WORKER_CLASSES[self.kind], "--url", self.url(slot)]
-        cmd += ["--name", slot.name, *(STOCK_ARGS if self.kind == "stock" else ()), QUEUE]
+        kind = slot.kind or self.kind
+        cmd = [RQ_BIN, "worker", "--with-scheduler", "-w", WORKER_CLASSES[kind], "--url", self.url(slot)]
+        cmd += ["--name", slot.name, *(STOCK_ARGS if kind == "stock" else ()), QUEUE]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-        env.update(self.env)
+        if kind == self.kind:
+            env.update(self.env)
         with open(self.log_dir / f"{slot.name}.log", "wb") as log:
             slot.process = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO), start_new_session=True

@@ -36,6 +36,9 @@ class Config:
     bound_slack_s: float = BOUND_SLACK_S
     kinds: tuple[str, ...] = KINDS
     out: Path | None = None
+    #: stock ``rq worker`` processes beside the lease fleet on the same queue (lease mode):
+    #: frozen now and then, never killed; stock ``rq info`` runs beside them (issue 20)
+    stock_neighbours: int = 1
 
     @property
     def grace_s(self) -> float:
@@ -112,6 +115,10 @@ class Evidence:
     #: times an RQ scheduler process (``--with-scheduler``) quit on a Redis error, from the
     #: worker logs: RQ restarts none until its lock (61 s) lapses and a worker's maintenance runs
     scheduler_deaths: int = 0
+    #: pids of the stock neighbours (their runs carry no lease attempt count)
+    stock_workers: list[int] = field(default_factory=list)
+    #: stock ``rq info`` calls made beside the fleet, and how many failed to run
+    rq_info_calls: int = 0
 
 
 def save(evidence: Evidence, path: Path) -> None:
@@ -150,4 +157,6 @@ def load(path: Path) -> Evidence:
         wall=data["wall"],
         notes=data["notes"],
         scheduler_deaths=data.get("scheduler_deaths", 0),
+        stock_workers=data.get("stock_workers", []),
+        rq_info_calls=data.get("rq_info_calls", 0),
     )

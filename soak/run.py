@@ -6,7 +6,9 @@ fault healed, and the evidence the checks read (Redis state, the side-effect log
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
 import threading
 import time
 import uuid
@@ -25,7 +27,7 @@ from rq_emq.testing import RedisServer
 from . import faults as F
 from . import lifecycle
 from .faults import Fault
-from .fleet import QUEUE, Fleet, Slot
+from .fleet import QUEUE, RQ_BIN, Fleet, Slot
 from .jobs import read_runs, work
 from .model import Config, Evidence, Planned, save
 
@@ -51,6 +53,7 @@ class Soak:
         self._stop = threading.Event()
         self._timers: list[threading.Timer] = []
         self._schedulers: set[int] = set()
+        self.rq_info_calls = 0
 
     # -- plumbing --------------------------------------------------------------------------
     def redis_call(self, fn: Callable[[], T], patience: float = 20.0) -> T:
@@ -163,6 +166,8 @@ class Soak:
         out = []
         schedulers = self.scheduler_pids()
         for slot in self.fleet.slots:
+            if slot in self.fleet.neighbours:
+                continue  # a stock neighbour is only frozen (stock_actors), never a victim
             if slot.alive() and not slot.faulted and slot.pid is not None:
                 horses = [p for p in F.children(slot.pid) if p not in schedulers]
                 if horses:
@@ -292,6 +297,45 @@ class Soak:
                 fault.ended = fault.ended or time.time()
             time.sleep(min(max(self.chaos_rng.expovariate(1 / self.config.fault_every), 0.2), 5.0))
 
+    def stock_actors(self) -> None:
+        """Stock RQ beside the lease fleet, as a mixed fleet has it: a stock worker frozen
+        now and then (idle in its own BLMOVE, or mid-job: our sweep must take neither of its
+        jobs; the freeze is recorded as ``stop_stock``, which excuses no repeat), and stock
+        ``rq info`` (a process that never imported rq_emq: its cleanup must fail no leased
+        job). The freeze outlasts our recovery bound, so a sweep that would take the
+        neighbour's job has done so before it resumes."""
+        cfg, rng = self.config, random.Random(self.config.seed * 104729 + 3)
+        end = time.monotonic() + cfg.duration
+        while time.monotonic() < end and not self._stop.is_set():
+            time.sleep(rng.uniform(1.0, 4.0))
+            if rng.random() < 0.4:
+                self.rq_info()
+                continue
+            free = [s for s in self.fleet.neighbours if s.alive() and not s.faulted and s.pid is not None]
+            if not free:
+                continue
+            slot = rng.choice(free)
+            assert slot.pid is not None
+            horses = [p for p in F.children(slot.pid) if p not in self.scheduler_pids()]
+            fault = self.record(
+                Fault("stop_stock", time.time(), slot.name, slot.pid, horses, self.held_job(slot, horses))
+            )
+            slot.faulted = True
+            F.send(F.signal.SIGSTOP, slot.pid, *horses)
+            hold = rng.uniform(1.2, 1.6) * cfg.bound_s + 0.5
+            fault.detail = f"{'mid-job' if horses else 'idle'} {hold:.2f}s"
+            self.after(hold, lambda slot=slot, fault=fault, horses=horses: self.release(slot, fault, horses))  # type: ignore[misc]
+
+    def rq_info(self) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        try:
+            subprocess.run(
+                [RQ_BIN, "info", "--url", self.server.url, QUEUE], capture_output=True, timeout=30, env=env
+            )
+        except subprocess.TimeoutExpired:
+            pass
+        self.rq_info_calls += 1
+
     # -- watchers --------------------------------------------------------------------------
     def supervise(self) -> None:
         """Respawns dead workers; one that exited without a kill from the soak is recorded
@@ -309,7 +353,10 @@ class Soak:
                 with self._guard:
                     killed = any(f.worker_pid == pid and f.kind in F.KILLS for f in self.faults)
                     if not killed:
-                        crash = Fault("crash", time.time(), name, pid, detail=f"exit status {code}")
+                        # stock RQ quits on a Redis error outside its dequeue (a restart):
+                        # recorded, not judged; it excuses what stock RQ then does to its job
+                        kind = "stock_exit" if pid in self.fleet.neighbour_pids() else "crash"
+                        crash = Fault(kind, time.time(), name, pid, detail=f"exit status {code}")
                         crash.ended = crash.started
                         self.faults.append(crash)
             time.sleep(0.2)
@@ -389,7 +436,14 @@ class Soak:
         logs = self.dir / "workers"
         logs.mkdir(parents=True, exist_ok=True)
         self.fleet = Fleet(
-            cfg.worker, cfg.workers, self.server.url, self.server.port, env, logs, proxied=cfg.workers // 2
+            cfg.worker,
+            cfg.workers,
+            self.server.url,
+            self.server.port,
+            env,
+            logs,
+            proxied=cfg.workers // 2,
+            stock_neighbours=cfg.stock_neighbours if cfg.worker == "lease" else 0,
         )
         drained_in = None
         notes: list[str] = []
@@ -403,6 +457,8 @@ class Soak:
                 self.thread(self.sample_queue, "soak-queue-sampler"),
             ]
             chaos = self.thread(self.chaos, "soak-chaos")
+            if self.fleet.neighbours:
+                threads.append(self.thread(self.stock_actors, "soak-stock-actors"))
             chaos.join()
             self._producing.clear()
             threads[0].join()
@@ -506,5 +562,7 @@ class Soak:
             drained_in,
             notes=notes,
             scheduler_deaths=deaths,
+            stock_workers=[pid for slot in self.fleet.neighbours for pid in slot.pids],
+            rq_info_calls=self.rq_info_calls,
         )
         return evidence

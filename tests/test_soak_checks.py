@@ -620,3 +620,24 @@ def test_a_fault_on_a_horse_whose_job_was_already_done_needs_no_recovery() -> No
     held = kill("kill_group", 2.0)
     held.lapse_at = 2.0
     assert any("never left its holder" in v for v in evaluate(evidence(runs, faults=[held])).violations)
+
+
+def test_a_run_of_ours_after_a_frozen_stock_neighbours_run_is_a_duplicate() -> None:
+    """Issue 20's mixed fleet: a stock worker frozen with a job (just moved for it, or
+    mid-run) keeps it; if our sweep took it, one of ours runs it while the stock run stands,
+    and no fault of the soak's excuses that."""
+    freeze = Fault("stop_stock", 2.0, "s", OTHER_WORKER, [OTHER_HORSE], "j", None, ended=6.0)
+    stock_run = run(0, 1.0, 7.0, "ok", pid=OTHER_HORSE, ppid=OTHER_WORKER)
+    ev = evidence([stock_run, run(1, 4.0, 5.0, "ok")], faults=[freeze], taken=1)
+    ev.stock_workers = [OTHER_WORKER]
+    verdict = evaluate(ev)
+    assert not verdict.passed and verdict.counts["duplicates"] == 1
+    assert verdict.counts["overlapping_runs"] == 1
+
+
+def test_a_stock_neighbours_run_counts_no_lease_attempt() -> None:
+    stock_run = run(0, 1.0, 2.0, "ok", pid=OTHER_HORSE, ppid=OTHER_WORKER)
+    ev = evidence([stock_run], taken=0)
+    ev.stock_workers = [OTHER_WORKER]
+    verdict = evaluate(ev)
+    assert verdict.passed, verdict.violations

@@ -298,6 +298,15 @@ def _remember_namespace(queue: Queue) -> None:
         _NAMESPACES.setdefault(queue.name, set()).add(queue.redis_queue_namespace_prefix)
 
 
+def prepare_registries(queues: list[Queue]) -> None:
+    """What a lease worker's own process needs of this module for its ``queues``, whatever
+    their class: RQ's started registry with the lease-aware cleanup (a second line: a leased
+    run's entry is pinned), and the queues' namespaces, where that cleanup looks for leases."""
+    patch_stock_started_registry()
+    for queue in queues:
+        _remember_namespace(queue)
+
+
 def as_lease_queue(queue: Queue) -> Queue:
     """``queue`` if it has the lease registries, else a copy of it as an instance of
     :func:`lease_queue_class` of its class (same name, connection, job class, options)."""
@@ -320,4 +329,5 @@ __all__ = [
     "lease_queue_class",
     "patch_stock_started_registry",
     "pin_started_entries_of",
+    "prepare_registries",
 ]

@@ -41,7 +41,7 @@ from .heartbeats import HeartbeatMixin
 from .horse_fence import HorseDeadline, die_with_parent, libc
 from .job_writes import JobWritesMixin, LeaseJobInterrupted
 from .lease import Lease, LockManager, own_client
-from .registries import as_lease_queue, lease_queue_class, pin_started_entries_of
+from .registries import pin_started_entries_of, prepare_registries
 from .settings import LeaseSettings
 from .startup import check_redis, worker_settings
 from .sweep import Sweeper
@@ -75,11 +75,11 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
         self.lease_settings = worker_settings(overrides, defaults)
         check_worker_class(self)
         super().__init__(*args, **kwargs)
-        # whatever queue class the worker was given (--queue-class), with the lease registries
+        # the queue class it was given (--queue-class) stays as given, as in RQ's workers: a
+        # leased run's started entry is pinned, so no queue class is needed to keep stock
+        # cleanup off it; this process's stock registries get the lease-aware cleanup too
         me: Any = self
-        me.queue_class = lease_queue_class(me.queue_class)
-        me.queues = [as_lease_queue(queue) for queue in me.queues]
-        me._ordered_queues = me.queues[:]
+        prepare_registries(me.queues)
         self.lock_manager: LockManager | None = None
         self.sweeper: Sweeper | None = None
         self._taker: Taker | None = None

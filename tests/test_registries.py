@@ -279,7 +279,7 @@ def test_rq_info_with_the_lease_queue_class_does_not_fail_a_dead_workers_leased_
     "worker_class,queue_class,served_by",
     [
         ("rq_emq.LeaseWorker", "rq_emq.LeaseQueue", "LeaseQueue"),
-        ("rq_emq.LeaseWorker", "worker_classes.RecordingQueue", "LeaseRecordingQueue"),
+        ("rq_emq.LeaseWorker", "worker_classes.RecordingQueue", "RecordingQueue"),
         ("rq.Worker", "rq_emq.LeaseQueue", "LeaseQueue"),
     ],
 )
@@ -315,22 +315,27 @@ def test_a_worker_starting_after_a_long_outage_does_not_fail_leased_jobs_in_its_
         )
         assert status(r, job.id) == "started"
     assert not failed(r, job.id), procs.log(worker)
-    if queue_class.startswith("worker_classes"):  # the user's class is composed, not replaced
+    if queue_class.startswith("worker_classes"):  # the user's own class, as given
         assert runs(queue_log)[0] == f"maintenance default {served_by} True"
 
 
-def test_a_lease_worker_takes_any_queue_class_through_lease_queue_class(r: redis.Redis) -> None:
+def test_a_lease_worker_keeps_the_queue_class_it_is_given(r: redis.Redis) -> None:
+    """As RQ's own workers do (RQ's suite checks ``worker.queue_class is X``): the pin, not
+    a queue class, keeps stock cleanup off leased jobs. ``lease_queue_class`` still composes
+    the lease views onto any class, for tools."""
     from worker_classes import RecordingQueue
 
     given = [RecordingQueue("a", connection=r), "b"]
     worker = rq_emq.LeaseWorker(given, connection=r, queue_class=RecordingQueue)
+    assert worker.queue_class is RecordingQueue
+    assert [type(q) for q in worker.queues] == [RecordingQueue, RecordingQueue]
+    assert worker.queues[0] is given[0]
+    # this process's stock registry got the lease-aware cleanup (the second line)
+    assert StartedJobRegistry.get_expired_job_ids is LeaseStartedJobRegistry.get_expired_job_ids
     composed = lease_queue_class(RecordingQueue)
-    assert worker.queue_class is composed and issubclass(composed, RecordingQueue)
-    assert [type(q) for q in worker.queues] == [composed, composed]
-    assert isinstance(worker.queues[0].started_job_registry, LeaseStartedJobRegistry)
-    assert type(given[0]) is RecordingQueue  # the caller's own object is left as it was
-    assert lease_queue_class(RecordingQueue) is composed and lease_queue_class(LeaseQueue) is LeaseQueue
-    assert lease_queue_class(Queue) is LeaseQueue
+    assert issubclass(composed, RecordingQueue) and lease_queue_class(RecordingQueue) is composed
+    assert isinstance(composed("c", connection=r).started_job_registry, LeaseStartedJobRegistry)
+    assert lease_queue_class(LeaseQueue) is LeaseQueue and lease_queue_class(Queue) is LeaseQueue
 
 
 # -- 5. django-rq ---------------------------------------------------------------------------

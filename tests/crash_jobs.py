@@ -1,0 +1,54 @@
+"""Jobs that end their own work horse without an outcome, as the OOM killer, a C
+extension's segfault or a stray ``os._exit`` would; workers import them (tests/ is on
+their PYTHONPATH). Each run appends a line to ``log`` first: the runs' own record."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+from pathlib import Path
+
+
+def _runs_so_far(log: str) -> int:
+    with open(log, "a") as out:
+        out.write(f"run {os.getpid()} {time.time():.6f}\n")
+    return len(Path(log).read_text().splitlines())
+
+
+def die(how: str) -> None:
+    """End this process without an outcome: ``kill`` (SIGKILL, as the OOM killer sends),
+    ``segv`` (a real segfault: a read of address 0), ``exit`` (``os._exit(1)``)."""
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif how == "segv":
+        ctypes.string_at(0)
+    elif how == "exit":
+        os._exit(1)
+    raise ValueError(how)
+
+
+def crash_first(log: str, how: str, crashes: int = 1, result: object = "done") -> object:
+    """Crash the first ``crashes`` runs (``how``, see :func:`die`), then succeed."""
+    if _runs_so_far(log) <= crashes:
+        die(how)
+    return result
+
+
+def poison(log: str, how: str = "kill") -> None:
+    """A poison pill: every run kills its horse."""
+    _runs_so_far(log)
+    die(how)
+
+
+def sleep_then(log: str, seconds: float) -> str:
+    """Record the run, then sleep (a job for the deliberate kills: timeout, stop, shutdown)."""
+    _runs_so_far(log)
+    time.sleep(seconds)
+    return "slept"
+
+
+def raise_after_run(log: str) -> None:
+    _runs_so_far(log)
+    raise RuntimeError("boom")

@@ -19,11 +19,14 @@ sweep as before.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from rq.job import Job
@@ -76,6 +79,40 @@ def peak_rss(rusage: Any) -> str:
     if sys.platform == "darwin":
         kib //= 1024
     return f"{kib / 1024:.1f} MiB" if kib < 1024 * 1024 else f"{kib / (1024 * 1024):.2f} GiB"
+
+
+@dataclass
+class Crash:
+    """One attempt of a job whose horse died without an outcome (``emq_crashes``)."""
+
+    attempt: int
+    cause: str
+    #: When its worker recovered it, Redis time (ms since the epoch).
+    at_ms: int
+
+    @property
+    def short(self) -> str:
+        """``SIGKILL``, ``exit 1``: the cause in a table cell."""
+        for pattern, shown in (
+            (r"\(([A-Z][A-Z0-9]+)[;)]", "{}"),
+            (r"status (\d+)", "exit {}"),
+            (r"signal (\d+)", "signal {}"),
+        ):
+            found = re.search(pattern, self.cause)
+            if found is not None:
+                return shown.format(found.group(1))
+        return self.cause
+
+
+def read_crashes(raw: bytes | str | None) -> list[Crash] | None:
+    """A job hash's ``emq_crashes`` as the recovery script wrote it; None if unreadable."""
+    if raw is None:
+        return []
+    try:
+        entries = json.loads(raw)
+        return [Crash(int(attempt), str(cause), int(at)) for attempt, cause, at in entries]
+    except (ValueError, TypeError):
+        return None
 
 
 class _CrashHandled(Exception):

@@ -29,10 +29,14 @@ def die(how: str) -> None:
     raise ValueError(how)
 
 
-def crash_first(log: str, how: str, crashes: int = 1, result: object = "done") -> object:
-    """Crash the first ``crashes`` runs (``how``, see :func:`die`), then succeed."""
+def crash_first(
+    log: str, how: str, crashes: int = 1, result: object = "done", then_sleep: float = 0
+) -> object:
+    """Crash the first ``crashes`` runs (``how``, see :func:`die`), then sleep
+    ``then_sleep`` seconds and succeed."""
     if _runs_so_far(log) <= crashes:
         die(how)
+    time.sleep(then_sleep)
     return result
 
 

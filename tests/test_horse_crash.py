@@ -123,6 +123,33 @@ def test_a_finish_after_crashes_starts_the_attempts_and_their_history_again(
     assert r.hget(job_key(job.id), "emq_attempts") is None and crashes(r, job.id) == []
 
 
+def test_a_crash_is_counted_in_status_metrics_and_events_and_its_history_shown_in_leases(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from rq_emq.cli import main
+
+    def cli(*args: str) -> str:
+        return CliRunner().invoke(main, [*args, "--url", redis_url], catch_exceptions=False).output
+
+    log, events = str(tmp_path / "runs.log"), str(tmp_path / "events.log")
+    job = Queue(connection=r).enqueue("crash_jobs.crash_first", log, "kill", 1, then_sleep=30, job_timeout=60)
+    worker = procs.worker(
+        redis_url, RQ_EMQ_EVENT_HOOKS="jobs:record_event", EMQ_TEST_EVENT_LOG=events, **SLOW_LEASE
+    )
+    wait_for(lambda: len(run_times(log)) == 2, timeout=20, what="the second run")
+    [lease] = json.loads(cli("leases", "--json"))["queues"][0]["leases"]
+    assert lease["job_id"] == job.id and lease["attempts"] == 2
+    assert [(c["attempt"], c["cause"]) for c in lease["crashes"]] == [(1, CAUSES["kill"])]
+    assert "1: SIGKILL" in cli("leases")
+    [queue] = json.loads(cli("status", "--json"))["queues"]
+    assert queue["counters"]["crashed"] == 1
+    assert 'rq_emq_horse_crashes_total{queue="default"} 1.0' in cli("metrics")
+    assert Path(events).read_text().split()[:2] == ["crashed", job.id]
+    worker.kill()
+
+
 # -- RQ's deliberate kills keep RQ's meaning -------------------------------------------------
 
 

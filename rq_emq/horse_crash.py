@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from redis import Redis
 from rq.job import Job
 from rq.queue import Queue
 from rq.utils import now, utcformat
@@ -158,7 +159,12 @@ class HorseCrashMixin:
         rss = peak_rss(rusage)
         try:
             budget = max(lease.valid_until - time.monotonic(), 0.0)
-            reply = through_blips(lambda: _recover(me, lease, cause), job.id, budget, "recover it")
+            default_max = me.lease_settings.max_attempts
+
+            def recover() -> Any:
+                return recover_crashed(me.connection, lease, cause, default_max)
+
+            reply = through_blips(recover, job.id, budget, "recover it")
         except BLIPS as error:
             logger.error(
                 "job %s: %s (peak RSS %s); Redis unreachable (%s): the sweep recovers it as its lease lapses",
@@ -200,7 +206,8 @@ def _trusted(lease: Lease) -> bool:
     return not (lease.lost or lease.settled or lease.expired) and time.monotonic() <= lease.valid_until
 
 
-def _recover(worker: Any, lease: Lease, cause: str) -> Any:
+def recover_crashed(client: Redis, lease: Lease, cause: str, default_max: int) -> Any:
+    """Run ``recover_crashed_job`` for ``lease``'s job (its reply, as the script says)."""
     q = lease.keys
     keys = [
         q.job(lease.job_id),
@@ -218,9 +225,9 @@ def _recover(worker: Any, lease: Lease, cause: str) -> Any:
         lease.job_id,
         lease.token,
         RQ_PREFIX,
-        worker.lease_settings.max_attempts,
+        default_max,
         DEFAULT_FAILURE_TTL,
         utcformat(now()),
         cause,
     ]
-    return scripts.load("recover_crashed_job")(worker.connection, keys, args)
+    return scripts.load("recover_crashed_job")(client, keys, args)

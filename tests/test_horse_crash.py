@@ -72,6 +72,7 @@ def test_a_horse_that_dies_without_an_outcome_costs_one_attempt_and_the_job_runs
     assert len(run_times(log)) == 2  # the crashed run, then the one that finished
     assert status(r, job.id) == "finished" and job.latest_result().return_value == "done"  # type: ignore[union-attr]
     assert stat(r, "default", "crashed") == 1 and stat(r, "default", "recovered") == 0
+    assert stat(r, "default", "fenced") == 0  # RQ's failure of the job was not even tried
     assert r.zcard(Q.leases) == 0 and r.zcard("rq:failed:default") == 0
     # the worker says what killed the horse, and how much memory it had
     line = next(line for line in procs.log(worker).splitlines() if CAUSES[how] in line)
@@ -237,3 +238,34 @@ def test_a_horse_the_worker_killed_itself_keeps_rqs_meaning(r: redis.Redis, tmp_
     assert status(r, job.id) == "failed"
     assert "Work-horse terminated unexpectedly" in (job.latest_result().exc_string or "")  # type: ignore[union-attr]
     assert stat(r, "q", "crashed") == 0
+
+
+def test_a_horse_past_its_local_lease_deadline_is_no_crash_of_its_workers(
+    r: redis.Redis, tmp_path: Path
+) -> None:
+    """A horse ends itself (SIGKILL) once its local lease deadline passes, and its worker
+    no longer trusts the lease: that death is the lease-lost stop, whoever sent the signal,
+    and the sweep decides. Simulated: the worker's clock gave up the lease, then the horse
+    is killed by another hand than the worker's."""
+    log = str(tmp_path / "runs.log")
+    job = Queue("q", connection=r).enqueue("crash_jobs.sleep_then", log, 30, job_timeout=600)
+    worker = LeaseWorker([Queue("q", connection=r)], connection=r, lease_ms=5_000)
+    try:
+        taken = worker.dequeue_job_and_maintain_ttl(None)
+        assert taken is not None and worker.lock_manager is not None
+        lease = worker.lock_manager.get(job.id)
+        assert lease is not None
+
+        def fence_when_running() -> None:
+            wait_for(lambda: run_times(log), what="the job to start")
+            lease.expired = lease.lost = True  # what the local lease clock does at the deadline
+            os.kill(worker.horse_pid, signal.SIGKILL)  # the horse's self-fence
+
+        fencer = threading.Thread(target=fence_when_running)
+        fencer.start()
+        worker.execute_job(*taken)
+        fencer.join()
+    finally:
+        worker.teardown()
+    assert stat(r, "q", "crashed") == 0 and r.llen(QueueKeys("q").rq_queue) == 0
+    assert status(r, job.id) == "started"  # untouched: its lease lapses and the sweep recovers it

@@ -56,3 +56,18 @@ def sleep_then(log: str, seconds: float) -> str:
 def raise_after_run(log: str) -> None:
     _runs_so_far(log)
     raise RuntimeError("boom")
+
+
+def crash_odd_raise_even(log: str) -> None:
+    """Odd runs kill their horse, even runs raise: crashes and RQ's ``Retry`` interleaved."""
+    if _runs_so_far(log) % 2:
+        die("kill")
+    raise RuntimeError("planned failure")
+
+
+def exit_cleanly_first(log: str) -> str:
+    """The first run exits with status 0 without an outcome (a stray ``sys.exit(0)``-like
+    ``os._exit(0)``); later runs succeed."""
+    if _runs_so_far(log) == 1:
+        os._exit(0)
+    return "done"

@@ -151,6 +151,36 @@ def test_a_crash_is_counted_in_status_metrics_and_events_and_its_history_shown_i
     worker.kill()
 
 
+def test_crashes_and_rqs_retry_compose_as_documented(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
+) -> None:
+    """docs/guarantees.md: an exception is RQ's (``Retry`` counts it, and the finish starts
+    our attempts again); a crash is ours. Crash, raise, crash, raise with ``Retry(max=1)``
+    and max attempts 2: four runs, (Retry.max + 1) x max_attempts, then RQ's failure."""
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue(
+        "crash_jobs.crash_odd_raise_even", log, retry=Retry(max=1), meta=rq_emq.max_attempts(2)
+    )
+    worker = procs.worker(redis_url, burst=True, **SLOW_LEASE)
+    assert worker.wait(timeout=30) == 0, procs.log(worker)
+    assert len(run_times(log)) == 4
+    assert status(r, job.id) == "failed" and "planned failure" in (job.latest_result().exc_string or "")  # type: ignore[union-attr]
+    assert stat(r, "default", "crashed") == 2 and stat(r, "default", "failed") == 0
+
+
+def test_a_horse_that_exits_cleanly_without_an_outcome_is_recovered_by_the_sweep(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
+) -> None:
+    """Exit status 0 reads to RQ as a normal end: no crash, the lease lapses, the sweep
+    recovers the job (attempt counted) and it runs again."""
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("crash_jobs.exit_cleanly_first", log)
+    procs.worker(redis_url, **FAST)
+    wait_status(r, job.id, "finished", timeout=20)
+    assert len(run_times(log)) == 2
+    assert stat(r, "default", "crashed") == 0 and stat(r, "default", "recovered") == 1
+
+
 # -- RQ's deliberate kills keep RQ's meaning -------------------------------------------------
 
 

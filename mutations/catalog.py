@@ -767,6 +767,14 @@ CATALOG: list[Mutation] = [
         fast=False,
     ),
     _m(
+        "soak_crash_bound_is_the_lease_bound",
+        "soak/checks.py",
+        'bound, what = cfg.crash_bound_s, "a horse crash: its worker recovers it at once"',
+        'bound, what = cfg.bound_s, "a horse crash: its worker recovers it at once"',
+        [f"{SOAK}::test_a_horse_crash_must_be_back_within_the_crash_bound_not_the_lease_bound"],
+        "the soak lets a horse crash's job wait for the sweep (lease + 2 sweeps) unnoticed",
+    ),
+    _m(
         "crash_recovery_lets_rq_fail_the_job_too",
         "rq_emq/horse_crash.py",
         "        raise _CrashHandled\n",

@@ -775,6 +775,15 @@ CATALOG: list[Mutation] = [
         "the soak lets a horse crash's job wait for the sweep (lease + 2 sweeps) unnoticed",
     ),
     _m(
+        "crash_leaves_the_horses_children_running",
+        "rq_emq/horse_crash.py",
+        "        end_orphans(retpid)\n",
+        "",
+        [f"{HORSE}::test_the_dead_horses_child_processes_end_before_the_job_runs_again"],
+        "an OOM-killed horse's subprocess runs on beside the job's next run",
+        fast=False,
+    ),
+    _m(
         "crash_recovery_lets_rq_fail_the_job_too",
         "rq_emq/horse_crash.py",
         "        raise _CrashHandled\n",

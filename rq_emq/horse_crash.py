@@ -149,6 +149,7 @@ class HorseCrashMixin:
         cause = describe_exit(ret_val)
         if cause is None or lease is None or self._horse_killed_by_worker or not _trusted(lease):
             return  # RQ's own meaning, or a lease this worker gave up: the sweep decides
+        end_orphans(retpid)
         self._recover_crashed(job, lease, cause, rusage)
         raise _CrashHandled
 
@@ -198,6 +199,20 @@ class HorseCrashMixin:
                 sweeper.drain_outbox(lease.queue)
             except Exception:
                 logger.exception("job %s: the outbox drain failed; the sweep retries it", job.id, extra=extra)
+
+
+def end_orphans(horse_pid: Any) -> None:
+    """SIGKILL what is left of a dead horse's process group (RQ makes each horse, forked
+    or spawned, a group leader): a subprocess of the job outlives an OOM-killed horse, and
+    must not run on while the job runs again. A group id stays reserved while any member
+    lives, so this reaches the horse's own children, or nothing. A child that made its own
+    session or group is out of reach here."""
+    if not isinstance(horse_pid, int) or horse_pid <= 0:
+        return
+    try:
+        os.killpg(horse_pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # no member left: the usual case
 
 
 def _trusted(lease: Lease) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -70,4 +71,16 @@ def exit_cleanly_first(log: str) -> str:
     ``os._exit(0)``); later runs succeed."""
     if _runs_so_far(log) == 1:
         os._exit(0)
+    return "done"
+
+
+def child_then_die(log: str, child_log: str) -> str:
+    """The first run starts a child process (as a job running ffmpeg or a script would),
+    which appends a line to ``child_log`` every 20 ms, then kills its own horse; the next
+    run succeeds."""
+    if _runs_so_far(log) == 1:
+        script = f"import time\nwhile True:\n    open({child_log!r}, 'a').write('tick\\n'); time.sleep(0.02)"
+        subprocess.Popen(["python3", "-c", script])
+        time.sleep(0.2)  # the child is ticking
+        die("kill")
     return "done"

@@ -181,6 +181,20 @@ def test_a_horse_that_exits_cleanly_without_an_outcome_is_recovered_by_the_sweep
     assert stat(r, "default", "crashed") == 0 and stat(r, "default", "recovered") == 1
 
 
+@pytest.mark.parametrize("worker_class", ["rq_emq.LeaseWorker", *SPAWNING])
+def test_the_dead_horses_child_processes_end_before_the_job_runs_again(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path, worker_class: str
+) -> None:
+    log, child_log = str(tmp_path / "runs.log"), tmp_path / "child.log"
+    job = Queue(connection=r).enqueue("crash_jobs.child_then_die", log, str(child_log))
+    worker = procs.worker(redis_url, worker_class=worker_class, burst=True, **SLOW_LEASE)
+    assert worker.wait(timeout=30) == 0, procs.log(worker)
+    assert status(r, job.id) == "finished" and len(run_times(log)) == 2
+    ticks = len(child_log.read_text().splitlines())
+    time.sleep(0.2)  # ten ticks' time: a child still alive would have written more
+    assert len(child_log.read_text().splitlines()) == ticks
+
+
 # -- RQ's deliberate kills keep RQ's meaning -------------------------------------------------
 
 

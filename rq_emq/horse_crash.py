@@ -173,6 +173,9 @@ class HorseCrashMixin:
                 extra=extra,
             )
             return
+        except Exception:  # never the worker's end: the lease, no longer renewed, is the sweep's
+            logger.exception("job %s: %s (peak RSS %s); not recovered", job.id, cause, rss, extra=extra)
+            return
         outcome = int(reply[0])
         if outcome == 0:
             state = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])

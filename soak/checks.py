@@ -143,6 +143,11 @@ def evaluate(ev: Any) -> Verdict:
     v = Verdict()
     ev.faults = [_long_restart(f, cfg.grace_s) for f in ev.faults]
     faults: list[Fault] = ev.faults
+    for state in ev.final.values():
+        if state.get("max_attempts") is None and state.get("failure"):
+            # a job without its own max failed at the workers' default (found by a 180 s
+            # soak: such a failure read as "failed at max attempts on attempt 5" of none)
+            state["max_attempts"] = str(cfg.max_attempts)
     kinds: dict[str, int] = {}
     for fault in faults:
         kinds[fault.kind] = kinds.get(fault.kind, 0) + 1

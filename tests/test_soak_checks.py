@@ -220,6 +220,22 @@ def test_a_job_whose_horses_the_soak_killed_may_fail_at_max_attempts_naming_sigk
     assert not evaluate(evidence(runs, final=final, faults=[], taken=5)).passed
 
 
+def test_a_job_without_its_own_max_may_fail_at_the_workers_default() -> None:
+    runs = [run(i + 1, float(i), None, pid=HORSE + 10 * i) for i in range(5)]
+    faults = [kill("kill_group", i + 0.5, horse=HORSE + 10 * i) for i in range(5)]
+    final = {
+        "status": "failed",
+        "failure": "stalled on attempt 5 of 5",
+        "max_attempts": None,
+        "reason": "JobStalled",
+    }
+    verdict = evaluate(evidence(runs, final=final, faults=faults, taken=5))
+    assert verdict.passed, verdict.violations
+    assert not evaluate(
+        evidence(runs, final=dict(final, failure="stalled on attempt 4 of 4"), faults=faults)
+    ).passed
+
+
 def _crash(at: float, back_after: float, slot: str = "w") -> Fault:
     fault = Fault("oom_horse", at, slot, WORKER, [HORSE], "j", b"token", ended=at)
     fault.lapse_at, fault.requeued_at = at, at + back_after

@@ -8,6 +8,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -80,7 +81,9 @@ def child_then_die(log: str, child_log: str) -> str:
     run succeeds."""
     if _runs_so_far(log) == 1:
         script = f"import time\nwhile True:\n    open({child_log!r}, 'a').write('tick\\n'); time.sleep(0.02)"
-        subprocess.Popen(["python3", "-c", script])
-        time.sleep(0.2)  # the child is ticking
+        subprocess.Popen([sys.executable, "-c", script])
+        deadline = time.monotonic() + 30
+        while not os.path.exists(child_log) and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the child is ticking (its start may be slow on a loaded host)
         die("kill")
     return "done"

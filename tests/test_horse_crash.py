@@ -191,7 +191,7 @@ def test_the_dead_horses_child_processes_end_before_the_job_runs_again(
     assert worker.wait(timeout=30) == 0, procs.log(worker)
     assert status(r, job.id) == "finished" and len(run_times(log)) == 2
     ticks = len(child_log.read_text().splitlines())
-    time.sleep(0.2)  # ten ticks' time: a child still alive would have written more
+    time.sleep(0.5)  # 25 ticks of a child still alive
     assert len(child_log.read_text().splitlines()) == ticks
 
 

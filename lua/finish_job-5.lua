@@ -35,11 +35,14 @@ local replies = run_packed(5, tonumber(ARGV[4]))
 redis.call('DEL', KEYS[2])
 redis.call('ZREM', KEYS[3], job_id)
 redis.call('ZREM', KEYS[4], job_id)
--- Attempts count consecutive takes that did not end normally; this one did. The take
--- wrote both fields with the token, so finding neither means RQ's commands deleted the
--- job (result_ttl=0): then nothing is written back (no hash re-created). Else the owner
--- becomes `done:<token>`, so the holder's next renewal learns the job ended normally.
-if redis.call('HDEL', KEYS[1], 'emq_attempts', 'emq_status', 'emq_started') > 0 then
+-- Attempts (and their crash history) count consecutive takes that did not end normally;
+-- this one did. The take wrote both fields with the token, so finding neither means RQ's
+-- commands deleted the job (result_ttl=0): then nothing is written back (no hash
+-- re-created). Else the owner becomes `done:<token>`, so the holder's next renewal learns
+-- the job ended normally. A failure the outbox completes keeps its crash history to read.
+local ended = {'emq_attempts', 'emq_status', 'emq_started'}
+if ARGV[3] ~= 'outbox_completed' then ended[4] = 'emq_crashes' end
+if redis.call('HDEL', KEYS[1], unpack(ended)) > 0 then
   redis.call('HSET', KEYS[1], 'emq_token', 'done:' .. token)
 end
 redis.call('HINCRBY', KEYS[5], ARGV[3], 1)

@@ -111,10 +111,7 @@ for _, job_id in ipairs(due_marks) do
     end
     ended[#ended + 1] = job_id
   else
-    local counts = redis.call('HMGET', job_key, 'emq_attempts', 'emq_max_attempts', 'failure_ttl')
-    local attempts = count_value(counts[1]) or 0
-    local max_attempts = count_value(counts[2]) or default_max
-    local exhausted = attempts >= max_attempts and attempts > 0
+    local attempts, max_attempts, exhausted, failure_ttl = attempts_used(job_key, default_max)
     if exhausted then
       failed[#failed + 1] = job_id
     else
@@ -125,23 +122,10 @@ for _, job_id in ipairs(due_marks) do
       redis.call('LREM', moving_key, 0, job_id)
       drop_lease(job_key, lock_key, leases_key, stalled_key, job_id, false)
       if exhausted then
-        local ttl = tonumber(string.match(counts[3] or '', '^-?%d+$') or '') or default_failure_ttl
-        -- owner `outbox`: only the outbox drain may complete this failure
-        redis.call('HSET', job_key, 'status', 'failed', 'ended_at', ended_at, 'emq_token', 'outbox',
-          'emq_status', 'failed', 'emq_failure', 'stalled on attempt ' .. attempts .. ' of ' .. max_attempts)
-        if ttl < 0 then
-          redis.call('ZADD', failed_key, '+inf', job_id)
-          redis.call('PERSIST', job_key)
-        else
-          redis.call('ZADD', failed_key, math.floor(now / 1000) + ttl, job_id)
-          redis.call('EXPIRE', job_key, ttl)
-        end
-        redis.call('ZADD', outbox_key, now, job_id)
+        fail_to_outbox(job_key, failed_key, outbox_key, job_id,
+          'stalled on attempt ' .. attempts .. ' of ' .. max_attempts, failure_ttl, default_failure_ttl, ended_at, now)
       else
-        -- an in-flight job is not in its queue: no LREM, whose cost grows with the queue
-        redis.call('HSET', job_key, 'status', 'queued')
-        redis.call('HDEL', job_key, 'emq_status')
-        redis.call('LPUSH', queue_key, job_id)
+        requeue_front(job_key, queue_key, job_id)
       end
     end
   end

@@ -32,10 +32,7 @@ local attempts = count_value(redis.call('HGET', KEYS[1], 'emq_attempts'))
 if attempts and attempts > 0 then
   redis.call('HSET', KEYS[1], 'emq_attempts', tostring(attempts - 1))
 end
--- a job held under this lease is in no queue list (RQ has not moved it: checked above),
--- so no LREM over the queue, whose cost would grow with its length
-redis.call('HSET', KEYS[1], 'status', 'queued')
-redis.call('HDEL', KEYS[1], 'emq_status')
-redis.call('LPUSH', KEYS[6], job_id)
+-- held under this lease, so in no queue list (RQ has not moved it: checked above)
+requeue_front(KEYS[1], KEYS[6], job_id)
 redis.call('HINCRBY', KEYS[5], 'returned', 1)
 return 1

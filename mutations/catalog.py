@@ -21,6 +21,8 @@ SETTINGS_T = "tests/test_settings.py"
 MODEL = "tests/test_state_machine.py::test_the_lease_protocol_holds_its_invariants"
 OPTIONS = "tests/test_worker_options.py"
 FLEET = "tests/test_fleet_sweep.py"
+CRASH = "tests/test_recover_crashed_job.py"
+HORSE = "tests/test_horse_crash.py"
 
 
 @dataclass(frozen=True)
@@ -176,7 +178,7 @@ CATALOG: list[Mutation] = [
     _m(
         "finish_keeps_attempts",
         "lua/finish_job-5.lua",
-        "if redis.call('HDEL', KEYS[1], 'emq_attempts', 'emq_status', 'emq_started') > 0 then",
+        "if redis.call('HDEL', KEYS[1], unpack(ended)) > 0 then",
         "if redis.call('HEXISTS', KEYS[1], 'emq_token') == 1 then",
         [f"{LEASES}::test_a_fenced_transaction_commits_and_releases_the_lease"],
         "a job retried by RQ after a normal finish inherits its old stall count",
@@ -320,7 +322,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "never_fail_at_max_attempts",
-        "lua/move_stalled_jobs_to_wait-9.lua",
+        "lua/lib/lease.lua",
         "local max_attempts = count_value(counts[2]) or default_max",
         "local max_attempts = math.huge",
         [f"{SWEEP}::test_a_job_at_max_attempts_fails_with_its_reason_and_rq_sees_a_failure"],
@@ -328,7 +330,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "never_fail_at_max_attempts_model",
-        "lua/move_stalled_jobs_to_wait-9.lua",
+        "lua/lib/lease.lua",
         "local max_attempts = count_value(counts[2]) or default_max",
         "local max_attempts = math.huge",
         [MODEL],
@@ -337,7 +339,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "attempts_read_one_short",
-        "lua/move_stalled_jobs_to_wait-9.lua",
+        "lua/lib/lease.lua",
         "local attempts = count_value(counts[1]) or 0",
         "local attempts = (count_value(counts[1]) or 0) - 1",
         [f"{SWEEP}::test_a_job_at_max_attempts_fails_with_its_reason_and_rq_sees_a_failure"],
@@ -345,7 +347,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "requeue_to_the_back",
-        "lua/move_stalled_jobs_to_wait-9.lua",
+        "lua/lib/lease.lua",
         "redis.call('LPUSH', queue_key, job_id)",
         "redis.call('RPUSH', queue_key, job_id)",
         [f"{SWEEP}::test_a_recovered_job_goes_to_the_front_of_its_queue_and_leaves_rqs_started_registry"],
@@ -385,7 +387,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "max_attempts_failure_not_in_outbox",
-        "lua/move_stalled_jobs_to_wait-9.lua",
+        "lua/lib/lease.lua",
         "redis.call('ZADD', outbox_key, now, job_id)",
         "local _ = 0",
         [f"{SWEEP}::test_a_job_at_max_attempts_fails_with_its_reason_and_rq_sees_a_failure"],
@@ -703,6 +705,118 @@ CATALOG: list[Mutation] = [
         "local _ = 0",
         [f"{OPTIONS}::test_reaper_sweeps_custom_namespaces_given_the_classes_and_refuses_without"],
         "a sweeper with another job class drops every leased job from the lease index",
+        fast=False,
+    ),
+    # -- a horse that died without an outcome (recover_crashed_job, rq_emq/horse_crash.py) ----------
+    _m(
+        "crash_recovery_no_token_check",
+        "lua/recover_crashed_job-10.lua",
+        "if state ~= 'held' then return {0, state} end",
+        "if state == 'ended' then return {0, state} end",
+        [f"{CRASH}::test_a_crash_recovery_by_a_worker_that_lost_its_lease_changes_nothing"],
+        "a worker whose horse died after the job was recovered elsewhere requeues a job it no longer owns",
+    ),
+    _m(
+        "crash_recovery_ignores_rqs_end",
+        "lua/recover_crashed_job-10.lua",
+        "if state ~= 'held' then return {0, state} end",
+        "if state == 'lost' then return {0, state} end",
+        [f"{CRASH}::test_a_job_rq_ended_meanwhile_is_left_as_rq_put_it"],
+        "a job RQ canceled while its horse ran is queued again when the horse dies",
+    ),
+    _m(
+        "crash_refunds_the_attempt",
+        "lua/recover_crashed_job-10.lua",
+        "redis.call('HINCRBY', stats_key, 'crashed', 1)",
+        "redis.call('HINCRBY', stats_key, 'crashed', 1); redis.call('HINCRBY', job_key, 'emq_attempts', -1)",
+        [f"{HORSE}::test_a_poison_pill_fails_after_exactly_max_attempts_runs_naming_the_cause"],
+        "a poison pill that kills every horse runs forever",
+        fast=False,
+    ),
+    _m(
+        "crash_never_fails_at_max_attempts",
+        "lua/recover_crashed_job-10.lua",
+        "if not exhausted then",
+        "if true then",
+        [f"{CRASH}::test_at_max_attempts_the_job_fails_through_the_outbox_naming_each_cause"],
+        "a poison pill is requeued forever, at the front, blocking its queue",
+    ),
+    _m(
+        "crash_history_unbounded",
+        "lua/recover_crashed_job-10.lua",
+        "while #history > HISTORY do table.remove(history, 1) end",
+        "local _ = 0",
+        [f"{CRASH}::test_the_history_is_bounded"],
+        "a job crashing again and again grows its hash without bound",
+    ),
+    _m(
+        "crash_history_keeps_an_earlier_run",
+        "lua/recover_crashed_job-10.lua",
+        "if type(last) == 'table' and tonumber(last[1]) and tonumber(last[1]) < attempts then",
+        "if type(last) == 'table' then",
+        [f"{CRASH}::test_a_history_left_from_an_earlier_run_of_attempts_is_dropped"],
+        "a failure reason names crashes of an earlier run of attempts",
+    ),
+    _m(
+        "finish_keeps_the_crash_history",
+        "lua/finish_job-5.lua",
+        "if ARGV[3] ~= 'outbox_completed' then ended[3] = 'emq_crashes' end",
+        "local _ = 0",
+        [f"{HORSE}::test_a_finish_after_crashes_starts_the_attempts_and_their_history_again"],
+        "a job that finished keeps crashes that no longer count",
+        fast=False,
+    ),
+    _m(
+        "outbox_drops_the_crash_history",
+        "lua/finish_job-5.lua",
+        "if ARGV[3] ~= 'outbox_completed' then ended[3] = 'emq_crashes' end",
+        "ended[3] = 'emq_crashes'",
+        [f"{HORSE}::test_a_poison_pill_fails_after_exactly_max_attempts_runs_naming_the_cause"],
+        "a job failed at max attempts loses the record of what killed it",
+        fast=False,
+    ),
+    _m(
+        "worker_sent_kill_is_a_crash",
+        "rq_emq/horse_crash.py",
+        "self._horse_killed_by_worker = True",
+        "self._horse_killed_by_worker = False",
+        [f"{HORSE}::test_a_horse_the_worker_killed_itself_keeps_rqs_meaning"],
+        "RQ's own kill of a horse past its timeout requeues the job instead of failing it",
+        fast=False,
+    ),
+    _m(
+        "untrusted_lease_is_a_crash",
+        "rq_emq/horse_crash.py",
+        "return not (lease.lost or lease.settled or lease.expired) and time.monotonic() <= lease.valid_until",
+        "return True",
+        [f"{HORSE}::test_a_horse_past_its_local_lease_deadline_is_no_crash_of_its_workers"],
+        "a horse that fenced itself at its lease deadline is recovered by its worker too, racing the sweep",
+        fast=False,
+    ),
+    _m(
+        "soak_crash_bound_is_the_lease_bound",
+        "soak/checks.py",
+        'bound, what = cfg.crash_bound_s, "a horse crash: its worker recovers it at once"',
+        'bound, what = cfg.bound_s, "a horse crash: its worker recovers it at once"',
+        [f"{SOAK}::test_a_horse_crash_must_be_back_within_the_crash_bound_not_the_lease_bound"],
+        "the soak lets a horse crash's job wait for the sweep (lease + 2 sweeps) unnoticed",
+    ),
+    _m(
+        "crash_leaves_the_horses_children_running",
+        "rq_emq/horse_crash.py",
+        "        end_orphans(retpid)\n",
+        "",
+        [f"{HORSE}::test_the_dead_horses_child_processes_end_before_the_job_runs_again"],
+        "an OOM-killed horse's subprocess runs on beside the job's next run",
+        fast=False,
+    ),
+    _m(
+        "crash_recovery_lets_rq_fail_the_job_too",
+        "rq_emq/horse_crash.py",
+        "        raise _CrashHandled\n",
+        "        return\n",
+        [f"{HORSE}::test_a_horse_that_dies_without_an_outcome_costs_one_attempt_and_the_job_runs_again"],
+        "RQ's failure of a recovered job is still tried (and refused by the fence)",
         fast=False,
     ),
 ]

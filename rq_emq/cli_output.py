@@ -152,14 +152,17 @@ def leases_text(pages: Sequence[LeasePage]) -> str:
                     _attempts(lease),
                     lease.status if lease.job_exists else "(job gone)",
                     duration(lease.marked_ms_ago),
+                    ", ".join(f"{crash.attempt}: {crash.short}" for crash in lease.crashes) or None,
                 ]
             )
+    # the crash history column only where some job has one
+    crashed = any(row[-1] for row in rows)
+    rows = [row if crashed else row[:-1] for row in rows]
     if not rows:
         out = "no leases"
     else:
-        out = table(
-            ["queue", "job", "worker", "token", "lock ttl", "due in", "attempts", "status", "marked"], rows
-        )
+        heads = ["queue", "job", "worker", "token", "lock ttl", "due in", "attempts", "status", "marked"]
+        out = table([*heads, "crashed"] if crashed else heads, rows)
         if any(ls.max_attempts_source == "default" and ls.max_attempts for p in pages for ls in p.leases):
             out += "\n* max attempts: the configured default (the job has none of its own)"
     shown = [f"{page.queue}: {len(page.leases)} of {page.total}" for page in pages if page.total is not None]

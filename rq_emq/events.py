@@ -1,16 +1,22 @@
 """Lease events for applications: which job, on which queue, had what happen to it.
 
-Four kinds of event reach the hooks an application registers:
+Five kinds of event reach the hooks an application registers:
 
 - ``marked``: a sweep found the job's lock gone and marked it stalled;
 - ``recovered``: a sweep put a stalled job back at the front of its queue;
-- ``failed``: a sweep failed a stalled job that had used up its attempts;
+- ``failed``: a sweep failed a stalled job, or a worker a crashed one, that had used up
+  its attempts;
+- ``crashed``: a worker's work horse died without an outcome (killed by a signal the
+  worker did not send, such as the OOM killer's SIGKILL, or a segfault); the worker put
+  the job back at the front of its queue, or failed it at max attempts (then ``failed``
+  follows);
 - ``lease_lost``: a worker's renewal was refused (the job was recovered elsewhere, or
   deleted) while the worker still ran it.
 
 A sweep event fires once, in the one process whose sweep did it (the sweep is one
-script, so two sweepers never both report the same recovery). Hooks run synchronously
-in the sweeper or lock-manager thread that saw the event, so they should be quick (a
+script, so two sweepers never both report the same recovery); a crash event fires in the
+worker that reaped the horse. Hooks run synchronously in the sweeper, lock-manager or
+worker thread that saw the event, so they should be quick (a
 metric increment, a log line, a queue put); an exception in a hook is logged and never
 reaches the worker. Register with :func:`subscribe` in code the worker imports (for
 instance RQ's ``-c`` settings module), or name hooks in the ``event_hooks`` setting
@@ -30,8 +36,8 @@ from typing import Literal
 
 logger = logging.getLogger("rq_emq.events")
 
-EventKind = Literal["marked", "recovered", "failed", "lease_lost"]
-KINDS: tuple[EventKind, ...] = ("marked", "recovered", "failed", "lease_lost")
+EventKind = Literal["marked", "recovered", "failed", "lease_lost", "crashed"]
+KINDS: tuple[EventKind, ...] = ("marked", "recovered", "failed", "lease_lost", "crashed")
 
 
 @dataclass(frozen=True)

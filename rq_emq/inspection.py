@@ -21,6 +21,7 @@ from redis import Redis
 from redis.exceptions import ResponseError
 from rq.queue import Queue
 
+from .horse_crash import Crash, read_crashes
 from .keys import QueueKeys
 from .settings import LeaseSettings
 
@@ -40,6 +41,7 @@ COUNTERS = (
     "marked",
     "unmarked",
     "recovered",
+    "crashed",
     "failed",
     "returned",
     "ended_by_rq",
@@ -122,6 +124,8 @@ class LeaseInfo:
     max_attempts_source: str = "default"
     #: How long ago the sweep marked it stalled; None when not marked.
     marked_ms_ago: int | None = None
+    #: Earlier attempts of this run whose horse died without an outcome (``emq_crashes``).
+    crashes: list[Crash] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
 
@@ -309,7 +313,7 @@ def _queue_status_reads(
     batch.add(problems, q.stats, pipe.hgetall(q.stats), counters)
 
 
-JOB_FIELDS = ("status", "emq_worker", "emq_token", "emq_attempts", "emq_max_attempts")
+JOB_FIELDS = ("status", "emq_worker", "emq_token", "emq_attempts", "emq_max_attempts", "emq_crashes")
 
 
 def read_leases(
@@ -361,7 +365,7 @@ def _lease_reads(batch: _Batch, q: QueueKeys, info: LeaseInfo, now: int, setting
         )
 
     def job(reply: Any) -> None:
-        status, worker, token, attempts, max_attempts = reply
+        status, worker, token, attempts, max_attempts, crashes = reply
         info.job_exists = any(value is not None for value in reply)
         if not info.job_exists:
             problems.append("job hash is gone (the sweep drops this entry)")
@@ -380,6 +384,10 @@ def _lease_reads(batch: _Batch, q: QueueKeys, info: LeaseInfo, now: int, setting
         info.max_attempts, info.max_attempts_source = (
             (own_max, "job") if own_max is not None else (settings.max_attempts, "default")
         )
+        history = read_crashes(crashes)
+        if history is None:
+            _problem(problems, f"emq_crashes of job {job_id} is not a crash history: {text(crashes)!r}")
+        info.crashes = history or []
 
     def mark(reply: Any) -> None:
         if reply is not None:

@@ -32,9 +32,14 @@ COUNTER_METRICS: dict[str, tuple[str, str]] = {
     ),
     "unmarked": ("rq_emq_stall_unmarks", "Stall marks cleared because the lock came back or the job ended."),
     "recovered": ("rq_emq_jobs_recovered", "Stalled jobs put back at the front of their queue."),
+    "crashed": (
+        "rq_emq_horse_crashes",
+        "Work horses that died without an outcome (a signal their worker did not send, such as "
+        "the OOM killer's SIGKILL, or an exit) whose job their worker recovered at once.",
+    ),
     "failed": (
         "rq_emq_jobs_failed_at_max_attempts",
-        "Stalled jobs moved to RQ's failed registry at max attempts.",
+        "Stalled or crashed jobs moved to RQ's failed registry at max attempts.",
     ),
     "returned": (
         "rq_emq_jobs_returned",

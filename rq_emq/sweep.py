@@ -288,10 +288,9 @@ class Sweeper(BackgroundLoop):
         job = self.job_class.fetch(job_id, connection=self.client, serializer=self.serializer)
         raw = self.client.hget(job.key, "emq_failure")
         reason = raw.decode() if isinstance(raw, bytes) else "stalled"
-        exc_string = (
-            f"JobStalled: job {job_id} {reason} (its worker died or lost its lease); "
-            "moved to FailedJobRegistry by rq-emq"
-        )
+        # a stall's reason is "stalled on attempt ..."; a crash's names its cause already
+        why = " (its worker died or lost its lease)" if reason.startswith("stalled") else ""
+        exc_string = f"JobStalled: job {job_id} {reason}{why}; moved to FailedJobRegistry by rq-emq"
         compat.run_failure_callback(job, JobStalled(exc_string))
         ttl = job.failure_ttl if job.failure_ttl is not None else DEFAULT_FAILURE_TTL
         try:

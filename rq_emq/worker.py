@@ -10,7 +10,8 @@ Operators switch with ``rq worker -w rq_emq.LeaseWorker`` (forking) or
   an execution record that a recovery removed;
 - finishing (success, failure, ``Retry``, stop, timeout) keeps RQ's code and is fenced
   (:mod:`rq_emq.fencing`);
-- a lost lease stops the job; a horse dies with its worker; a cold stop hands the job back.
+- a lost lease stops the job; a horse dies with its worker; a cold stop hands the job back;
+  a horse that dies on its own (OOM kill, segfault) is a stall, recovered at once.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from .compose import check_worker_class
 from .dequeue import DequeueMixin
 from .fencing import LeaseLost
 from .heartbeats import HeartbeatMixin
+from .horse_crash import HorseCrashMixin
 from .horse_fence import HorseDeadline, die_with_parent, libc
 from .job_writes import JobWritesMixin, LeaseJobInterrupted
 from .lease import Lease, LockManager, own_client
@@ -284,8 +286,9 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
                 )
 
 
-class LeaseWorker(LeaseMixin, Worker):
-    """A forking RQ worker whose jobs hold lock leases (``rq worker -w rq_emq.LeaseWorker``)."""
+class LeaseWorker(HorseCrashMixin, LeaseMixin, Worker):
+    """A forking RQ worker whose jobs hold lock leases (``rq worker -w rq_emq.LeaseWorker``);
+    a horse that dies without an outcome is recovered at once (:mod:`rq_emq.horse_crash`)."""
 
     _horse_deadline: HorseDeadline | None = None
     _horse_job_id: str | None = None

@@ -151,6 +151,11 @@ def table(ev: Evidence, v: Verdict) -> str:
                 f"{_ms(lat['fault_p50'])} / {_ms(lat['fault_p95'])} / {_ms(lat['fault_max'])}; "
                 f"over bound + slack: {lat['over_bound']}",
             ),
+            (
+                f"horse crash (oom_horse) -> requeued ms p50 / max ({lat['crash_samples']} seen; "
+                f"bound {_ms(lat['crash_bound_s'])} + {_ms(lat['slack_s'])} slack)",
+                f"{_ms(lat['crash_p50'])} / {_ms(lat['crash_max'])}",
+            ),
         ]
     lines += [f"| {name} | {value} |" for name, value in rows]
     lines += ["", *overlap_table(c.get("overlap_by_kind", {}))]

@@ -4,8 +4,9 @@ fault record; and the numbers it reports.
 Invariants (``--worker lease`` fails on any violation; ``--worker stock`` only counts):
 
 1. **Outcome.** Every job ended ``finished``, or ``failed`` with a reason that is its own:
-   its planned exception, RQ's "work-horse terminated" after the soak killed its horse,
-   or rq-emq's "stalled on attempt n of n" at max attempts.
+   its planned exception, RQ's "work-horse terminated" after the soak killed its horse
+   (stock), or rq-emq's "stalled on attempt n of n" at max attempts (or, after the soak
+   killed its horses, "work horse killed by signal 9 ... on each of n attempts").
 2. **Nothing lost.** No job is left unfinished once the drain ends (all faults healed).
 3. **Never queued twice.** Sampled atomically during the run: no id twice in the queue,
    none queued while leased; at the end each job sits in exactly one place.
@@ -26,13 +27,17 @@ Invariants (``--worker lease`` fails on any violation; ``--worker stock`` only c
 from __future__ import annotations
 
 import dataclasses
+import re
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from .faults import CRASH_EXCUSED, HELD, LAPSING, REPEAT_EXCUSED, Fault
+from .faults import CRASH_EXCUSED, CRASHING, HELD, LAPSING, REPEAT_EXCUSED, Fault
 from .jobs import Run
 from .overlap import by_kind, overlaps
+
+#: Kinds that kill a horse alone: under a lease worker, its worker fails the job at max attempts.
+HORSE_KILLS = {"kill_horse", "oom_horse"}
 
 
 @dataclass
@@ -84,7 +89,9 @@ def _reason_ok(
     reason = state["reason"] or ""
     if lease and state["failure"]:
         expected = f"stalled on attempt {state['max_attempts']} of {state['max_attempts']}"
-        if state["failure"] != expected:
+        horses = {r.pid for r in runs}
+        crashed = any(f.kind in HORSE_KILLS and set(f.horse_pids) & horses for f in faults)
+        if state["failure"] != expected and not (crashed and _crash_failure(state)):
             return f"failed: {state['failure']}"
         if planned.max_attempts is not None and str(planned.max_attempts) != state["max_attempts"]:
             return f"failed at {state['max_attempts']} attempts; its own max is {planned.max_attempts}"
@@ -100,10 +107,23 @@ def _reason_ok(
         for f in faults:
             # its horse, seen running it, or killed (before its start line) on its last worker
             ran_it = bool(set(f.horse_pids) & horses) or (f.slot and f.slot == state.get("worker"))
-            if f.kind in ("kill_horse", "kill_group") and ran_it:
+            if f.kind in HORSE_KILLS | {"kill_group"} and ran_it:
                 return None
         return "failed: work-horse terminated, and the soak killed none of its horses"
     return "failed: " + (reason.strip().splitlines() or ["no reason"])[-1][:160]
+
+
+def _failed_on_attempt(failure: str) -> int | None:
+    """The attempt a job failed at max attempts on: "stalled on attempt n of n", or a horse
+    crash's "... on each of n attempts" / "... on attempt n of n (earlier ...)"."""
+    found = re.search(r"on attempt (\d+) of \d+|on each of (\d+) attempts", failure)
+    return int(found.group(1) or found.group(2)) if found else None
+
+
+def _crash_failure(state: dict[str, Any]) -> bool:
+    """A horse crash's failure at max attempts: it names SIGKILL (the soak's kill) and the max."""
+    failure = state["failure"] or ""
+    return "signal 9 (SIGKILL" in failure and str(_failed_on_attempt(failure)) == state["max_attempts"]
 
 
 def _reason_kind(state: dict[str, Any]) -> str:
@@ -127,6 +147,11 @@ def evaluate(ev: Any) -> Verdict:
     v = Verdict()
     ev.faults = [_long_restart(f, cfg.grace_s) for f in ev.faults]
     faults: list[Fault] = ev.faults
+    for state in ev.final.values():
+        if state.get("max_attempts") is None and state.get("failure"):
+            # a job without its own max failed at the workers' default (found by a 180 s
+            # soak: such a failure read as "failed at max attempts on attempt 5" of none)
+            state["max_attempts"] = str(cfg.max_attempts)
     kinds: dict[str, int] = {}
     for fault in faults:
         kinds[fault.kind] = kinds.get(fault.kind, 0) + 1
@@ -270,17 +295,24 @@ def _check_recovery_bound(
     lapsed = [
         f
         for f in faults
-        if f.kind in LAPSING and f.lapse_at and f.token and f.job_id not in ended and not _done_before(f)
+        if f.kind in LAPSING | CRASHING
+        and f.lapse_at
+        and f.token
+        and f.job_id not in ended
+        and not _done_before(f)
     ]
     seen = [f for f in lapsed if f.requeued_at]
     # "!": the holder finished the job as the fault began; its lease never lapsed
     not_back = [f for f in lapsed if not f.requeued_at and not f.detail.endswith("!")]
-    after_lapse = [max(0.0, f.requeued_at - f.lapse_at) for f in seen]  # type: ignore[operator]
+    after_lapse = [max(0.0, f.requeued_at - f.lapse_at) for f in seen if f.kind not in CRASHING]  # type: ignore[operator]
     after_fault = [f.requeued_at - f.started for f in seen]  # type: ignore[operator]
+    after_crash = [t for f, t in zip(seen, after_fault, strict=True) if f.kind in CRASHING]
     over, double = 0, 0
     for f, t in zip(seen, after_fault, strict=True):
         bound, what = cfg.bound_s, "lease + 2 sweeps"
-        if _another_worker_hit(cfg, f, faults):
+        if f.kind in CRASHING and not _own_worker_hit(cfg, f, faults):
+            bound, what = cfg.crash_bound_s, "a horse crash: its worker recovers it at once"
+        elif _another_worker_hit(cfg, f, faults):
             double += 1
             bound, what = cfg.double_bound_s, "another worker hit too: hold + a line wait + 2 sweeps"
         if t > bound + cfg.bound_slack_s:
@@ -291,8 +323,13 @@ def _check_recovery_bound(
             )
     for f in not_back:
         v.violations.append(f"{f.job_id}: never left its holder after its {f.kind} at {f.started:.3f}")
+    after_fault = [t for f, t in zip(seen, after_fault, strict=True) if f.kind not in CRASHING]
     v.latency = {
-        "samples": len(seen),
+        "crash_samples": len(after_crash),
+        "crash_bound_s": cfg.crash_bound_s,
+        "crash_p50": statistics.median(after_crash) if after_crash else None,
+        "crash_max": max(after_crash) if after_crash else None,
+        "samples": len(seen) - len(after_crash),
         "not_seen": len(not_back),
         "bound_s": cfg.bound_s,
         "double_bound_s": cfg.double_bound_s,
@@ -325,6 +362,19 @@ def _another_worker_hit(cfg: Any, fault: Fault, faults: list[Fault]) -> bool:
     )
 
 
+def _own_worker_hit(cfg: Any, fault: Fault, faults: list[Fault]) -> bool:
+    """A horse crash whose own worker was then killed, stopped or cut off before the job
+    was back: the sweep recovers it, within the lease bound, not the crash bound."""
+    end = fault.requeued_at or fault.started
+    return any(
+        other is not fault
+        and other.slot == fault.slot
+        and other.kind in LAPSING | HELD
+        and fault.started <= other.started <= end
+        for other in faults
+    )
+
+
 def _done_before(fault: Fault) -> bool:
     """The fault hit a horse whose job's outcome was already committed (the token the soak
     read at the fault is the finish's ``done:<token>``): no lease was left to lapse."""
@@ -334,11 +384,9 @@ def _done_before(fault: Fault) -> bool:
 
 
 def _rq_finished(run: Run, faults: list[Fault]) -> bool:
-    """RQ's own finish code ran for this run (and may have retried the job): it raised, or
-    the soak killed its horse and the worker failed the job."""
-    return run.outcome == "raise" or any(
-        f.kind == "kill_horse" and run.pid in f.horse_pids and f.started >= run.started for f in faults
-    )
+    """RQ's own finish code ran for this run (and may have retried the job): it raised. A
+    horse the soak killed is a crash its lease worker recovers, attempt counted."""
+    return run.outcome == "raise"
 
 
 #: How long after a stop or cut ends a held-back horse may still begin its job function.
@@ -397,7 +445,7 @@ def _check_attempts(ev: Any, v: Verdict) -> None:
             # the count as the sweep failed the job: "stalled on attempt n of n" (the field
             # itself is cleared when the failure's Result is committed through finish_job)
             last = previous.attempt if previous is not None and previous.attempt else 0
-            held = int(state["failure"].split()[3])
+            held = _failed_on_attempt(state["failure"]) or 0
             if held != int(state["max_attempts"] or -1):
                 v.violations.append(f"{job_id}: failed at max attempts on attempt {held}")
             if state["attempts"] is not None:
@@ -407,13 +455,8 @@ def _check_attempts(ev: Any, v: Verdict) -> None:
         elif state["status"] == "finished" and state["attempts"] is not None and not _by_stock(runs, ev):
             v.violations.append(f"{job_id}: finished but still holds emq_attempts={state['attempts']}")
         total_takes += takes
-    # a horse killed before its job began leaves no run, and RQ's failure of the job, which
-    # its living worker commits, starts the count over: that take shows nowhere else
-    started_by = {r.pid for runs in ev.runs.values() for r in runs}
-    for fault in ev.faults:
-        if fault.kind == "kill_horse" and fault.horse_pids and not set(fault.horse_pids) & started_by:
-            total_takes += 1
-            skipped += 1
+    # a horse killed before its job began leaves no run; its worker's crash recovery counts
+    # the attempt, so the next run's number (or the failure's) accounts for that take
     # a take handed back before its job began (a horse that could not reach Redis for a
     # whole lease) had its attempt refunded: it too shows in no run
     returned = ev.stats.get("returned", 0)

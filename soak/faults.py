@@ -5,7 +5,11 @@ Kinds (the victim is a worker that is running a job, when the kind needs one):
 - ``kill_worker``: SIGKILL the worker process only (a LeaseWorker's horse dies with it;
   a stock RQ horse, in its own process group, runs on);
 - ``kill_group``: SIGKILL worker and horse together (a node or container lost);
-- ``kill_horse``: SIGKILL the work horse only (RQ fails the job: "work-horse terminated");
+- ``kill_horse``: SIGKILL the work horse only, at any moment of its life (stock RQ fails
+  the job: "work-horse terminated"; a lease worker recovers it at once, attempt counted);
+- ``oom_horse``: SIGKILL the work horse only while its job function runs, as the OOM
+  killer does to the process holding the job's memory: a lease worker must have the job
+  back in its queue within ``CRASH_BOUND_S`` of the kill;
 - ``stop_short`` / ``stop_long``: SIGSTOP worker and horse, SIGCONT after less than the
   grace (the lease outlives the pause) or after more (the job is recovered elsewhere);
 - ``client_kill``: ``CLIENT KILL`` every Redis connection of the worker and its horse;
@@ -41,6 +45,7 @@ REPEAT_EXCUSED = {
     "kill_worker",
     "kill_group",
     "kill_horse",
+    "oom_horse",
     "stop_long",
     "cut_long",
     "crash",
@@ -60,14 +65,17 @@ KILLS = {"kill_worker", "kill_group"}
 #: Not ``hang``: its renewals still reach Redis until the holder's own clock gives up on
 #: them, so its lease lapses up to a lease later than the fault, past the bound.
 LAPSING = {"kill_worker", "kill_group", "stop_long", "cut_long", "stop_worker", "partition_long"}
+#: Kinds whose job its own (living) worker recovers at once, without a lapse: a horse crash.
+CRASHING = {"oom_horse"}
 #: Kinds held for a while and lifted by a timer (SIGCONT, heal), which records their end.
 HELD = {"stop_short", "stop_long", "cut_short", "cut_long", "hang", "stop_worker", "partition_long"}
 #: Kinds whose victim must be mid-job: the job function began in the horse and has not returned.
-MID_JOB = {"hang", "stop_worker", "partition_long"}
+MID_JOB = {"hang", "stop_worker", "partition_long", "oom_horse"}
 KINDS = (
     "kill_worker",
     "kill_group",
     "kill_horse",
+    "oom_horse",
     "stop_short",
     "stop_long",
     "client_kill",

@@ -18,7 +18,7 @@ from .jobs import Run
 
 #: Kinds whose victim process dies at the fault (``kill_worker`` kills the horse too only
 #: where it dies with its worker: rq-emq's LeaseWorker, not stock RQ).
-_KILLS_HORSE = {"kill_group", "kill_horse"}
+_KILLS_HORSE = {"kill_group", "kill_horse", "oom_horse"}
 
 
 @dataclass(frozen=True)

@@ -219,7 +219,7 @@ class Soak:
             F.send(F.signal.SIGKILL, slot.pid)
         elif kind == "kill_group":
             F.send(F.signal.SIGKILL, slot.pid, *horses)
-        elif kind == "kill_horse":
+        elif kind in ("kill_horse", "oom_horse"):
             F.send(F.signal.SIGKILL, *horses)
         elif kind == "client_kill":
             if slot.proxy is not None:
@@ -244,6 +244,8 @@ class Soak:
                 fault.detail = mode
             fault.detail = f"{fault.detail} {hold:.2f}s".strip()
             self.after(hold, lambda: self.release(slot, fault, horses))
+        if kind in F.CRASHING and cfg.worker == "lease" and job_id:
+            fault.lapse_at = fault.started  # no lapse to wait for: the bound runs from the kill
         if kind in F.LAPSING and cfg.worker == "lease" and job_id:
             time.sleep(0.02)  # the signal or the cut has taken hold: no renewal gets through now
             pttl = self.redis_call(lambda: self.lease_of(job_id))[1]

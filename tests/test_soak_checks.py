@@ -189,14 +189,71 @@ def test_a_horse_held_back_by_a_long_stop_that_starts_late_is_a_stale_run() -> N
     assert not evaluate(evidence(runs, faults=[kill], taken=3)).passed
 
 
-def test_a_horse_killed_before_its_job_began_explains_rqs_failure_and_its_take() -> None:
+def test_a_horse_killed_before_its_job_began_costs_an_attempt_that_its_next_run_counts() -> None:
+    """Its lease worker recovers the job at once, attempt counted (no RQ failure to start
+    the count over): the next run is attempt 2, and that skipped take is the killed one."""
     killed = Fault("kill_horse", 1.0, "soak-w0-1", WORKER, [HORSE], None, None, ended=1.0)
-    final = {"status": "failed", "reason": "Work-horse terminated unexpectedly; waitpid returned 9"}
-    verdict = evaluate(evidence([], final=dict(final, worker="soak-w0-1"), faults=[killed], taken=1))
+    after = [run(2, 2.0, 3.0, "ok", pid=OTHER_HORSE)]
+    verdict = evaluate(evidence(after, faults=[killed], taken=2))
     assert verdict.passed, verdict.violations
     assert verdict.counts["takes_never_started"] == 1
-    elsewhere = evaluate(evidence([], final=dict(final, worker="soak-w3-1"), faults=[killed], taken=1))
-    assert not elsewhere.passed
+    # a count started over (as RQ's failure of the job would) does not add up
+    assert not evaluate(evidence([run(1, 2.0, 3.0, "ok", pid=OTHER_HORSE)], faults=[killed], taken=2)).passed
+
+
+def test_a_job_whose_horses_the_soak_killed_may_fail_at_max_attempts_naming_sigkill() -> None:
+    horses = [HORSE + 10 * i for i in range(5)]
+    runs = [run(i + 1, float(i), None, pid=pid) for i, pid in enumerate(horses)]
+    faults = [
+        Fault("oom_horse", i + 0.5, "w", WORKER, [pid], "j", b"t", ended=i + 0.5)
+        for i, pid in enumerate(horses)
+    ]
+    cause = "work horse killed by signal 9 (SIGKILL; the OOM killer sends this)"
+    final = {
+        "status": "failed",
+        "failure": f"{cause} on each of 5 attempts",
+        "reason": "JobStalled: job j ...",
+    }
+    verdict = evaluate(evidence(runs, final=final, faults=faults, taken=5))
+    assert verdict.passed, verdict.violations
+    # the same failure with no horse of its killed by the soak is a finding
+    assert not evaluate(evidence(runs, final=final, faults=[], taken=5)).passed
+
+
+def test_a_job_without_its_own_max_may_fail_at_the_workers_default() -> None:
+    runs = [run(i + 1, float(i), None, pid=HORSE + 10 * i) for i in range(5)]
+    faults = [kill("kill_group", i + 0.5, horse=HORSE + 10 * i) for i in range(5)]
+    final = {
+        "status": "failed",
+        "failure": "stalled on attempt 5 of 5",
+        "max_attempts": None,
+        "reason": "JobStalled",
+    }
+    verdict = evaluate(evidence(runs, final=final, faults=faults, taken=5))
+    assert verdict.passed, verdict.violations
+    assert not evaluate(
+        evidence(runs, final=dict(final, failure="stalled on attempt 4 of 4"), faults=faults)
+    ).passed
+
+
+def _crash(at: float, back_after: float, slot: str = "w") -> Fault:
+    fault = Fault("oom_horse", at, slot, WORKER, [HORSE], "j", b"token", ended=at)
+    fault.lapse_at, fault.requeued_at = at, at + back_after
+    return fault
+
+
+def test_a_horse_crash_must_be_back_within_the_crash_bound_not_the_lease_bound() -> None:
+    cfg = Config()
+    runs = [run(1, 1.0), run(2, 1.2, 2.0, "ok", pid=OTHER_HORSE)]
+    assert evaluate(evidence(runs, faults=[_crash(1.1, 0.05)])).passed
+    slow = evaluate(evidence(runs, faults=[_crash(1.1, cfg.crash_bound_s + cfg.bound_slack_s + 0.5)]))
+    assert any("a horse crash" in v for v in slow.violations), slow.violations
+    # its own worker killed before the job was back: the sweep's, within the lease bound
+    late = _crash(1.1, cfg.crash_bound_s + cfg.bound_slack_s + 0.5)
+    worker_killed = Fault("kill_worker", 1.15, "w", WORKER, [HORSE], "j", b"token", ended=1.15)
+    assert not any(
+        "a horse crash" in v for v in evaluate(evidence(runs, faults=[late, worker_killed])).violations
+    )
 
 
 def test_runs_of_a_job_the_soak_never_enqueued_fail_it() -> None:

@@ -148,4 +148,36 @@ local function drop_stale_pin(started_key, job_key)
   local score = redis.call('ZSCORE', started_key, pinned)
   if score and tonumber(score) == math.huge then redis.call('ZREM', started_key, pinned) end
   redis.call('HDEL', job_key, 'emq_started')
+-- A leased job's attempts so far (this one included), the most it may have (its own,
+-- else `default_max`), whether they are used up, and its raw failure_ttl field.
+local function attempts_used(job_key, default_max)
+  local counts = redis.call('HMGET', job_key, 'emq_attempts', 'emq_max_attempts', 'failure_ttl')
+  local attempts = count_value(counts[1]) or 0
+  local max_attempts = count_value(counts[2]) or default_max
+  return attempts, max_attempts, attempts >= max_attempts and attempts > 0, counts[3]
+end
+
+-- Put a job whose lease was just dropped back at the front of its queue. An in-flight
+-- job is in no queue list, so no LREM, whose cost would grow with the queue's length.
+local function requeue_front(job_key, queue_key, job_id)
+  redis.call('HSET', job_key, 'status', 'queued')
+  redis.call('HDEL', job_key, 'emq_status')
+  redis.call('LPUSH', queue_key, job_id)
+end
+
+-- Fail a job whose lease was just dropped: RQ's failed registry (status failed, the
+-- job's failure_ttl else `default_ttl`) and an outbox entry with owner `outbox`, so that
+-- only the outbox drain completes the failure (RQ's Result, the failure callback) once.
+local function fail_to_outbox(job_key, failed_key, outbox_key, job_id, reason, failure_ttl, default_ttl, ended_at, now)
+  local ttl = tonumber(string.match(failure_ttl or '', '^-?%d+$') or '') or default_ttl
+  redis.call('HSET', job_key, 'status', 'failed', 'ended_at', ended_at, 'emq_token', 'outbox',
+    'emq_status', 'failed', 'emq_failure', reason)
+  if ttl < 0 then
+    redis.call('ZADD', failed_key, '+inf', job_id)
+    redis.call('PERSIST', job_key)
+  else
+    redis.call('ZADD', failed_key, math.floor(now / 1000) + ttl, job_id)
+    redis.call('EXPIRE', job_key, ttl)
+  end
+  redis.call('ZADD', outbox_key, now, job_id)
 end

@@ -148,6 +148,8 @@ local function drop_stale_pin(started_key, job_key)
   local score = redis.call('ZSCORE', started_key, pinned)
   if score and tonumber(score) == math.huge then redis.call('ZREM', started_key, pinned) end
   redis.call('HDEL', job_key, 'emq_started')
+end
+
 -- A leased job's attempts so far (this one included), the most it may have (its own,
 -- else `default_max`), whether they are used up, and its raw failure_ttl field.
 local function attempts_used(job_key, default_max)

@@ -10,7 +10,9 @@ Operators switch with ``rq worker -w rq_emq.LeaseWorker`` (forking) or
   an execution record that a recovery removed;
 - finishing (success, failure, ``Retry``, stop, timeout) keeps RQ's code and is fenced
   (:mod:`rq_emq.fencing`);
-- a lost lease stops the job; a horse dies with its worker; a cold stop hands the job back.
+- a lost lease stops the job; a horse dies with its worker; a cold stop hands the job back;
+- every stop ends the run whole (:mod:`rq_emq.process_tree`), and a watchdog process ends a
+  run past its lease deadline whatever the worker and the run do (:mod:`rq_emq.watchdog`).
 """
 
 from __future__ import annotations
@@ -39,14 +41,16 @@ from .compose import check_worker_class
 from .dequeue import DequeueMixin
 from .fencing import LeaseLost
 from .heartbeats import HeartbeatMixin
-from .horse_fence import HorseDeadline, die_with_parent, libc
+from .horse_fence import HorseDeadline, die_with_parent
 from .job_writes import JobWritesMixin, LeaseJobInterrupted
 from .lease import Lease, LockManager, own_client
+from .process_tree import become_subreaper, kill_tree, libc
 from .registries import as_lease_queue, lease_queue_class
 from .settings import LeaseSettings
 from .startup import check_redis, worker_settings
 from .sweep import Sweeper
 from .take import Taker
+from .watchdog import Watchdog
 
 logger = logging.getLogger("rq_emq.lease")
 
@@ -86,6 +90,8 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
         self._taker: Taker | None = None
         self._last_heartbeat: tuple[float, int] = (-math.inf, 0)  # (monotonic, TTL) of the last sent alone
         self._burst = False
+        self._horse_deadline: HorseDeadline | None = None
+        self._watchdog: Watchdog | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
     def work(self, *args: Any, **kwargs: Any) -> bool:
@@ -94,6 +100,7 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
 
     def bootstrap(self, *args: Any, **kwargs: Any) -> None:
         check_redis(self.connection)  # before RQ registers the worker: a refusal leaves no trace
+        self._start_watchdog()  # forked before RQ's and our threads start
         try:
             super().bootstrap(*args, **kwargs)  # type: ignore[misc]
         except BLIPS as error:
@@ -173,7 +180,29 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
                     timer.stop()
             if self._taker is not None:
                 self._taker.close()
+            if self._watchdog is not None:
+                self._watchdog.stop()
         super().teardown()  # type: ignore[misc]
+
+    # -- the watchdog ----------------------------------------------------------------------
+    def _new_run_deadline(self) -> HorseDeadline:
+        return HorseDeadline()
+
+    def _start_watchdog(self) -> None:
+        """The process that ends a run past its deadline (:mod:`rq_emq.watchdog`); with
+        ``stop_on_lease_lost`` off runs are never stopped, and none is started."""
+        if not self.lease_settings.stop_on_lease_lost:
+            return
+        if self._horse_deadline is None:
+            self._horse_deadline = self._new_run_deadline()
+        if self._watchdog is None:
+            self._watchdog = Watchdog(self._horse_deadline, group=not isinstance(self, SimpleWorker))
+        if not self._watchdog.alive:  # killed on its own: a new one for the next run
+            self._watchdog.start()
+
+    def _run_deadline(self, lease: Lease) -> float:
+        """When the watchdog ends this lease's run (monotonic): its local deadline."""
+        return math.inf if lease.settled else lease.valid_until
 
     def check_for_suspension(self, burst: bool) -> None:
         """RQ's `rq suspend` check, run by its work loop before each take."""
@@ -222,6 +251,8 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
             wait_for_redis(self.connection, stop=lambda: bool(me._stop_requested))
             return None
         finally:
+            if self._horse_deadline is not None:
+                self._horse_deadline.clear()  # the run's process is gone: nothing to end
             if self.lock_manager is not None:
                 self.lock_manager.remove(job.id)
             self.job_ended()
@@ -302,32 +333,55 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
 class LeaseWorker(LeaseMixin, Worker):
     """A forking RQ worker whose jobs hold lock leases (``rq worker -w rq_emq.LeaseWorker``)."""
 
-    _horse_deadline: HorseDeadline | None = None
     _horse_job_id: str | None = None
+    _watched = False  # in a horse: its worker runs a watchdog
 
     def main_work_horse(self, job: Job, queue: Queue) -> None:
-        die_with_parent(self._worker_pid)
+        # orphans of the job's processes stay this horse's, so a stop finds them
+        become_subreaper()
+        if not self._watched:
+            # no watchdog to end the whole run as the worker dies: the horse alone, then
+            die_with_parent(self._worker_pid)
         if self._horse_deadline is not None and self.lease_settings.stop_on_lease_lost:
-            self._horse_deadline.guard(self.lease_settings.lease_check_interval_s)
+            self._horse_deadline.pid = os.getpid()  # the worker may be frozen before it writes it
+            self._horse_deadline.guard(
+                self.lease_settings.lease_check_interval_s, self._worker_pid if self._watched else 0
+            )
         super().main_work_horse(job, queue)
 
     def fork_work_horse(self, job: Job, queue: Queue) -> None:
         self._worker_pid = os.getpid()
         libc()
         # the horse fences itself on the local lease deadline, which it reads from memory
-        # shared with this worker: a frozen or dead worker cannot keep it running
+        # shared with this worker and its watchdog: a frozen or dead worker, or a job
+        # holding the GIL, cannot keep it running
         if self._horse_deadline is None:
-            self._horse_deadline = HorseDeadline()
+            self._horse_deadline = self._new_run_deadline()
+        if self._watchdog is not None:
+            self._start_watchdog()
+        self._watched = self._watchdog is not None and self._watchdog.alive
         lease = self.lock_manager.get(job.id) if self.lock_manager is not None else None
         self._horse_job_id = job.id
         self._horse_deadline.reset(lease.valid_until if lease is not None else math.inf)
         super().fork_work_horse(job, queue)
+        self._horse_deadline.pid = self.horse_pid
+        if self._watchdog is not None:
+            self._watchdog.poke()
 
     def _on_lease_renewed(self, lease: Lease) -> None:
         if self._horse_deadline is not None and lease.job_id == self._horse_job_id:
             # once the outcome is committed the horse's remaining work (RQ enqueuing the
             # dependents, its bookkeeping) is no run of the job: nothing may recover it
-            self._horse_deadline.set(math.inf if lease.settled else lease.valid_until)
+            self._horse_deadline.set(self._run_deadline(lease))
+
+    def kill_horse(self, sig: signal.Signals = signal.SIGKILL) -> None:
+        """RQ's kill of the horse's group, and with SIGKILL (every stop: ours, RQ's stop
+        command, a cold stop) the horse's whole tree, its own sessions included."""
+        if sig != signal.SIGKILL or not self.horse_pid:
+            super().kill_horse(sig)
+            return
+        kill_tree(self.horse_pid, group=True)
+        logger.info("Worker %s: killed horse pid %s and its processes", self.name, self.horse_pid)
 
     def monitor_work_horse(self, job: Job, queue: Queue, *args: Any) -> None:
         try:
@@ -358,6 +412,7 @@ class SimpleLeaseWorker(LeaseMixin, SimpleWorker):
 
     #: Delivered to the main thread to interrupt a job whose lease was lost.
     interrupt_signal = signal.SIGUSR1
+    _watched_job_id: str | None = None
 
     def execute_job(self, job: Job, queue: Queue) -> Any:
         previous = signal.signal(self.interrupt_signal, self._interrupt_lost_job)
@@ -371,6 +426,33 @@ class SimpleLeaseWorker(LeaseMixin, SimpleWorker):
         self._interrupt_job_id = lease.job_id
         signal.pthread_kill(threading.main_thread().ident or 0, self.interrupt_signal)
 
+    def perform_job(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> Any:
+        # the run is this process: the watchdog ends it (and its descendants) at the
+        # moment the self-kill below would, even if this process cannot run at all
+        lease = self.lock_manager.get(job.id) if self.lock_manager is not None else None
+        self._watched_job_id = job.id
+        if self._horse_deadline is not None and lease is not None:
+            self._horse_deadline.reset(self._run_deadline(lease), pid=os.getpid())
+            if self._watchdog is not None:
+                self._watchdog.poke()
+        return super().perform_job(job, queue, *args, **kwargs)
+
+    def _self_kill_delay_s(self) -> float:
+        settings = self.lease_settings
+        return (settings.lease_margin_ms + settings.renew_interval_ms) / 2000.0
+
+    def _run_deadline(self, lease: Lease) -> float:
+        return super()._run_deadline(lease) + self._self_kill_delay_s()
+
+    def _on_lease_renewed(self, lease: Lease) -> None:
+        if self._horse_deadline is not None and lease.job_id == self._watched_job_id:
+            self._horse_deadline.set(self._run_deadline(lease))
+
+    def _outcome_committed(self) -> None:
+        super()._outcome_committed()
+        if self._horse_deadline is not None:
+            self._horse_deadline.settle()
+
     def _on_lease_expired(self, lease: Lease) -> None:
         """Interrupt the job; if its code does not give way (stuck in C code, where no
         Python exception lands) within half the margin and half a renew interval, end the
@@ -378,11 +460,9 @@ class SimpleLeaseWorker(LeaseMixin, SimpleWorker):
         another worker runs the job (the sweep's grace is at least 1.25 renew intervals, so
         this exit still lands before any recovery)."""
         super()._on_lease_expired(lease)
-        settings = self.lease_settings
-        if not settings.stop_on_lease_lost:
+        if not self.lease_settings.stop_on_lease_lost:
             return
-        wait = (settings.lease_margin_ms + settings.renew_interval_ms) / 2000.0
-        timer = threading.Timer(wait, self._exit_if_still_running, args=(lease.job_id,))
+        timer = threading.Timer(self._self_kill_delay_s(), self._exit_if_still_running, args=(lease.job_id,))
         timer.daemon = True
         timer.start()
 
@@ -394,7 +474,8 @@ class SimpleLeaseWorker(LeaseMixin, SimpleWorker):
                 extra={"job_id": job_id},
             )
             logging.shutdown()
-            os.kill(os.getpid(), signal.SIGKILL)
+            spare = frozenset({self._watchdog.pid}) if self._watchdog is not None else frozenset()
+            kill_tree(os.getpid(), spare=spare)  # the job's own processes too
 
     def _interrupt_lost_job(self, signum: int, frame: FrameType | None) -> None:
         job_id, self._interrupt_job_id = self._interrupt_job_id, None

@@ -1,0 +1,156 @@
+"""The watchdog: one small process per worker that ends a run past its local lease
+deadline, whatever the worker and the run are doing.
+
+The lease clock and the horse's fence are Python threads: a job holding the GIL in C
+code (a regex backtracking, a long NumPy call) starves them, and a SIGSTOPped worker runs
+none of its own. The watchdog is a process of its own, forked by the worker as it starts
+(before any of its threads), sharing with it the memory of
+:class:`rq_emq.horse_fence.HorseDeadline`: the run's pid, its deadline, whether its
+outcome has landed. It sleeps until the deadline (a ``sigtimedwait``, on
+``CLOCK_MONOTONIC`` as the deadline is), reads it again (a renewal moves it later), and
+once it has passed ends the run whole (:func:`rq_emq.process_tree.kill_tree`): the
+horse's group and descendants, or, for a ``SimpleLeaseWorker``, the worker process and its
+descendants. It wakes once per deadline while a run lives and never while the worker is
+idle; it holds no Redis connection (it closes every inherited descriptor).
+
+It dies with its worker (``PDEATHSIG``), and as it goes it ends a forked horse whole: a
+horse whose worker runs a watchdog gets no ``PDEATHSIG`` of its own, so that the watchdog
+still finds the horse's descendants (the kernel would re-parent them as it ended the
+horse). It ignores SIGINT and SIGTERM: a warm stop (Ctrl+C, systemd's SIGTERM to the whole
+group) lets the running job finish, and the job stays guarded until then.
+
+Signals it waits for: ``POKE`` (a new run, re-read now) and ``GONE`` (its worker died).
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+import signal
+import time
+
+from .horse_fence import _PR_SET_PDEATHSIG, HorseDeadline
+from .process_tree import kill_tree, libc
+
+POKE = signal.SIGUSR2
+GONE = signal.SIGHUP
+
+
+class Watchdog:
+    """The worker's handle on its watchdog process."""
+
+    def __init__(self, deadline: HorseDeadline, group: bool) -> None:
+        """``group``: the runs lead process groups of their own (horses); else the run is
+        the worker process itself (``SimpleLeaseWorker``)."""
+        self.deadline = deadline
+        self.group = group
+        self.pid = 0
+
+    def start(self) -> None:
+        worker = os.getpid()
+        libc()  # loaded before the fork: the child needs prctl at once
+        # blocked across the fork, so that the child never dies of a poke sent early
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {POKE, GONE})
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover (runs in the child)
+            try:
+                _run(self.deadline, worker, self.group)
+            finally:
+                os._exit(0)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        self.pid = pid
+
+    def poke(self) -> None:
+        """Tell the watchdog a run began: it re-reads the shared memory now."""
+        if self.pid:
+            try:
+                os.kill(self.pid, POKE)
+            except ProcessLookupError:
+                pass
+
+    @property
+    def alive(self) -> bool:
+        if not self.pid:
+            return False
+        try:
+            return os.waitpid(self.pid, os.WNOHANG) == (0, 0)
+        except ChildProcessError:
+            return False
+
+    def stop(self) -> None:
+        """As the worker stops (no run in flight any more)."""
+        if self.pid:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+            self.pid = 0
+
+
+def _run(deadline: HorseDeadline, worker: int, group: bool) -> None:
+    """The watchdog process: from the fork until its worker is gone."""
+    for ignored in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(ignored, signal.SIG_IGN)
+    gc.disable()  # it allocates next to nothing; a collection would copy the worker's pages
+    os.closerange(3, _max_fd())  # the worker's Redis sockets and files are not its own
+    try:
+        libc().prctl(_PR_SET_PDEATHSIG, GONE, 0, 0, 0)
+    except AttributeError:
+        pass
+    ended = 0  # the pid of the last run ended, so it is ended once
+    while True:
+        if os.getppid() != worker:  # the worker is gone: end its run and go
+            pid = deadline.pid
+            if group and pid and _leads_group(pid):
+                kill_tree(pid, group=True)
+            return
+        pid, due = _read(deadline)
+        wait: float | None = None
+        if pid and pid != ended and math.isfinite(due):
+            wait = due - time.monotonic()
+            if wait <= 0:
+                if _is_run(pid, worker):
+                    kill_tree(pid, group=group and pid != worker)
+                ended = pid
+                continue
+        if wait is None:
+            signal.sigwaitinfo({POKE, GONE})
+        else:
+            signal.sigtimedwait({POKE, GONE}, wait)
+
+
+def _read(deadline: HorseDeadline) -> tuple[int, float]:
+    """The run's pid and deadline, read so that both belong to one run."""
+    while True:
+        pid = deadline.pid
+        due = deadline.get()
+        if deadline.pid == pid:
+            return pid, due
+
+
+def _is_run(pid: int, worker: int) -> bool:
+    """``pid`` is the worker itself or its child (never a pid reused since the run ended)."""
+    return pid == worker or _stat(pid)[0] == worker
+
+
+def _leads_group(pid: int) -> bool:
+    return _stat(pid)[1] == pid
+
+
+def _stat(pid: int) -> tuple[int, int]:
+    """(parent pid, process group) of ``pid``; (0, 0) once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return int(fields[1]), int(fields[2])
+    except (OSError, IndexError, ValueError):
+        return 0, 0
+
+
+def _max_fd() -> int:
+    try:
+        return int(os.sysconf("SC_OPEN_MAX"))
+    except (ValueError, OSError):
+        return 1024

@@ -417,6 +417,7 @@ class SimpleLeaseWorker(LeaseMixin, SimpleWorker):
     def execute_job(self, job: Job, queue: Queue) -> Any:
         previous = signal.signal(self.interrupt_signal, self._interrupt_lost_job)
         self._interrupt_job_id: str | None = None
+        self._watch_run(job)
         try:
             return super().execute_job(job, queue)
         finally:
@@ -426,16 +427,23 @@ class SimpleLeaseWorker(LeaseMixin, SimpleWorker):
         self._interrupt_job_id = lease.job_id
         signal.pthread_kill(threading.main_thread().ident or 0, self.interrupt_signal)
 
-    def perform_job(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> Any:
-        # the run is this process: the watchdog ends it (and its descendants) at the
-        # moment the self-kill below would, even if this process cannot run at all
+    def _watch_run(self, job: Job) -> None:
+        """The run is this process: the watchdog ends it (and its descendants) at the
+        moment the self-kill below would, even if this process cannot run at all."""
         lease = self.lock_manager.get(job.id) if self.lock_manager is not None else None
         self._watched_job_id = job.id
         if self._horse_deadline is not None and lease is not None:
             self._horse_deadline.reset(self._run_deadline(lease), pid=os.getpid())
             if self._watchdog is not None:
                 self._watchdog.poke()
-        return super().perform_job(job, queue, *args, **kwargs)
+
+    def handle_execution_ended(self, job: Job, *args: Any, **kwargs: Any) -> Any:
+        # the job's own code has ended (success or failure): what follows is the outcome's
+        # fenced writes, which may wait out a blip; the self-kill spares them too
+        self._watched_job_id = None
+        if self._horse_deadline is not None:
+            self._horse_deadline.clear()
+        return super().handle_execution_ended(job, *args, **kwargs)
 
     def _self_kill_delay_s(self) -> float:
         settings = self.lease_settings

@@ -132,6 +132,10 @@ def uninterruptible_run(log: str, seconds: float) -> str:
 _CHILD = """
 import os, sys, time
 log, run, until = sys.argv[1], sys.argv[2], time.monotonic() + float(sys.argv[3])
+if sys.argv[4] == "orphan" and os.fork():
+    os._exit(0)  # a daemon's double fork: the ticking grandchild is orphaned at once
+if sys.argv[4] != "group":
+    os.setsid()
 while time.monotonic() < until:
     with open(log, "a") as out:
         out.write(f"child:{os.getpid()} {run} {time.monotonic():.6f}\\n")
@@ -139,11 +143,13 @@ while time.monotonic() < until:
 """
 
 
-def run_with_child(log: str, seconds: float, own_session: bool = False, uninterruptible: bool = False) -> str:
+def run_with_child(log: str, seconds: float, how: str = "group", uninterruptible: bool = False) -> str:
     """A :func:`ticking_run` that first starts a child process ticking into the same log
-    under this run's pid (in this run's process group, or with ``own_session`` in a
-    session of its own), and waits on it as ``subprocess.run`` does; ``uninterruptible``:
-    no Python exception can interrupt the run (see :func:`uninterruptible_run`)."""
+    under this run's pid for ``seconds``, and waits on it as ``subprocess.run`` does. The
+    child stays in this run's process group (``how="group"``), starts a session of its own
+    (``"session"``), or is a daemon (``"orphan"``: its parent exits at once, it runs on in
+    a session of its own, and the run sleeps while it ticks). ``uninterruptible``: no
+    Python exception can interrupt the run (see :func:`uninterruptible_run`)."""
     import signal
     import subprocess
     import sys
@@ -153,10 +159,9 @@ def run_with_child(log: str, seconds: float, own_session: bool = False, uninterr
     me = str(os.getpid())
     with open(log, "a") as out:
         out.write(f"start {me} {time.monotonic():.6f}\n")
-    child = subprocess.Popen(
-        [sys.executable, "-c", _CHILD, log, me, str(seconds)], start_new_session=own_session
-    )
-    child.wait()
+    subprocess.run([sys.executable, "-c", _CHILD, log, me, str(seconds), how])
+    if how == "orphan":
+        time.sleep(seconds)
     return ticking_run(log, 0.0)
 
 

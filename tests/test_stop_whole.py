@@ -38,9 +38,9 @@ SETTINGS = LeaseSettings(lease_ms=1000, renew_interval_ms=200, sweep_interval_ms
 RUN_S = 4.0
 #: ~2**28 backtracking steps: several seconds in C code holding the GIL, many leases long
 GIL_LETTERS = 28
-SESSIONS = pytest.mark.parametrize(
-    "own_session", [False, True], ids=["child_in_group", "child_in_own_session"]
-)
+#: where the job's child runs: in the run's process group, in a session of its own, or as
+#: a daemon whose parent exited (re-parented to the horse, a child subreaper)
+CHILDREN = pytest.mark.parametrize("how", ["group", "session", "orphan"])
 
 
 @pytest.fixture
@@ -76,20 +76,16 @@ def _recovered_elsewhere(r: redis.Redis, procs: Processes, redis_url: str, log: 
     wait_for(lambda: status(r, job_id) == "finished", timeout=20, what="the job to finish")
 
 
-def _enqueue_with_child(r: redis.Redis, log: str, own_session: bool, **kwargs: object) -> str:
-    return str(
-        Queue(connection=r)
-        .enqueue("jobs.run_with_child", log, RUN_S, own_session, job_timeout=60, **kwargs)
-        .id
-    )
+def _enqueue_with_child(r: redis.Redis, log: str, how: str) -> str:
+    return str(Queue(connection=r).enqueue("jobs.run_with_child", log, RUN_S, how, job_timeout=60).id)
 
 
-@SESSIONS
+@CHILDREN
 def test_a_lease_lost_stop_ends_the_jobs_child_processes(
-    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, proxy: TcpProxy, own_session: bool
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, proxy: TcpProxy, how: str
 ) -> None:
     log = str(tmp_path / "runs.log")
-    job_id = _enqueue_with_child(r, log, own_session)
+    job_id = _enqueue_with_child(r, log, how)
     procs.worker(proxy.url, **LEASE)
     first, child = _first_run(log)
     proxy.cut("reset")  # renewals fail: the worker's lease clock stops the job
@@ -98,12 +94,12 @@ def test_a_lease_lost_stop_ends_the_jobs_child_processes(
     assert not pid_alive(child)
 
 
-@SESSIONS
+@CHILDREN
 def test_a_self_fenced_horse_ends_its_child_processes(
-    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, own_session: bool
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, how: str
 ) -> None:
     log = str(tmp_path / "runs.log")
-    job_id = _enqueue_with_child(r, log, own_session)
+    job_id = _enqueue_with_child(r, log, how)
     frozen = procs.worker(redis_url, **LEASE)
     first, child = _first_run(log)
     os.kill(frozen.pid, signal.SIGSTOP)  # the worker alone: the horse and the watchdog run on
@@ -115,12 +111,12 @@ def test_a_self_fenced_horse_ends_its_child_processes(
         os.kill(frozen.pid, signal.SIGCONT)
 
 
-@SESSIONS
+@CHILDREN
 def test_a_killed_workers_run_ends_with_its_child_processes(
-    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, own_session: bool
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, how: str
 ) -> None:
     log = str(tmp_path / "runs.log")
-    job_id = _enqueue_with_child(r, log, own_session)
+    job_id = _enqueue_with_child(r, log, how)
     killed = procs.worker(redis_url, **LEASE)
     first, child = _first_run(log)
     os.kill(killed.pid, signal.SIGKILL)  # the worker alone, as the OOM killer would
@@ -134,12 +130,12 @@ def test_a_killed_workers_run_ends_with_its_child_processes(
     _assert_no_overlap(log, first)
 
 
-@SESSIONS
+@pytest.mark.parametrize("how", ["group", "session"])  # no subreaper: a daemon is out of reach
 def test_a_simple_workers_self_kill_ends_its_jobs_child_processes(
-    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, proxy: TcpProxy, own_session: bool
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, proxy: TcpProxy, how: str
 ) -> None:
     log = str(tmp_path / "runs.log")
-    job = Queue(connection=r).enqueue("jobs.run_with_child", log, RUN_S, own_session, True, job_timeout=60)
+    job = Queue(connection=r).enqueue("jobs.run_with_child", log, RUN_S, how, True, job_timeout=60)
     cut_off = procs.worker(proxy.url, worker_class="rq_emq.SimpleLeaseWorker", **LEASE)
     first, child = _first_run(log)
     proxy.cut("reset")
@@ -151,14 +147,14 @@ def test_a_simple_workers_self_kill_ends_its_jobs_child_processes(
     assert not pid_alive(child)
 
 
-@SESSIONS
+@CHILDREN
 def test_rqs_stop_command_ends_the_jobs_child_processes(
-    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, own_session: bool
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, how: str
 ) -> None:
     from rq.command import send_stop_job_command
 
     log = str(tmp_path / "runs.log")
-    job_id = _enqueue_with_child(r, log, own_session)
+    job_id = _enqueue_with_child(r, log, how)
     procs.worker(redis_url, **LEASE)
     first, child = _first_run(log)
     send_stop_job_command(r, job_id)
@@ -215,7 +211,7 @@ def test_a_frozen_worker_and_horse_pair_is_ended_while_frozen(
     """SIGSTOP of the worker and its horse (not its watchdog): the run is ended before the
     job runs elsewhere, not as it resumes."""
     log = str(tmp_path / "runs.log")
-    job_id = _enqueue_with_child(r, log, False)
+    job_id = _enqueue_with_child(r, log, "group")
     frozen = procs.worker(redis_url, **LEASE)
     first, child = _first_run(log)
     for pid in (frozen.pid, first, child):

@@ -225,8 +225,10 @@ def test_a_frozen_worker_and_horse_pair_is_ended_while_frozen(
         os.kill(frozen.pid, signal.SIGCONT)
 
 
-def _watchdog_of(worker_pid: int) -> int:
-    found = [pid for pid in tree(worker_pid) if pid != worker_pid]
+def _watchdog_of(worker_pid: int, besides: int = 0) -> int:
+    """The worker's one child that is not its horse (``besides``) nor the horse's."""
+    horse = tree(besides) if besides else set()
+    found = [pid for pid in tree(worker_pid) - horse if pid != worker_pid]
     assert len(found) == 1, found
     return found[0]
 
@@ -274,3 +276,33 @@ def test_kill_tree_ends_a_process_its_group_and_descendants_in_other_sessions() 
     finally:
         if root.poll() is None:
             root.kill()
+
+
+@pytest.mark.parametrize("fault", ["freeze", "kill"])
+def test_a_horse_whose_watchdog_is_gone_still_ends_itself_whole(
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, fault: str
+) -> None:
+    """The horse's own fence is the second line (a watchdog killed on its own): past
+    its deadline (its worker frozen) or as soon as its worker is gone (it has no
+    ``PDEATHSIG`` while a watchdog runs), it ends its group and descendants. The lease
+    here is 3 s, so a horse ended for its worker's death (checked every 50 ms) ends long
+    before its deadline (2.7 s past the last renewal) could explain it."""
+    lease = {**LEASE, "RQ_EMQ_LEASE_MS": "3000"}
+    log = str(tmp_path / "runs.log")
+    job_id = _enqueue_with_child(r, log, "group")
+    victim = procs.worker(redis_url, **lease)
+    first, child = _first_run(log)
+    os.kill(_watchdog_of(victim.pid, besides=first), signal.SIGKILL)
+    os.kill(victim.pid, signal.SIGSTOP if fault == "freeze" else signal.SIGKILL)
+    try:
+        if fault == "kill":
+            wait_for(
+                lambda: not pid_alive(child) and not pid_alive(first), timeout=1.0, what="the run to end"
+            )
+        procs.worker(redis_url, **lease)
+        wait_for(lambda: len(run_spans(log)) >= 2, timeout=20, what="a second run")
+        wait_for(lambda: status(r, job_id) == "finished", timeout=20, what="the job to finish")
+        _assert_no_overlap(log, first)
+    finally:
+        if fault == "freeze":
+            os.kill(victim.pid, signal.SIGCONT)

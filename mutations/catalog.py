@@ -727,8 +727,8 @@ CATALOG: list[Mutation] = [
     _m(
         "tree_ignores_other_sessions",
         "rq_emq/process_tree.py",
-        "for child in children.get(todo.pop(), ()):",
-        "for child in children.get(todo.pop(), ())[:0]:",
+        "for child in children_of(todo.pop()):",
+        "for child in list(children_of(todo.pop()))[:0]:",
         [f"{WHOLE}::test_kill_tree_ends_a_process_its_group_and_descendants_in_other_sessions"],
         "a stop ends the horse's group only: a child in a session of its own works on",
     ),

@@ -19,6 +19,7 @@ import ctypes
 import functools
 import os
 import signal
+from collections.abc import Callable, Iterable
 from typing import Any
 
 _PR_SET_CHILD_SUBREAPER = 36
@@ -60,18 +61,44 @@ def _parents() -> dict[int, tuple[int, int]]:
     return table
 
 
+def _children(pid: int) -> list[int]:
+    """``pid``'s children, from its threads' ``children`` files (``CONFIG_PROC_CHILDREN``)."""
+    found: list[int] = []
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found  # ended
+    for thread in threads:
+        try:
+            with open(f"/proc/{pid}/task/{thread}/children", "rb") as listed:
+                found += [int(child) for child in listed.read().split()]
+        except OSError:
+            continue  # the thread ended
+    return found
+
+
+#: Children can be read per process: a walk costs the tree's size, not the host's.
+_CHILDREN_FILES = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+
+
 def tree(root: int, group: bool = False) -> set[int]:
     """``root``, its descendants and (with ``group``) the members of its process group."""
-    table = _parents()
-    children: dict[int, list[int]] = {}
-    for pid, (parent, _) in table.items():
-        children.setdefault(parent, []).append(pid)
-    found = {root} if root in table else set()
-    if group:
-        found |= {pid for pid, (_, pgid) in table.items() if pgid == root}
+    children_of: Callable[[int], Iterable[int]]
+    if group or not _CHILDREN_FILES:
+        table = _parents()
+        index: dict[int, list[int]] = {}
+        for pid, (parent, _) in table.items():
+            index.setdefault(parent, []).append(pid)
+        found = {root} if root in table else set()
+        if group:
+            found |= {pid for pid, (_, pgid) in table.items() if pgid == root}
+        children_of = lambda pid: index.get(pid, ())  # noqa: E731
+    else:
+        found = {root} if os.path.exists(f"/proc/{root}") else set()
+        children_of = _children
     todo = list(found)
     while todo:
-        for child in children.get(todo.pop(), ()):
+        for child in children_of(todo.pop()):
             if child not in found:
                 found.add(child)
                 todo.append(child)
@@ -93,8 +120,14 @@ def kill_tree(root: int, group: bool = False, spare: frozenset[int] = frozenset(
     me = os.getpid()
     keep = spare | {me}
     stopped: set[int] = set()
+    if group and root not in keep:
+        try:  # the group at once; the walks then need only follow parent links
+            os.killpg(root, signal.SIGSTOP)
+        except (ProcessLookupError, PermissionError):
+            pass
     while True:
-        new = (tree(root, group) | {root}) - stopped - keep  # root too where /proc is missing
+        # its members are its descendants: a horse is a subreaper from its first instruction
+        new = (tree(root) | {root}) - stopped - keep  # root too where /proc is missing
         if not new:
             break
         for pid in new:

@@ -104,7 +104,8 @@ def _run(deadline: HorseDeadline, worker: int, group: bool) -> None:
         if os.getppid() != worker:  # the worker is gone: end its run and go
             pid = deadline.pid
             if group and pid and _leads_group(pid):
-                kill_tree(pid, group=True)
+                killed = kill_tree(pid, group=True)
+                _say(f"worker {worker} is gone: ended its horse pid {pid} ({len(killed)} processes)")
             return
         pid, due = _read(deadline)
         wait: float | None = None
@@ -112,13 +113,25 @@ def _run(deadline: HorseDeadline, worker: int, group: bool) -> None:
             wait = due - time.monotonic()
             if wait <= 0:
                 if _is_run(pid, worker):
-                    kill_tree(pid, group=group and pid != worker)
+                    killed = kill_tree(pid, group=group and pid != worker)
+                    _say(
+                        f"run {pid} past its deadline by {-1000 * wait:.0f} ms: ended {len(killed)} processes"
+                    )
                 ended = pid
                 continue
         if wait is None:
             signal.sigwaitinfo({POKE, GONE})
         else:
             signal.sigtimedwait({POKE, GONE}, wait)
+
+
+def _say(what: str) -> None:
+    """One line on the worker's stderr (no logging here: its locks may be held by a
+    thread of the worker that the fork did not copy)."""
+    try:
+        os.write(2, f"rq-emq watchdog {os.getpid()}: {what}\n".encode())
+    except OSError:
+        pass
 
 
 def _read(deadline: HorseDeadline) -> tuple[int, float]:

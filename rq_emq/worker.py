@@ -450,7 +450,13 @@ class SimpleLeaseWorker(LeaseMixin, SimpleWorker):
         return (settings.lease_margin_ms + settings.renew_interval_ms) / 2000.0
 
     def _run_deadline(self, lease: Lease) -> float:
-        return super()._run_deadline(lease) + self._self_kill_delay_s()
+        # one check interval after the self-kill's moment: a worker whose threads run ends
+        # itself first, with the log line that names the job
+        return (
+            super()._run_deadline(lease)
+            + self._self_kill_delay_s()
+            + self.lease_settings.lease_check_interval_s
+        )
 
     def _on_lease_renewed(self, lease: Lease) -> None:
         if self._horse_deadline is not None and lease.job_id == self._watched_job_id:

@@ -755,7 +755,7 @@ CATALOG: list[Mutation] = [
         "rq_emq/worker.py",
         "if not self._watched:",
         "if True:",
-        [f"{WHOLE}::test_a_killed_workers_run_ends_with_its_child_processes[session]"],
+        [f"{WHOLE}::test_a_killed_workers_run_ends_with_its_child_processes[session-rq_emq.LeaseWorker]"],
         "PDEATHSIG ends the horse as its worker dies: its children in other sessions escape the watchdog",
         fast=False,
     ),

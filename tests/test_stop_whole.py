@@ -20,11 +20,13 @@ from pathlib import Path
 
 import pytest
 import redis
+import rq
 from helpers import status
 from jobs import children, run_spans, runs
 from procs import Processes, pid_alive, wait_for
 from rq import Queue
 
+import rq_emq.compat
 from rq_emq.process_tree import kill_tree, tree
 from rq_emq.settings import LeaseSettings
 from soak.proxy import TcpProxy
@@ -41,6 +43,15 @@ GIL_LETTERS = 28
 #: where the job's child runs: in the run's process group, in a session of its own, or as
 #: a daemon whose parent exited (re-parented to the horse, a child subreaper)
 CHILDREN = pytest.mark.parametrize("how", ["group", "session", "orphan"])
+_SPAWN = rq_emq.compat.spawn_worker_class() is not None and int(rq.__version__.split(".")[0]) >= 3
+#: the forking worker and RQ 3's SpawnWorker (its horse maps the deadline from /dev/shm)
+FORKING = pytest.mark.parametrize(
+    "worker_class",
+    [
+        "rq_emq.LeaseWorker",
+        pytest.param("rq_emq.SpawnLeaseWorker", marks=pytest.mark.skipif(not _SPAWN, reason="RQ 3 only")),
+    ],
+)
 
 
 @pytest.fixture
@@ -94,13 +105,14 @@ def test_a_lease_lost_stop_ends_the_jobs_child_processes(
     assert not pid_alive(child)
 
 
+@FORKING
 @CHILDREN
 def test_a_self_fenced_horse_ends_its_child_processes(
-    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, how: str
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, how: str, worker_class: str
 ) -> None:
     log = str(tmp_path / "runs.log")
     job_id = _enqueue_with_child(r, log, how)
-    frozen = procs.worker(redis_url, **LEASE)
+    frozen = procs.worker(redis_url, worker_class=worker_class, **LEASE)
     first, child = _first_run(log)
     os.kill(frozen.pid, signal.SIGSTOP)  # the worker alone: the horse and the watchdog run on
     try:
@@ -111,13 +123,14 @@ def test_a_self_fenced_horse_ends_its_child_processes(
         os.kill(frozen.pid, signal.SIGCONT)
 
 
+@FORKING
 @CHILDREN
 def test_a_killed_workers_run_ends_with_its_child_processes(
-    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, how: str
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, how: str, worker_class: str
 ) -> None:
     log = str(tmp_path / "runs.log")
     job_id = _enqueue_with_child(r, log, how)
-    killed = procs.worker(redis_url, **LEASE)
+    killed = procs.worker(redis_url, worker_class=worker_class, **LEASE)
     first, child = _first_run(log)
     os.kill(killed.pid, signal.SIGKILL)  # the worker alone, as the OOM killer would
     # at once, not at the lease's end: the watchdog saw its worker go
@@ -176,7 +189,14 @@ def _death(pid: int, seen: dict[str, float]) -> threading.Thread:
     return thread
 
 
-@pytest.mark.parametrize("worker_class", ["rq_emq.LeaseWorker", "rq_emq.SimpleLeaseWorker"])
+@pytest.mark.parametrize(
+    "worker_class",
+    [
+        "rq_emq.LeaseWorker",
+        "rq_emq.SimpleLeaseWorker",
+        pytest.param("rq_emq.SpawnLeaseWorker", marks=pytest.mark.skipif(not _SPAWN, reason="RQ 3 only")),
+    ],
+)
 def test_a_job_holding_the_gil_past_its_lease_ends_before_the_job_runs_elsewhere(
     r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, worker_class: str
 ) -> None:
@@ -188,7 +208,8 @@ def test_a_job_holding_the_gil_past_its_lease_ends_before_the_job_runs_elsewhere
     worker = procs.worker(redis_url, worker_class=worker_class, **LEASE)
     wait_for(lambda: runs(log), timeout=15, what="the first run to start")
     first = int(runs(log)[0].split()[1])
-    if worker_class == "rq_emq.LeaseWorker":
+    forking = worker_class != "rq_emq.SimpleLeaseWorker"
+    if forking:
         os.kill(worker.pid, signal.SIGSTOP)
     seen: dict[str, float] = {}
     watcher = _death(first, seen)
@@ -201,7 +222,7 @@ def test_a_job_holding_the_gil_past_its_lease_ends_before_the_job_runs_elsewhere
             f"{worker_class}: GIL-holding run ended {1000 * (second - seen['dead']):.0f} ms before the next"
         )
     finally:
-        if worker_class == "rq_emq.LeaseWorker":
+        if forking:
             os.kill(worker.pid, signal.SIGCONT)
 
 

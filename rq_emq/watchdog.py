@@ -106,6 +106,10 @@ def _run(deadline: HorseDeadline, worker: int, group: bool) -> None:
             if group and pid and _leads_group(pid):
                 killed = kill_tree(pid, group=True)
                 _say(f"worker {worker} is gone: ended its horse pid {pid} ({len(killed)} processes)")
+            elif group and pid:
+                # the horse died with its worker (killed together): what is left of its
+                # group (a pgid is never reused while a member lives)
+                _killpg(pid)
             return
         pid, due = _read(deadline)
         wait: float | None = None
@@ -123,6 +127,13 @@ def _run(deadline: HorseDeadline, worker: int, group: bool) -> None:
             signal.sigwaitinfo({POKE, GONE})
         else:
             signal.sigtimedwait({POKE, GONE}, wait)
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _say(what: str) -> None:

@@ -377,11 +377,9 @@ class LeaseWorker(LeaseMixin, Worker):
     def kill_horse(self, sig: signal.Signals = signal.SIGKILL) -> None:
         """RQ's kill of the horse's group, and with SIGKILL (every stop: ours, RQ's stop
         command, a cold stop) the horse's whole tree, its own sessions included."""
-        if sig != signal.SIGKILL or not self.horse_pid:
-            super().kill_horse(sig)
-            return
-        kill_tree(self.horse_pid, group=True)
-        logger.info("Worker %s: killed horse pid %s and its processes", self.name, self.horse_pid)
+        if sig == signal.SIGKILL and self.horse_pid:
+            kill_tree(self.horse_pid, group=True)
+        super().kill_horse(sig)  # RQ's killpg (its log line; a worker's kill is no crash)
 
     def monitor_work_horse(self, job: Job, queue: Queue, *args: Any) -> None:
         try:

@@ -143,6 +143,22 @@ def test_a_killed_workers_run_ends_with_its_child_processes(
     _assert_no_overlap(log, first)
 
 
+def test_a_worker_killed_with_its_horse_leaves_no_child_of_the_run(
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path
+) -> None:
+    """SIGKILL of the worker and its horse together (the soak's ``kill_group``): the
+    watchdog ends what is left of the horse's group."""
+    log = str(tmp_path / "runs.log")
+    job_id = _enqueue_with_child(r, log, "group")
+    killed = procs.worker(redis_url, **LEASE)
+    first, child = _first_run(log)
+    for pid in (killed.pid, first):
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not pid_alive(child), timeout=SETTINGS.lease_ms / 1000, what="the run's child to end")
+    _recovered_elsewhere(r, procs, redis_url, log, job_id)
+    _assert_no_overlap(log, first)
+
+
 @pytest.mark.parametrize("how", ["group", "session"])  # no subreaper: a daemon is out of reach
 def test_a_simple_workers_self_kill_ends_its_jobs_child_processes(
     r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, proxy: TcpProxy, how: str

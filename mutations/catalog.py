@@ -715,8 +715,8 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "simple_worker_run_not_watched",
-        "rq_emq/worker.py",
-        "self._horse_deadline.reset(self._run_deadline(lease), pid=os.getpid())",
+        "rq_emq/run_guard.py",
+        "self._horse_deadline.reset(me._run_deadline(lease), pid=os.getpid())",
         "pass",
         [
             f"{WHOLE}::test_a_job_holding_the_gil_past_its_lease_ends_before_the_job_runs_elsewhere[rq_emq.SimpleLeaseWorker]"
@@ -734,9 +734,9 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "stop_kills_only_the_group",
-        "rq_emq/worker.py",
-        "if sig != signal.SIGKILL or not self.horse_pid:",
-        "if True:",
+        "rq_emq/run_guard.py",
+        "kill_tree(me.horse_pid, group=True)",
+        "pass",
         [f"{WHOLE}::test_rqs_stop_command_ends_the_jobs_child_processes[session]"],
         "RQ's killpg alone: a job's child in a session of its own survives the stop",
         fast=False,

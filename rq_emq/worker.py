@@ -41,21 +41,21 @@ from .compose import check_worker_class
 from .dequeue import DequeueMixin
 from .fencing import LeaseLost
 from .heartbeats import HeartbeatMixin
-from .horse_fence import HorseDeadline, die_with_parent
+from .horse_fence import die_with_parent
 from .job_writes import JobWritesMixin, LeaseJobInterrupted
 from .lease import Lease, LockManager, own_client
-from .process_tree import become_subreaper, kill_tree, libc
+from .process_tree import become_subreaper, libc
 from .registries import as_lease_queue, lease_queue_class
+from .run_guard import HorseRunGuard, RunGuard, SimpleRunGuard
 from .settings import LeaseSettings
 from .startup import check_redis, worker_settings
 from .sweep import Sweeper
 from .take import Taker
-from .watchdog import Watchdog
 
 logger = logging.getLogger("rq_emq.lease")
 
 
-class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
+class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
     """The lease behaviour shared by both worker kinds (put before the RQ worker class)."""
 
     # Settings as class attributes; None means "environment variable, else default".
@@ -90,8 +90,6 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
         self._taker: Taker | None = None
         self._last_heartbeat: tuple[float, int] = (-math.inf, 0)  # (monotonic, TTL) of the last sent alone
         self._burst = False
-        self._horse_deadline: HorseDeadline | None = None
-        self._watchdog: Watchdog | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
     def work(self, *args: Any, **kwargs: Any) -> bool:
@@ -180,29 +178,8 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
                     timer.stop()
             if self._taker is not None:
                 self._taker.close()
-            if self._watchdog is not None:
-                self._watchdog.stop()
+            self._stop_watchdog()
         super().teardown()  # type: ignore[misc]
-
-    # -- the watchdog ----------------------------------------------------------------------
-    def _new_run_deadline(self) -> HorseDeadline:
-        return HorseDeadline()
-
-    def _start_watchdog(self) -> None:
-        """The process that ends a run past its deadline (:mod:`rq_emq.watchdog`); with
-        ``stop_on_lease_lost`` off runs are never stopped, and none is started."""
-        if not self.lease_settings.stop_on_lease_lost:
-            return
-        if self._horse_deadline is None:
-            self._horse_deadline = self._new_run_deadline()
-        if self._watchdog is None:
-            self._watchdog = Watchdog(self._horse_deadline, group=not isinstance(self, SimpleWorker))
-        if not self._watchdog.alive:  # killed on its own: a new one for the next run
-            self._watchdog.start()
-
-    def _run_deadline(self, lease: Lease) -> float:
-        """When the watchdog ends this lease's run (monotonic): its local deadline."""
-        return math.inf if lease.settled else lease.valid_until
 
     def check_for_suspension(self, burst: bool) -> None:
         """RQ's `rq suspend` check, run by its work loop before each take."""
@@ -251,8 +228,7 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
             wait_for_redis(self.connection, stop=lambda: bool(me._stop_requested))
             return None
         finally:
-            if self._horse_deadline is not None:
-                self._horse_deadline.clear()  # the run's process is gone: nothing to end
+            self._run_ended()
             if self.lock_manager is not None:
                 self.lock_manager.remove(job.id)
             self.job_ended()
@@ -330,11 +306,10 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
                 )
 
 
-class LeaseWorker(LeaseMixin, Worker):
+class LeaseWorker(HorseRunGuard, LeaseMixin, Worker):
     """A forking RQ worker whose jobs hold lock leases (``rq worker -w rq_emq.LeaseWorker``)."""
 
     _horse_job_id: str | None = None
-    _watched = False  # in a horse: its worker runs a watchdog
 
     def main_work_horse(self, job: Job, queue: Queue) -> None:
         # orphans of the job's processes stay this horse's, so a stop finds them
@@ -357,29 +332,17 @@ class LeaseWorker(LeaseMixin, Worker):
         # holding the GIL, cannot keep it running
         if self._horse_deadline is None:
             self._horse_deadline = self._new_run_deadline()
-        if self._watchdog is not None:
-            self._start_watchdog()
-        self._watched = self._watchdog is not None and self._watchdog.alive
         lease = self.lock_manager.get(job.id) if self.lock_manager is not None else None
         self._horse_job_id = job.id
-        self._horse_deadline.reset(lease.valid_until if lease is not None else math.inf)
+        self._horse_forking(lease.valid_until if lease is not None else math.inf)
         super().fork_work_horse(job, queue)
-        self._horse_deadline.pid = self.horse_pid
-        if self._watchdog is not None:
-            self._watchdog.poke()
+        self._horse_forked()
 
     def _on_lease_renewed(self, lease: Lease) -> None:
         if self._horse_deadline is not None and lease.job_id == self._horse_job_id:
             # once the outcome is committed the horse's remaining work (RQ enqueuing the
             # dependents, its bookkeeping) is no run of the job: nothing may recover it
             self._horse_deadline.set(self._run_deadline(lease))
-
-    def kill_horse(self, sig: signal.Signals = signal.SIGKILL) -> None:
-        """RQ's kill of the horse's group, and with SIGKILL (every stop: ours, RQ's stop
-        command, a cold stop) the horse's whole tree, its own sessions included."""
-        if sig == signal.SIGKILL and self.horse_pid:
-            kill_tree(self.horse_pid, group=True)
-        super().kill_horse(sig)  # RQ's killpg (its log line; a worker's kill is no crash)
 
     def monitor_work_horse(self, job: Job, queue: Queue, *args: Any) -> None:
         try:
@@ -405,12 +368,11 @@ class LeaseWorker(LeaseMixin, Worker):
             self.wait_for_horse()
 
 
-class SimpleLeaseWorker(LeaseMixin, SimpleWorker):
+class SimpleLeaseWorker(SimpleRunGuard, LeaseMixin, SimpleWorker):
     """A non-forking RQ worker whose jobs hold lock leases; a thread renews while jobs run."""
 
     #: Delivered to the main thread to interrupt a job whose lease was lost.
     interrupt_signal = signal.SIGUSR1
-    _watched_job_id: str | None = None
 
     def execute_job(self, job: Job, queue: Queue) -> Any:
         previous = signal.signal(self.interrupt_signal, self._interrupt_lost_job)
@@ -424,46 +386,6 @@ class SimpleLeaseWorker(LeaseMixin, SimpleWorker):
     def _stop_lost_job(self, lease: Lease) -> None:
         self._interrupt_job_id = lease.job_id
         signal.pthread_kill(threading.main_thread().ident or 0, self.interrupt_signal)
-
-    def _watch_run(self, job: Job) -> None:
-        """The run is this process: the watchdog ends it (and its descendants) at the
-        moment the self-kill below would, even if this process cannot run at all."""
-        lease = self.lock_manager.get(job.id) if self.lock_manager is not None else None
-        self._watched_job_id = job.id
-        if self._horse_deadline is not None and lease is not None:
-            self._horse_deadline.reset(self._run_deadline(lease), pid=os.getpid())
-            if self._watchdog is not None:
-                self._watchdog.poke()
-
-    def handle_execution_ended(self, job: Job, *args: Any, **kwargs: Any) -> Any:
-        # the job's own code has ended (success or failure): what follows is the outcome's
-        # fenced writes, which may wait out a blip; the self-kill spares them too
-        self._watched_job_id = None
-        if self._horse_deadline is not None:
-            self._horse_deadline.clear()
-        return super().handle_execution_ended(job, *args, **kwargs)
-
-    def _self_kill_delay_s(self) -> float:
-        settings = self.lease_settings
-        return (settings.lease_margin_ms + settings.renew_interval_ms) / 2000.0
-
-    def _run_deadline(self, lease: Lease) -> float:
-        # one check interval after the self-kill's moment: a worker whose threads run ends
-        # itself first, with the log line that names the job
-        return (
-            super()._run_deadline(lease)
-            + self._self_kill_delay_s()
-            + self.lease_settings.lease_check_interval_s
-        )
-
-    def _on_lease_renewed(self, lease: Lease) -> None:
-        if self._horse_deadline is not None and lease.job_id == self._watched_job_id:
-            self._horse_deadline.set(self._run_deadline(lease))
-
-    def _outcome_committed(self) -> None:
-        super()._outcome_committed()
-        if self._horse_deadline is not None:
-            self._horse_deadline.settle()
 
     def _on_lease_expired(self, lease: Lease) -> None:
         """Interrupt the job; if its code does not give way (stuck in C code, where no
@@ -480,14 +402,7 @@ class SimpleLeaseWorker(LeaseMixin, SimpleWorker):
 
     def _exit_if_still_running(self, job_id: str) -> None:
         if self._running_job_id == job_id:
-            logger.critical(
-                "job %s did not stop when its local lease clock ran out; ending the worker process",
-                job_id,
-                extra={"job_id": job_id},
-            )
-            logging.shutdown()
-            spare = frozenset({self._watchdog.pid}) if self._watchdog is not None else frozenset()
-            kill_tree(os.getpid(), spare=spare)  # the job's own processes too
+            self._end_this_run(job_id)
 
     def _interrupt_lost_job(self, signum: int, frame: FrameType | None) -> None:
         job_id, self._interrupt_job_id = self._interrupt_job_id, None

@@ -27,11 +27,13 @@ import mmap
 import os
 import signal
 import struct
-import tempfile
 import threading
 import time
 
-from .process_tree import kill_tree, libc
+if __package__:
+    from .process_tree import kill_tree, libc
+else:  # imported by the watchdog's own interpreter (rq_emq/watchdog.py run as a script)
+    from process_tree import kill_tree, libc  # type: ignore[no-redef]
 
 # bytes 0-7 the deadline (double), 8 settled, 16-23 the pid of the run (int64; 0: none)
 _SIZE = 24
@@ -43,26 +45,54 @@ class HorseDeadline:
     after each renewal; a thread in the horse SIGKILLs the horse once ``time.monotonic()``
     (CLOCK_MONOTONIC, one clock for every process on a host) has passed it."""
 
-    def __init__(self, path: str | None = None) -> None:
+    def __init__(self, path: str | None = None, fd: int | None = None) -> None:
         """Anonymous memory, shared with a forked horse; or, with ``path``, a file's
-        (``shared_file``), which a horse started as a new program maps too (``attach``).
+        (``shared_file``), which a horse started as a new program maps too; or, with
+        ``fd``, that file's (``in_memfd``: the worker's, which its watchdog maps).
         Bytes 0-7 hold the deadline, which the worker writes; byte 8 is set by the horse
         once its outcome has landed; bytes 16-23 the pid of the run (the horse, or a
         ``SimpleLeaseWorker`` itself), which the watchdog ends past the deadline."""
         self.path = path
-        if path is None:
+        self.fd = fd
+        if path is None and fd is None:
             self._memory = mmap.mmap(-1, _SIZE)  # MAP_SHARED | MAP_ANONYMOUS: survives the fork shared
             self.reset(math.inf)
             return
-        fd = os.open(path, os.O_RDWR)
+        opened = os.open(path, os.O_RDWR) if path is not None else fd
+        assert opened is not None
         try:
-            self._memory = mmap.mmap(fd, _SIZE)  # MAP_SHARED: every process mapping the file sees writes
+            self._memory = mmap.mmap(opened, _SIZE)  # MAP_SHARED: every process mapping the file sees writes
         finally:
-            os.close(fd)
+            if path is not None:
+                os.close(opened)
+
+    @classmethod
+    def in_memfd(cls) -> HorseDeadline:
+        """A deadline in an anonymous in-memory file (``memfd``): shared with forked horses
+        like anonymous memory, and with the worker's watchdog, a program of its own, by its
+        descriptor. Where there is no ``memfd`` (not Linux), a ``shared_file``."""
+        try:
+            fd = os.memfd_create("rq-emq-run-deadline", os.MFD_CLOEXEC)
+        except (AttributeError, OSError):
+            return cls.shared_file()
+        os.ftruncate(fd, _SIZE)
+        deadline = cls(fd=fd)
+        deadline.reset(math.inf)
+        return deadline
+
+    def open_fd(self) -> int:
+        """A new descriptor of this memory's file, to hand a program that maps it too."""
+        if self.path is not None:
+            return os.open(self.path, os.O_RDWR)
+        if self.fd is None:
+            raise ValueError("anonymous memory has no descriptor")
+        return os.dup(self.fd)
 
     @classmethod
     def shared_file(cls) -> HorseDeadline:
         """A deadline in a new file (in memory where /dev/shm exists), for a spawned horse."""
+        import tempfile  # here: the watchdog's interpreter imports this module, and never needs it
+
         where = "/dev/shm" if os.path.isdir("/dev/shm") else None
         fd, path = tempfile.mkstemp(prefix="rq-emq-horse-deadline-", dir=where)
         try:

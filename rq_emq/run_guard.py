@@ -38,7 +38,7 @@ class RunGuard:
     _run_is_horse = True
 
     def _new_run_deadline(self) -> HorseDeadline:
-        return HorseDeadline()
+        return HorseDeadline.in_memfd()  # shared with forked horses and the watchdog
 
     def _start_watchdog(self) -> None:
         """The process that ends a run past its deadline (:mod:`rq_emq.watchdog`); with

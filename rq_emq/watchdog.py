@@ -3,15 +3,17 @@ deadline, whatever the worker and the run are doing.
 
 The lease clock and the horse's fence are Python threads: a job holding the GIL in C
 code (a regex backtracking, a long NumPy call) starves them, and a SIGSTOPped worker runs
-none of its own. The watchdog is a process of its own, forked by the worker as it starts
-(before any of its threads), sharing with it the memory of
-:class:`rq_emq.horse_fence.HorseDeadline`: the run's pid, its deadline, whether its
-outcome has landed. It sleeps until the deadline (a ``sigtimedwait``, on
-``CLOCK_MONOTONIC`` as the deadline is), reads it again (a renewal moves it later), and
-once it has passed ends the run whole (:func:`rq_emq.process_tree.kill_tree`): the
-horse's group and descendants, or, for a ``SimpleLeaseWorker``, the worker process and its
-descendants. It wakes once per deadline while a run lives and never while the worker is
-idle; it holds no Redis connection (it closes every inherited descriptor).
+none of its own. The watchdog is a process of its own, started by the worker as it starts:
+this file run by a fresh interpreter (``python -I -S``: the standard library and this
+module's two neighbours, nothing of the worker's; about 5 MB of memory of its own),
+mapping the memory of :class:`rq_emq.horse_fence.HorseDeadline` that the worker hands it
+by descriptor: the run's pid, its deadline, whether its outcome has landed. It sleeps
+until the deadline (a ``sigtimedwait``, on ``CLOCK_MONOTONIC`` as the deadline is), reads
+it again (a renewal moves it later), and once it has passed ends the run whole
+(:func:`rq_emq.process_tree.kill_tree`): the horse's group and descendants, or, for a
+``SimpleLeaseWorker``, the worker process and its descendants. It wakes once per deadline
+while a run lives and never while the worker is idle; it holds no Redis connection (it
+inherits no descriptor but stdio and the memory's).
 
 It dies with its worker (``PDEATHSIG``), and as it goes it ends a forked horse whole: a
 horse whose worker runs a watchdog gets no ``PDEATHSIG`` of its own, so that the watchdog
@@ -24,17 +26,25 @@ Signals it waits for: ``POKE`` (a new run, re-read now) and ``GONE`` (its worker
 
 from __future__ import annotations
 
-import gc
 import math
 import os
 import signal
+import sys
 import time
+from typing import Any
 
-from .horse_fence import _PR_SET_PDEATHSIG, HorseDeadline
-from .process_tree import kill_tree, libc
+if __package__:
+    from .horse_fence import _PR_SET_PDEATHSIG, HorseDeadline
+    from .process_tree import kill_tree, libc
+else:  # the watchdog's own interpreter: this file as a script, its neighbours by path
+    sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+    from horse_fence import _PR_SET_PDEATHSIG, HorseDeadline  # type: ignore[no-redef]
+    from process_tree import kill_tree, libc  # type: ignore[no-redef]
 
 POKE = signal.SIGUSR2
 GONE = signal.SIGHUP
+#: blocked from the start: a poke, a hangup or a Ctrl+C in its first instants must not end it
+_BLOCKED = {POKE, GONE, signal.SIGINT, signal.SIGTERM}
 
 
 class Watchdog:
@@ -46,20 +56,25 @@ class Watchdog:
         self.deadline = deadline
         self.group = group
         self.pid = 0
+        self._process: Any = None  # its subprocess.Popen
 
     def start(self) -> None:
-        worker = os.getpid()
-        libc()  # loaded before the fork: the child needs prctl at once
-        # blocked across the fork, so that the child never dies of a poke sent early
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {POKE, GONE})
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover (runs in the child)
-            try:
-                _run(self.deadline, worker, self.group)
-            finally:
-                os._exit(0)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        self.pid = pid
+        import subprocess  # the worker's; the watchdog's own interpreter never loads it
+
+        fd = self.deadline.open_fd()
+        args = [str(fd), str(os.getpid()), "1" if self.group else "0"]
+        # the signal mask survives the exec: blocked until the watchdog waits for them
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-I", "-S", os.path.abspath(__file__), *args],
+                pass_fds=(fd,),
+                stdin=subprocess.DEVNULL,
+            )
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            os.close(fd)
+        self.pid = self._process.pid
 
     def poke(self) -> None:
         """Tell the watchdog a run began: it re-reads the shared memory now."""
@@ -71,30 +86,28 @@ class Watchdog:
 
     @property
     def alive(self) -> bool:
-        if not self.pid:
-            return False
-        try:
-            return os.waitpid(self.pid, os.WNOHANG) == (0, 0)
-        except ChildProcessError:
-            return False
+        return self._process is not None and self._process.poll() is None
 
     def stop(self) -> None:
         """As the worker stops (no run in flight any more)."""
-        if self.pid:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-                os.waitpid(self.pid, 0)
-            except (ProcessLookupError, ChildProcessError):
-                pass
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait()
+            self._process = None
             self.pid = 0
 
 
-def _run(deadline: HorseDeadline, worker: int, group: bool) -> None:
-    """The watchdog process: from the fork until its worker is gone."""
+def main(argv: list[str]) -> None:
+    """The watchdog process: ``<memory fd> <worker pid> <1: runs are horses>``."""
+    fd, worker, group = int(argv[0]), int(argv[1]), argv[2] == "1"
     for ignored in (signal.SIGINT, signal.SIGTERM):
         signal.signal(ignored, signal.SIG_IGN)
-    gc.disable()  # it allocates next to nothing; a collection would copy the worker's pages
-    os.closerange(3, _max_fd())  # the worker's Redis sockets and files are not its own
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    _run(HorseDeadline(fd=fd), worker, group)
+
+
+def _run(deadline: HorseDeadline, worker: int, group: bool) -> None:
+    """From the start until its worker is gone."""
     try:
         libc().prctl(_PR_SET_PDEATHSIG, GONE, 0, 0, 0)
     except AttributeError:
@@ -173,8 +186,5 @@ def _stat(pid: int) -> tuple[int, int]:
         return 0, 0
 
 
-def _max_fd() -> int:
-    try:
-        return int(os.sysconf("SC_OPEN_MAX"))
-    except (ValueError, OSError):
-        return 1024
+if __name__ == "__main__":
+    main(sys.argv[1:])

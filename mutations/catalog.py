@@ -23,6 +23,7 @@ OPTIONS = "tests/test_worker_options.py"
 FLEET = "tests/test_fleet_sweep.py"
 CRASH = "tests/test_recover_crashed_job.py"
 HORSE = "tests/test_horse_crash.py"
+WHOLE = "tests/test_stop_whole.py"
 
 
 @dataclass(frozen=True)
@@ -817,6 +818,103 @@ CATALOG: list[Mutation] = [
         "        return\n",
         [f"{HORSE}::test_a_horse_that_dies_without_an_outcome_costs_one_attempt_and_the_job_runs_again"],
         "RQ's failure of a recovered job is still tried (and refused by the fence)",
+    ),
+    # -- a stopped run is stopped whole (issue 21) -------------------------------------------
+    _m(
+        "watchdog_never_started",
+        "rq_emq/worker.py",
+        "self._start_watchdog()  # forked before RQ's and our threads start",
+        "pass",
+        [
+            f"{WHOLE}::test_a_job_holding_the_gil_past_its_lease_ends_before_the_job_runs_elsewhere[rq_emq.LeaseWorker]"
+        ],
+        "a frozen worker's horse in C code (GIL held, its fence thread starved) runs on beside its recovery",
+        fast=False,
+    ),
+    _m(
+        "watchdog_never_ends_a_run",
+        "rq_emq/watchdog.py",
+        "kill_tree(pid, group=group and pid != worker)",
+        "pass",
+        [
+            f"{WHOLE}::test_a_job_holding_the_gil_past_its_lease_ends_before_the_job_runs_elsewhere[rq_emq.SimpleLeaseWorker]"
+        ],
+        "a SimpleLeaseWorker job in C code starves renewals, clock and self-kill: it overlaps its recovery",
+        fast=False,
+    ),
+    _m(
+        "watchdog_outlives_its_worker",
+        "rq_emq/watchdog.py",
+        "if os.getppid() != worker:  # the worker is gone: end its run and go",
+        "if False:",
+        [
+            f"{WHOLE}::test_the_watchdog_holds_no_connection_sleeps_while_idle_and_dies_with_its_worker[rq_emq.LeaseWorker]"
+        ],
+        "a dead worker's watchdog lingers, and never ends the dead worker's horse",
+        fast=False,
+    ),
+    _m(
+        "simple_worker_run_not_watched",
+        "rq_emq/run_guard.py",
+        "self._horse_deadline.reset(me._run_deadline(lease), pid=os.getpid())",
+        "pass",
+        [
+            f"{WHOLE}::test_a_job_holding_the_gil_past_its_lease_ends_before_the_job_runs_elsewhere[rq_emq.SimpleLeaseWorker]"
+        ],
+        "the watchdog never learns of a SimpleLeaseWorker's run: a job holding the GIL outlives its lease",
+        fast=False,
+    ),
+    _m(
+        "tree_ignores_other_sessions",
+        "rq_emq/process_tree.py",
+        "for child in children_of(todo.pop()):",
+        "for child in list(children_of(todo.pop()))[:0]:",
+        [f"{WHOLE}::test_kill_tree_ends_a_process_its_group_and_descendants_in_other_sessions"],
+        "a stop ends the horse's group only: a child in a session of its own works on",
+    ),
+    _m(
+        "stop_kills_only_the_group",
+        "rq_emq/run_guard.py",
+        "kill_tree(me.horse_pid, group=True)",
+        "pass",
+        [f"{WHOLE}::test_rqs_stop_command_ends_the_jobs_child_processes[session]"],
+        "RQ's killpg alone: a job's child in a session of its own survives the stop",
+        fast=False,
+    ),
+    _m(
+        "horse_not_a_subreaper",
+        "rq_emq/worker.py",
+        "become_subreaper()",
+        "pass",
+        [f"{WHOLE}::test_rqs_stop_command_ends_the_jobs_child_processes[orphan]"],
+        "a daemonized child (its parent exited) is re-parented to init, out of any stop's reach",
+        fast=False,
+    ),
+    _m(
+        "horse_dies_with_worker_before_the_watchdog_looks",
+        "rq_emq/worker.py",
+        "if not self._watched:",
+        "if True:",
+        [f"{WHOLE}::test_a_killed_workers_run_ends_with_its_child_processes[session-rq_emq.LeaseWorker]"],
+        "PDEATHSIG ends the horse as its worker dies: its children in other sessions escape the watchdog",
+        fast=False,
+    ),
+    _m(
+        "horse_fence_ends_only_its_pid",
+        "rq_emq/horse_fence.py",
+        "kill_tree(os.getpid(), group=os.getpgrp() == os.getpid())",
+        "os.kill(os.getpid(), signal.SIGKILL)",
+        [f"{WHOLE}::test_a_horse_whose_watchdog_is_gone_still_ends_itself_whole[freeze]"],
+        "a horse fencing itself without its watchdog leaves the job's children working",
+        fast=False,
+    ),
+    _m(
+        "horse_ignores_its_workers_death",
+        "rq_emq/horse_fence.py",
+        'gone = bool(getattr(self, "_worker_pid", 0)) and os.getppid() != self._worker_pid',
+        "gone = False",
+        [f"{WHOLE}::test_a_horse_whose_watchdog_is_gone_still_ends_itself_whole[kill]"],
+        "a horse without PDEATHSIG whose worker and watchdog died runs on until its deadline",
         fast=False,
     ),
 ]

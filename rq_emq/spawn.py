@@ -9,8 +9,10 @@ environment. So the worker hands it over there, just before the spawn:
   then fenced, as a forked horse's are);
 - ``RQ_EMQ_HORSE_PARENT``: the worker's pid (the horse asks Linux to SIGKILL it when the
   worker dies, and exits at once if the worker is already gone);
-- ``RQ_EMQ_HORSE_DEADLINE``: a small file (in ``/dev/shm``) that the worker and each horse
-  map, holding the local lease deadline the horse ends itself at.
+- ``RQ_EMQ_HORSE_DEADLINE``: a small file (in ``/dev/shm``) that the worker, its watchdog
+  and each horse map, holding the local lease deadline the horse ends itself at;
+- ``RQ_EMQ_HORSE_WATCHED``: ``1`` when the worker's watchdog runs (it, not ``PDEATHSIG``,
+  ends the horse whole as the worker dies).
 
 The horse rebuilds its lease from those in :meth:`SpawnLeaseMixin.main_work_horse`, before
 RQ's code runs the job. Nothing of it is written to Redis.
@@ -36,6 +38,7 @@ from .worker import LeaseWorker
 ENV_LEASE = "RQ_EMQ_HORSE_LEASE"
 ENV_PARENT = "RQ_EMQ_HORSE_PARENT"
 ENV_DEADLINE = "RQ_EMQ_HORSE_DEADLINE"
+ENV_WATCHED = "RQ_EMQ_HORSE_WATCHED"
 
 
 class SpawnLeaseMixin:
@@ -44,16 +47,22 @@ class SpawnLeaseMixin:
 
     _horse_deadline: HorseDeadline | None
     _worker_pid: int
+    _watched: bool
+
+    def _new_run_deadline(self) -> HorseDeadline:
+        return HorseDeadline.shared_file()
 
     def fork_work_horse(self, job: Job, queue: Queue) -> None:
         me: Any = self
         if self._horse_deadline is None:
-            self._horse_deadline = HorseDeadline.shared_file()
+            self._horse_deadline = self._new_run_deadline()
         lease = me.lock_manager.get(job.id) if me.lock_manager is not None else None
+        watchdog = me._watchdog
         handed = {
             ENV_LEASE: lease.token if lease is not None else "",
             ENV_PARENT: str(os.getpid()),
             ENV_DEADLINE: self._horse_deadline.path or "",
+            ENV_WATCHED: "1" if watchdog is not None and watchdog.alive else "",
         }
         os.environ.update(handed)  # RQ's SpawnWorker hands the horse this process's environment
         try:
@@ -80,6 +89,7 @@ class SpawnLeaseMixin:
             self._worker_pid = int(os.environ[ENV_PARENT])
             path = os.environ.get(ENV_DEADLINE)
             self._horse_deadline = HorseDeadline(path) if path else None
+            self._watched = os.environ.get(ENV_WATCHED) == "1"
             self._adopt_lease(job, queue, os.environ.get(ENV_LEASE, ""))
         super().main_work_horse(job, queue)  # type: ignore[misc]
 

@@ -11,7 +11,9 @@ Operators switch with ``rq worker -w rq_emq.LeaseWorker`` (forking) or
 - finishing (success, failure, ``Retry``, stop, timeout) keeps RQ's code and is fenced
   (:mod:`rq_emq.fencing`);
 - a lost lease stops the job; a horse dies with its worker; a cold stop hands the job back;
-  a horse that dies on its own (OOM kill, segfault) is a stall, recovered at once.
+  a horse that dies on its own (OOM kill, segfault) is a stall, recovered at once;
+- every stop ends the run whole (:mod:`rq_emq.process_tree`), and a watchdog process ends a
+  run past its lease deadline whatever the worker and the run do (:mod:`rq_emq.watchdog`).
 """
 
 from __future__ import annotations
@@ -40,10 +42,12 @@ from .dequeue import DequeueMixin
 from .fencing import LeaseLost
 from .heartbeats import HeartbeatMixin
 from .horse_crash import HorseCrashMixin
-from .horse_fence import HorseDeadline, die_with_parent, libc
+from .horse_fence import die_with_parent
 from .job_writes import JobWritesMixin, LeaseJobInterrupted
 from .lease import Lease, LockManager, own_client
+from .process_tree import become_subreaper, libc
 from .registries import pin_started_entries_of, prepare_registries
+from .run_guard import HorseRunGuard, RunGuard, SimpleRunGuard
 from .settings import LeaseSettings
 from .startup import check_redis, worker_settings
 from .sweep import Sweeper
@@ -52,7 +56,7 @@ from .take import Taker
 logger = logging.getLogger("rq_emq.lease")
 
 
-class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
+class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
     """The lease behaviour shared by both worker kinds (put before the RQ worker class)."""
 
     # Settings as class attributes; None means "environment variable, else default".
@@ -95,6 +99,7 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
 
     def bootstrap(self, *args: Any, **kwargs: Any) -> None:
         check_redis(self.connection)  # before RQ registers the worker: a refusal leaves no trace
+        self._start_watchdog()  # forked before RQ's and our threads start
         try:
             super().bootstrap(*args, **kwargs)  # type: ignore[misc]
         except BLIPS as error:
@@ -177,6 +182,7 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
                     timer.stop()
             if self._taker is not None:
                 self._taker.close()
+            self._stop_watchdog()
         super().teardown()  # type: ignore[misc]
 
     def check_for_suspension(self, burst: bool) -> None:
@@ -226,6 +232,7 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
             wait_for_redis(self.connection, stop=lambda: bool(me._stop_requested))
             return None
         finally:
+            self._run_ended()
             if self.lock_manager is not None:
                 self.lock_manager.remove(job.id)
             self.job_ended()
@@ -286,36 +293,44 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin):
                 )
 
 
-class LeaseWorker(HorseCrashMixin, LeaseMixin, Worker):
+class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, Worker):
     """A forking RQ worker whose jobs hold lock leases (``rq worker -w rq_emq.LeaseWorker``);
     a horse that dies without an outcome is recovered at once (:mod:`rq_emq.horse_crash`)."""
 
-    _horse_deadline: HorseDeadline | None = None
     _horse_job_id: str | None = None
 
     def main_work_horse(self, job: Job, queue: Queue) -> None:
-        die_with_parent(self._worker_pid)
+        # orphans of the job's processes stay this horse's, so a stop finds them
+        become_subreaper()
+        if not self._watched:
+            # no watchdog to end the whole run as the worker dies: the horse alone, then
+            die_with_parent(self._worker_pid)
         if self._horse_deadline is not None and self.lease_settings.stop_on_lease_lost:
-            self._horse_deadline.guard(self.lease_settings.lease_check_interval_s)
+            self._horse_deadline.pid = os.getpid()  # the worker may be frozen before it writes it
+            self._horse_deadline.guard(
+                self.lease_settings.lease_check_interval_s, self._worker_pid if self._watched else 0
+            )
         super().main_work_horse(job, queue)
 
     def fork_work_horse(self, job: Job, queue: Queue) -> None:
         self._worker_pid = os.getpid()
         libc()
         # the horse fences itself on the local lease deadline, which it reads from memory
-        # shared with this worker: a frozen or dead worker cannot keep it running
+        # shared with this worker and its watchdog: a frozen or dead worker, or a job
+        # holding the GIL, cannot keep it running
         if self._horse_deadline is None:
-            self._horse_deadline = HorseDeadline()
+            self._horse_deadline = self._new_run_deadline()
         lease = self.lock_manager.get(job.id) if self.lock_manager is not None else None
         self._horse_job_id = job.id
-        self._horse_deadline.reset(lease.valid_until if lease is not None else math.inf)
+        self._horse_forking(lease.valid_until if lease is not None else math.inf)
         super().fork_work_horse(job, queue)
+        self._horse_forked()
 
     def _on_lease_renewed(self, lease: Lease) -> None:
         if self._horse_deadline is not None and lease.job_id == self._horse_job_id:
             # once the outcome is committed the horse's remaining work (RQ enqueuing the
             # dependents, its bookkeeping) is no run of the job: nothing may recover it
-            self._horse_deadline.set(math.inf if lease.settled else lease.valid_until)
+            self._horse_deadline.set(self._run_deadline(lease))
 
     def monitor_work_horse(self, job: Job, queue: Queue, *args: Any) -> None:
         try:
@@ -341,7 +356,7 @@ class LeaseWorker(HorseCrashMixin, LeaseMixin, Worker):
             self.wait_for_horse()
 
 
-class SimpleLeaseWorker(LeaseMixin, SimpleWorker):
+class SimpleLeaseWorker(SimpleRunGuard, LeaseMixin, SimpleWorker):
     """A non-forking RQ worker whose jobs hold lock leases; a thread renews while jobs run."""
 
     #: Delivered to the main thread to interrupt a job whose lease was lost.
@@ -350,6 +365,7 @@ class SimpleLeaseWorker(LeaseMixin, SimpleWorker):
     def execute_job(self, job: Job, queue: Queue) -> Any:
         previous = signal.signal(self.interrupt_signal, self._interrupt_lost_job)
         self._interrupt_job_id: str | None = None
+        self._watch_run(job)
         try:
             return super().execute_job(job, queue)
         finally:
@@ -366,23 +382,15 @@ class SimpleLeaseWorker(LeaseMixin, SimpleWorker):
         another worker runs the job (the sweep's grace is at least 1.25 renew intervals, so
         this exit still lands before any recovery)."""
         super()._on_lease_expired(lease)
-        settings = self.lease_settings
-        if not settings.stop_on_lease_lost:
+        if not self.lease_settings.stop_on_lease_lost:
             return
-        wait = (settings.lease_margin_ms + settings.renew_interval_ms) / 2000.0
-        timer = threading.Timer(wait, self._exit_if_still_running, args=(lease.job_id,))
+        timer = threading.Timer(self._self_kill_delay_s(), self._exit_if_still_running, args=(lease.job_id,))
         timer.daemon = True
         timer.start()
 
     def _exit_if_still_running(self, job_id: str) -> None:
         if self._running_job_id == job_id:
-            logger.critical(
-                "job %s did not stop when its local lease clock ran out; ending the worker process",
-                job_id,
-                extra={"job_id": job_id},
-            )
-            logging.shutdown()
-            os.kill(os.getpid(), signal.SIGKILL)
+            self._end_this_run(job_id)
 
     def _interrupt_lost_job(self, signum: int, frame: FrameType | None) -> None:
         job_id, self._interrupt_job_id = self._interrupt_job_id, None

@@ -113,8 +113,23 @@ class Fault:
         return self.started <= end and (self.ended is None or self.ended >= start)
 
 
+def horses(pid: int) -> list[int]:
+    """The children of worker ``pid`` that lead a process group of their own: its horse
+    (RQ puts each in its own group), not its watchdog or RQ's scheduler process (both stay
+    in the worker's group)."""
+    found = []
+    for child in children(pid):
+        try:
+            stat = Path(f"/proc/{child}/stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[2]) == child:
+            found.append(child)
+    return found
+
+
 def children(pid: int) -> list[int]:
-    """Direct children of ``pid`` (a worker's horse)."""
+    """Direct children of ``pid``."""
     try:
         text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
         return [int(p) for p in text.split()]

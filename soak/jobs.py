@@ -12,6 +12,13 @@ A run stopped before its end (killed, or fenced by its own holder) was last seen
 at its last ``alive`` line: the no-overlap check (:mod:`soak.overlap`) needs that, not
 just its start, to see a run that went on after its job began elsewhere.
 
+A run's ``body`` is what does its work: ``sleep`` (the run itself), ``child`` /
+``child_session`` (a child process it waits on, in the run's process group or in a
+session of its own, writes the run's ``alive`` lines under the run's pid: a child that
+outlives its stopped run shows as the run going on), or ``gil`` (the run spends
+``seconds`` in C code holding the GIL, then writes one ``alive`` line: a run that went on
+past a stop shows by that line and its end).
+
 ``attempt`` is the job hash's ``emq_attempts`` as the run begins (``-`` under stock RQ).
 ``rq start`` is the time the horse stamped on the job as it wrote status ``started``
 (``last_heartbeat``, taken before that write commits): a run whose start committed
@@ -22,6 +29,8 @@ The log counts runs independently of anything the workers write to Redis.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 
@@ -47,19 +56,48 @@ def _attempt(job: object) -> str:
     return raw.decode() if raw else "-"
 
 
-def work(log: str, seconds: float, outcome: str = "ok", retries: int = 0) -> str:
-    """Sleep ``seconds``; ``outcome`` ok returns, raise raises, flaky raises while the job
-    still has all of its ``retries`` left (its first run that got to the end)."""
+#: A run's child: ``alive`` lines for its run (job id, run pid) every TICK_S for a while.
+_CHILD = """
+import os, sys, time
+log, job_id, run, until = sys.argv[1], sys.argv[2], sys.argv[3], time.monotonic() + float(sys.argv[4])
+while (left := until - time.monotonic()) > 0:
+    time.sleep(min(left, float(sys.argv[5])))
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(fd, f"alive {job_id} {run} {time.time():.6f}\\n".encode())
+    os.close(fd)
+"""
+
+
+def hold_gil(seconds: float) -> None:
+    """About ``seconds`` in one C call that never lets the GIL go (``sum`` over a
+    ``range`` of small ints checks no eval breaker), sized by a short calibration."""
+    began = time.perf_counter()
+    sum(range(200_000))
+    rate = 200_000 / max(time.perf_counter() - began, 1e-6)
+    sum(range(int(seconds * rate)))
+
+
+def work(log: str, seconds: float, outcome: str = "ok", retries: int = 0, body: str = "sleep") -> str:
+    """Work ``seconds`` (``body``: see the module's docstring); ``outcome`` ok returns,
+    raise raises, flaky raises while the job still has all of its ``retries`` left (its
+    first run that got to the end)."""
     job = get_current_job()
     assert job is not None
     stamp = job.last_heartbeat.timestamp() if job.last_heartbeat is not None else 0.0
     append_line(
         log, f"start {job.id} {os.getpid()} {os.getppid()} {time.time():.6f} {_attempt(job)} {stamp:.6f}"
     )
-    until = time.monotonic() + seconds
-    while (left := until - time.monotonic()) > 0:
-        time.sleep(min(left, TICK_S))
+    if body in ("child", "child_session"):
+        args = [log, job.id, str(os.getpid()), str(seconds), str(TICK_S)]
+        subprocess.run([sys.executable, "-c", _CHILD, *args], start_new_session=body == "child_session")
+    elif body == "gil":
+        hold_gil(seconds)
         append_line(log, f"alive {job.id} {os.getpid()} {time.time():.6f}")
+    else:
+        until = time.monotonic() + seconds
+        while (left := until - time.monotonic()) > 0:
+            time.sleep(min(left, TICK_S))
+            append_line(log, f"alive {job.id} {os.getpid()} {time.time():.6f}")
     fails = outcome == "raise" or (outcome == "flaky" and job.retries_left == retries)
     append_line(log, f"end {job.id} {os.getpid()} {time.time():.6f} {'raise' if fails else 'ok'}")
     if fails:

@@ -92,6 +92,8 @@ class Planned:
     max_attempts: int | None = None
     #: the lifecycle kind (soak/README.md): plain, dependent, cancel, delete, ttl0, scheduled
     kind: str = "plain"
+    #: what does a plain job's work (soak/jobs.py): sleep, child, child_session, gil
+    body: str = "sleep"
     #: a dependent's parents (job ids), and whether it runs after a parent failed too
     parents: list[str] = field(default_factory=list)
     allow_failure: bool = False

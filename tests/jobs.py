@@ -125,3 +125,60 @@ def uninterruptible_run(log: str, seconds: float) -> str:
 
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
     return ticking_run(log, seconds)
+
+
+#: A child process that ticks into a log under its run's pid, as a job's ffmpeg or script
+#: works on: ``<tag> <run pid> <monotonic>``, tag ``child:<its own pid>``.
+_CHILD = """
+import os, sys, time
+log, run, until = sys.argv[1], sys.argv[2], time.monotonic() + float(sys.argv[3])
+if sys.argv[4] == "orphan" and os.fork():
+    os._exit(0)  # a daemon's double fork: the ticking grandchild is orphaned at once
+if sys.argv[4] != "group":
+    os.setsid()
+while time.monotonic() < until:
+    with open(log, "a") as out:
+        out.write(f"child:{os.getpid()} {run} {time.monotonic():.6f}\\n")
+    time.sleep(0.02)
+"""
+
+
+def run_with_child(log: str, seconds: float, how: str = "group", uninterruptible: bool = False) -> str:
+    """A :func:`ticking_run` that first starts a child process ticking into the same log
+    under this run's pid for ``seconds``, and waits on it as ``subprocess.run`` does. The
+    child stays in this run's process group (``how="group"``), starts a session of its own
+    (``"session"``), or is a daemon (``"orphan"``: its parent exits at once, it runs on in
+    a session of its own, and the run sleeps while it ticks). ``uninterruptible``: no
+    Python exception can interrupt the run (see :func:`uninterruptible_run`)."""
+    import signal
+    import subprocess
+    import sys
+
+    if uninterruptible:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    me = str(os.getpid())
+    with open(log, "a") as out:
+        out.write(f"start {me} {time.monotonic():.6f}\n")
+    subprocess.run([sys.executable, "-c", _CHILD, log, me, str(seconds), how])
+    if how == "orphan":
+        time.sleep(seconds)
+    return ticking_run(log, 0.0)
+
+
+def children(log: str) -> list[int]:
+    """The pids of the :func:`run_with_child` children seen in ``log``."""
+    return sorted({int(line.split()[0].split(":")[1]) for line in runs(log) if line.startswith("child:")})
+
+
+def hold_gil_first_run(log: str, letters: int) -> str:
+    """The first run spends long in C code that holds the GIL (catastrophic regex
+    backtracking: about 2**letters steps), so no other thread of its process runs; a
+    later run returns at once. Lines as :func:`ticking_run`'s."""
+    import re
+
+    first = not runs(log)
+    ticking_run(log, 0.0)
+    if first:
+        re.match(r"(a+)+$", "a" * letters + "b")
+        ticking_run(log, 0.0)
+    return "done"

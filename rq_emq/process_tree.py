@@ -1,0 +1,145 @@
+"""Ending a run whole: a process, its process group and every descendant, found in ``/proc``.
+
+A job's own processes (``subprocess.run``, a shell pipeline, ffmpeg) are part of its run:
+a stop that ends only the horse's pid leaves them working on while the job runs again
+elsewhere. RQ puts each horse in a process group of its own, which ``killpg`` ends; a
+child that starts its own session or group (``start_new_session=True``, ``setsid``) is
+not in it, so the descendants are found by their parent links in ``/proc`` too.
+
+The tree is frozen before it is killed: every process found is SIGSTOPped, and the walk
+repeats until it finds no new one, so nothing forks out of reach between the walk and
+the kill (a stopped process cannot fork). A horse is a *child subreaper*
+(:func:`become_subreaper`): a process whose parent exits (a daemonizing double fork) is
+re-parented to the horse, not to init, so it stays in the tree while the horse lives.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import signal
+from collections.abc import Callable, Iterable
+from typing import Any
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+@functools.cache
+def libc() -> Any:
+    """The C library, loaded once in the worker so that each horse need not load it."""
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+def become_subreaper() -> None:
+    """Keep this process's orphaned descendants as its children (Linux), findable by a stop."""
+    try:
+        libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except AttributeError:  # not Linux: descendants whose parent exited are out of reach
+        return
+
+
+def _parents() -> dict[int, tuple[int, int]]:
+    """Every process on the host: pid -> (parent pid, process group)."""
+    table: dict[int, tuple[int, int]] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return table
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # ended while we looked
+        table[int(name)] = (int(fields[1]), int(fields[2]))
+    return table
+
+
+def _children(pid: int) -> list[int]:
+    """``pid``'s children, from its threads' ``children`` files (``CONFIG_PROC_CHILDREN``)."""
+    found: list[int] = []
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found  # ended
+    for thread in threads:
+        try:
+            with open(f"/proc/{pid}/task/{thread}/children", "rb") as listed:
+                found += [int(child) for child in listed.read().split()]
+        except OSError:
+            continue  # the thread ended
+    return found
+
+
+#: Children can be read per process: a walk costs the tree's size, not the host's.
+_CHILDREN_FILES = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+
+
+def tree(root: int, group: bool = False) -> set[int]:
+    """``root``, its descendants and (with ``group``) the members of its process group."""
+    children_of: Callable[[int], Iterable[int]]
+    if group or not _CHILDREN_FILES:
+        table = _parents()
+        index: dict[int, list[int]] = {}
+        for pid, (parent, _) in table.items():
+            index.setdefault(parent, []).append(pid)
+        found = {root} if root in table else set()
+        if group:
+            found |= {pid for pid, (_, pgid) in table.items() if pgid == root}
+        children_of = lambda pid: index.get(pid, ())  # noqa: E731
+    else:
+        found = {root} if os.path.exists(f"/proc/{root}") else set()
+        children_of = _children
+    todo = list(found)
+    while todo:
+        for child in children_of(todo.pop()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def kill_tree(root: int, group: bool = False, spare: frozenset[int] = frozenset()) -> set[int]:
+    """SIGKILL ``root``, its descendants and (``group``: ``root`` leads a group, as a horse
+    does) its process group, frozen first; ``spare`` and the calling process are left
+    alone until the end, when a caller inside the tree (a horse fencing itself) ends too.
+    Returns the pids killed."""
+    me = os.getpid()
+    keep = spare | {me}
+    stopped: set[int] = set()
+    if group and root not in keep:
+        try:  # the group at once; the walks then need only follow parent links
+            os.killpg(root, signal.SIGSTOP)
+        except (ProcessLookupError, PermissionError):
+            pass
+    while True:
+        # its members are its descendants: a horse is a subreaper from its first instruction
+        new = (tree(root) | {root}) - stopped - keep  # root too where /proc is missing
+        if not new:
+            break
+        for pid in new:
+            _signal(pid, signal.SIGSTOP)
+        stopped |= new
+    for pid in stopped:
+        _signal(pid, signal.SIGKILL)
+    if group:
+        try:
+            os.killpg(root, signal.SIGKILL)  # a caller in the group (a horse fencing itself) ends here
+        except (ProcessLookupError, PermissionError):
+            pass
+    if root == me:
+        os.kill(me, signal.SIGKILL)
+    return stopped

@@ -1,0 +1,362 @@
+"""A stopped run is stopped whole, by something that cannot be starved (issue 21).
+
+Every way a run is ended (the lease-lost stop, the horse's self-fence, the worker's
+death, the ``SimpleLeaseWorker`` self-kill, RQ's stop command) ends the job's own child
+processes too, those that start a session of their own included; and a run whose
+threads cannot run (its worker frozen, its job holding the GIL in C code) is ended by the
+worker's watchdog process before any sweep can recover the job. Real processes, real
+signals; overlap measured by the runs' own timestamps (``jobs.run_spans``: a run's child
+ticks under the run's pid).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import rq
+from helpers import status
+from jobs import children, run_spans, runs
+from procs import Processes, pid_alive, wait_for
+from rq import Queue
+
+import rq_emq.compat
+from rq_emq.process_tree import kill_tree, tree
+from rq_emq.settings import LeaseSettings
+from soak.proxy import TcpProxy
+
+pytestmark = pytest.mark.slow
+
+# lease 1 s, renewals every 200 ms: the local deadline is 800 ms past a renewal's send,
+# the sweep recovers no sooner than 1 s + 250 ms grace past it
+LEASE = {"RQ_EMQ_LEASE_MS": "1000", "RQ_EMQ_RENEW_INTERVAL_MS": "200", "RQ_EMQ_SWEEP_INTERVAL_MS": "250"}
+SETTINGS = LeaseSettings(lease_ms=1000, renew_interval_ms=200, sweep_interval_ms=250)
+RUN_S = 4.0
+#: ~2**28 backtracking steps: several seconds in C code holding the GIL, many leases long
+GIL_LETTERS = 28
+#: where the job's child runs: in the run's process group, in a session of its own, or as
+#: a daemon whose parent exited (re-parented to the horse, a child subreaper)
+CHILDREN = pytest.mark.parametrize("how", ["group", "session", "orphan"])
+_SPAWN = rq_emq.compat.spawn_worker_class() is not None and int(rq.__version__.split(".")[0]) >= 3
+#: the forking worker and RQ 3's SpawnWorker (its horse maps the deadline from /dev/shm)
+FORKING = pytest.mark.parametrize(
+    "worker_class",
+    [
+        "rq_emq.LeaseWorker",
+        pytest.param("rq_emq.SpawnLeaseWorker", marks=pytest.mark.skipif(not _SPAWN, reason="RQ 3 only")),
+    ],
+)
+
+
+@pytest.fixture
+def proxy(redis_server: object) -> Iterator[TcpProxy]:
+    port = int(redis_server.url.rsplit(":", 1)[1].split("/")[0])  # type: ignore[attr-defined]
+    tcp = TcpProxy(port).start()
+    yield tcp
+    tcp.close()
+
+
+def _first_run(log: str) -> tuple[int, int]:
+    """(the first run's pid, its child's pid), once the child ticks."""
+    wait_for(lambda: children(log), timeout=15, what="the first run's child to tick")
+    return int(runs(log)[0].split()[1]), children(log)[0]
+
+
+def _assert_no_overlap(log: str, first_pid: int) -> float:
+    """The first run (its child included) was last seen alive before any other run
+    started; returns by how much (s)."""
+    spans = run_spans(log)
+    first_last = spans[first_pid][1]
+    later_starts = [start for pid, (start, _) in spans.items() if pid != first_pid]
+    assert later_starts, "the job was not run again"
+    assert first_last < min(later_starts), (
+        f"runs overlap by {1000 * (first_last - min(later_starts)):.0f} ms: {spans}"
+    )
+    return min(later_starts) - first_last
+
+
+def _recovered_elsewhere(r: redis.Redis, procs: Processes, redis_url: str, log: str, job_id: str) -> None:
+    procs.worker(redis_url, **LEASE)  # a healthy worker: its sweep recovers the job, then runs it
+    wait_for(lambda: len(run_spans(log)) >= 2, timeout=20, what="a second run")
+    wait_for(lambda: status(r, job_id) == "finished", timeout=20, what="the job to finish")
+
+
+def _enqueue_with_child(r: redis.Redis, log: str, how: str) -> str:
+    return str(Queue(connection=r).enqueue("jobs.run_with_child", log, RUN_S, how, job_timeout=60).id)
+
+
+@CHILDREN
+def test_a_lease_lost_stop_ends_the_jobs_child_processes(
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, proxy: TcpProxy, how: str
+) -> None:
+    log = str(tmp_path / "runs.log")
+    job_id = _enqueue_with_child(r, log, how)
+    procs.worker(proxy.url, **LEASE)
+    first, child = _first_run(log)
+    proxy.cut("reset")  # renewals fail: the worker's lease clock stops the job
+    _recovered_elsewhere(r, procs, redis_url, log, job_id)
+    _assert_no_overlap(log, first)
+    assert not pid_alive(child)
+
+
+@FORKING
+@CHILDREN
+def test_a_self_fenced_horse_ends_its_child_processes(
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, how: str, worker_class: str
+) -> None:
+    log = str(tmp_path / "runs.log")
+    job_id = _enqueue_with_child(r, log, how)
+    frozen = procs.worker(redis_url, worker_class=worker_class, **LEASE)
+    first, child = _first_run(log)
+    os.kill(frozen.pid, signal.SIGSTOP)  # the worker alone: the horse and the watchdog run on
+    try:
+        _recovered_elsewhere(r, procs, redis_url, log, job_id)
+        _assert_no_overlap(log, first)
+        assert not pid_alive(child)
+    finally:
+        os.kill(frozen.pid, signal.SIGCONT)
+
+
+@FORKING
+@CHILDREN
+def test_a_killed_workers_run_ends_with_its_child_processes(
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, how: str, worker_class: str
+) -> None:
+    log = str(tmp_path / "runs.log")
+    job_id = _enqueue_with_child(r, log, how)
+    killed = procs.worker(redis_url, worker_class=worker_class, **LEASE)
+    first, child = _first_run(log)
+    os.kill(killed.pid, signal.SIGKILL)  # the worker alone, as the OOM killer would
+    # at once, not at the lease's end: the watchdog saw its worker go
+    wait_for(
+        lambda: not pid_alive(child) and not pid_alive(first),
+        timeout=SETTINGS.lease_ms / 1000,
+        what="the run to end",
+    )
+    _recovered_elsewhere(r, procs, redis_url, log, job_id)
+    _assert_no_overlap(log, first)
+
+
+def test_a_worker_killed_with_its_horse_leaves_no_child_of_the_run(
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path
+) -> None:
+    """SIGKILL of the worker and its horse together (the soak's ``kill_group``): the
+    watchdog ends what is left of the horse's group."""
+    log = str(tmp_path / "runs.log")
+    job_id = _enqueue_with_child(r, log, "group")
+    killed = procs.worker(redis_url, **LEASE)
+    first, child = _first_run(log)
+    for pid in (killed.pid, first):
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not pid_alive(child), timeout=SETTINGS.lease_ms / 1000, what="the run's child to end")
+    _recovered_elsewhere(r, procs, redis_url, log, job_id)
+    _assert_no_overlap(log, first)
+
+
+@pytest.mark.parametrize("how", ["group", "session"])  # no subreaper: a daemon is out of reach
+def test_a_simple_workers_self_kill_ends_its_jobs_child_processes(
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, proxy: TcpProxy, how: str
+) -> None:
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("jobs.run_with_child", log, RUN_S, how, True, job_timeout=60)
+    cut_off = procs.worker(proxy.url, worker_class="rq_emq.SimpleLeaseWorker", **LEASE)
+    first, child = _first_run(log)
+    proxy.cut("reset")
+    wait_for(lambda: cut_off.poll() is not None, timeout=3, what="the worker to end itself")
+    assert cut_off.returncode == -signal.SIGKILL
+    proxy.heal()
+    _recovered_elsewhere(r, procs, redis_url, log, job.id)
+    _assert_no_overlap(log, first)
+    assert not pid_alive(child)
+
+
+@CHILDREN
+def test_rqs_stop_command_ends_the_jobs_child_processes(
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, how: str
+) -> None:
+    from rq.command import send_stop_job_command
+
+    log = str(tmp_path / "runs.log")
+    job_id = _enqueue_with_child(r, log, how)
+    procs.worker(redis_url, **LEASE)
+    first, child = _first_run(log)
+    send_stop_job_command(r, job_id)
+    wait_for(lambda: status(r, job_id) == "stopped", timeout=10, what="the job to be stopped")
+    # the kill of the whole tree is sent before RQ writes the stop
+    assert not pid_alive(child) and not pid_alive(first)
+
+
+def _death(pid: int, seen: dict[str, float]) -> threading.Thread:
+    """A thread that records (``seen["dead"]``) the first moment ``pid`` is seen gone."""
+
+    def watch() -> None:
+        while pid_alive(pid):
+            time.sleep(0.005)
+        seen["dead"] = time.monotonic()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize(
+    "worker_class",
+    [
+        "rq_emq.LeaseWorker",
+        "rq_emq.SimpleLeaseWorker",
+        pytest.param("rq_emq.SpawnLeaseWorker", marks=pytest.mark.skipif(not _SPAWN, reason="RQ 3 only")),
+    ],
+)
+def test_a_job_holding_the_gil_past_its_lease_ends_before_the_job_runs_elsewhere(
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, worker_class: str
+) -> None:
+    """No thread of the run's process can run: under a ``SimpleLeaseWorker`` neither the
+    renewals nor the lease clock nor the self-kill; under a ``LeaseWorker`` whose worker
+    is frozen, not the horse's fence. The watchdog ends it."""
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("jobs.hold_gil_first_run", log, GIL_LETTERS, job_timeout=120)
+    worker = procs.worker(redis_url, worker_class=worker_class, **LEASE)
+    wait_for(lambda: runs(log), timeout=15, what="the first run to start")
+    first = int(runs(log)[0].split()[1])
+    forking = worker_class != "rq_emq.SimpleLeaseWorker"
+    if forking:
+        os.kill(worker.pid, signal.SIGSTOP)
+    seen: dict[str, float] = {}
+    watcher = _death(first, seen)
+    try:
+        _recovered_elsewhere(r, procs, redis_url, log, job.id)
+        watcher.join(timeout=5)
+        second = min(start for pid, (start, _) in run_spans(log).items() if pid != first)
+        assert "dead" in seen and seen["dead"] < second, (seen, run_spans(log))
+        print(
+            f"{worker_class}: GIL-holding run ended {1000 * (second - seen['dead']):.0f} ms before the next"
+        )
+    finally:
+        if forking:
+            os.kill(worker.pid, signal.SIGCONT)
+
+
+def test_a_frozen_worker_and_horse_pair_is_ended_while_frozen(
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path
+) -> None:
+    """SIGSTOP of the worker and its horse (not its watchdog): the run is ended before the
+    job runs elsewhere, not as it resumes."""
+    log = str(tmp_path / "runs.log")
+    job_id = _enqueue_with_child(r, log, "group")
+    frozen = procs.worker(redis_url, **LEASE)
+    first, child = _first_run(log)
+    for pid in (frozen.pid, first, child):
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        _recovered_elsewhere(r, procs, redis_url, log, job_id)
+        second = min(start for pid, (start, _) in run_spans(log).items() if pid != first)
+        assert not pid_alive(first) and not pid_alive(child)
+        assert run_spans(log)[first][1] < second
+    finally:
+        os.kill(frozen.pid, signal.SIGCONT)
+
+
+def _watchdog_of(worker_pid: int, besides: int = 0) -> int:
+    """The worker's one child that is not its horse (``besides``) nor the horse's."""
+    horse = tree(besides) if besides else set()
+    found = [pid for pid in tree(worker_pid) - horse if pid != worker_pid]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _waiting_for_signals(pid: int) -> bool:
+    """``pid`` sleeps in ``sigwaitinfo`` / ``sigtimedwait`` (its kernel wait channel; where
+    the kernel hides it, its wake-ups stopped for a while)."""
+    try:
+        with open(f"/proc/{pid}/wchan") as wchan:
+            channel = wchan.read()
+    except OSError:
+        channel = "0"
+    if channel not in ("", "0"):
+        return "sigtimedwait" in channel
+    before = _wakeups(pid)
+    time.sleep(0.5)
+    return _wakeups(pid) == before
+
+
+def _wakeups(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status_file:
+        fields = dict(line.split(":", 1) for line in status_file)
+    return int(fields["voluntary_ctxt_switches"]) + int(fields["nonvoluntary_ctxt_switches"])
+
+
+@pytest.mark.parametrize("worker_class", ["rq_emq.LeaseWorker", "rq_emq.SimpleLeaseWorker"])
+def test_the_watchdog_holds_no_connection_sleeps_while_idle_and_dies_with_its_worker(
+    r: redis.Redis, procs: Processes, redis_url: str, worker_class: str
+) -> None:
+    worker = procs.worker(redis_url, worker_class=worker_class, **LEASE)
+    wait_for(lambda: r.smembers("rq:workers"), timeout=15, what="the worker to register")
+    watchdog = _watchdog_of(worker.pid)
+    # a program of its own: stdio and the shared memory's file, none of the worker's sockets
+    held = [os.readlink(f"/proc/{watchdog}/fd/{fd}") for fd in os.listdir(f"/proc/{watchdog}/fd")]
+    assert not [what for what in held if what.startswith("socket:")], held
+    wait_for(lambda: _waiting_for_signals(watchdog), timeout=10, what="the watchdog to start and wait")
+    before = _wakeups(watchdog)
+    time.sleep(10 * SETTINGS.renew_interval_ms / 1000)  # ten renewals of an idle worker
+    assert _wakeups(watchdog) == before
+    os.kill(worker.pid, signal.SIGKILL)
+    wait_for(lambda: not pid_alive(watchdog), timeout=2, what="the watchdog to go with its worker")
+
+
+def test_kill_tree_ends_a_process_its_group_and_descendants_in_other_sessions() -> None:
+    import subprocess
+    import sys
+
+    script = (
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True)\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "time.sleep(60)\n"
+    )
+    root = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    try:
+        wait_for(lambda: len(tree(root.pid)) == 3, timeout=10, what="the tree to start")
+        members = tree(root.pid)
+        killed = kill_tree(root.pid, group=True)
+        assert killed == members
+        root.wait(timeout=5)
+        wait_for(lambda: not any(pid_alive(pid) for pid in members), timeout=2, what="the tree to end")
+    finally:
+        if root.poll() is None:
+            root.kill()
+
+
+@pytest.mark.parametrize("fault", ["freeze", "kill"])
+def test_a_horse_whose_watchdog_is_gone_still_ends_itself_whole(
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, fault: str
+) -> None:
+    """The horse's own fence is the second line (a watchdog killed on its own): past
+    its deadline (its worker frozen) or as soon as its worker is gone (it has no
+    ``PDEATHSIG`` while a watchdog runs), it ends its group and descendants. The lease
+    here is 3 s, so a horse ended for its worker's death (checked every 50 ms) ends long
+    before its deadline (2.7 s past the last renewal) could explain it."""
+    lease = {**LEASE, "RQ_EMQ_LEASE_MS": "3000"}
+    log = str(tmp_path / "runs.log")
+    job_id = _enqueue_with_child(r, log, "group")
+    victim = procs.worker(redis_url, **lease)
+    first, child = _first_run(log)
+    os.kill(_watchdog_of(victim.pid, besides=first), signal.SIGKILL)
+    os.kill(victim.pid, signal.SIGSTOP if fault == "freeze" else signal.SIGKILL)
+    try:
+        if fault == "kill":
+            wait_for(
+                lambda: not pid_alive(child) and not pid_alive(first), timeout=1.0, what="the run to end"
+            )
+        procs.worker(redis_url, **lease)
+        wait_for(lambda: len(run_spans(log)) >= 2, timeout=20, what="a second run")
+        wait_for(lambda: status(r, job_id) == "finished", timeout=20, what="the job to finish")
+        _assert_no_overlap(log, first)
+    finally:
+        if fault == "freeze":
+            os.kill(victim.pid, signal.SIGCONT)

@@ -100,7 +100,13 @@ def test_burst_workers_alone_recover_a_killed_workers_job_and_run_it(
 
 def _signal(sig: signal.Signals, *pids: int) -> None:
     for pid in pids:
-        os.kill(pid, sig)
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            # a worker resumed first may already have ended its horse (its lease clock ran
+            # out): a process gone needs no SIGCONT. Stopping one that is gone is an error.
+            if sig != signal.SIGCONT:
+                raise
 
 
 def _paused_and_marked(

@@ -112,6 +112,9 @@ class Evidence:
     #: times an RQ scheduler process (``--with-scheduler``) quit on a Redis error, from the
     #: worker logs: RQ restarts none until its lock (61 s) lapses and a worker's maintenance runs
     scheduler_deaths: int = 0
+    #: (worker pid, job id) of each run a worker's local lease clock stopped, from its log
+    #: (:mod:`soak.selffence`): the worker's own evidence for the job's next run
+    self_fenced: list[tuple[int, str]] = field(default_factory=list)
 
 
 def save(evidence: Evidence, path: Path) -> None:
@@ -150,4 +153,5 @@ def load(path: Path) -> Evidence:
         wall=data["wall"],
         notes=data["notes"],
         scheduler_deaths=data.get("scheduler_deaths", 0),
+        self_fenced=[(int(pid), job_id) for pid, job_id in data.get("self_fenced", [])],
     )

@@ -28,6 +28,7 @@ from .faults import Fault
 from .fleet import QUEUE, Fleet, Slot
 from .jobs import read_runs, work
 from .model import Config, Evidence, Planned, save
+from .selffence import read_stops
 
 T = TypeVar("T")
 
@@ -506,5 +507,13 @@ class Soak:
             drained_in,
             notes=notes,
             scheduler_deaths=deaths,
+            self_fenced=read_stops(
+                self.dir / "workers",
+                {
+                    f"soak-w{slot.index}-{gen}": pid
+                    for slot in self.fleet.slots
+                    for gen, pid in enumerate(slot.pids, 1)
+                },
+            ),
         )
         return evidence

@@ -137,7 +137,9 @@ def test_a_renewal_against_a_stalled_redis_gives_up_within_a_renew_interval(
         began = time.monotonic()
         with pytest.raises(redis.exceptions.TimeoutError):
             manager.tick()
-        assert time.monotonic() - began < 0.2 + 0.15
+        # the socket timeout (0.2 s) ends it, before the next tick is due one renew
+        # interval later (that interval is the slack a loaded host may use)
+        assert time.monotonic() - began < settings.redis_timeout_s + settings.renew_interval_ms / 1000
     finally:
         own_server.resume()
 
@@ -169,8 +171,11 @@ def test_a_lease_whose_local_clock_runs_out_is_stopped_though_redis_never_answer
         own_server.resume()
     (job_id, at), *_ = stopped
     assert job_id == "job-1" and lease.expired
-    # at the local deadline (lease - margin past the send), well before lease + grace
-    assert sent + 0.8 <= at < sent + 0.8 + 0.1
+    # at the local deadline (lease - margin past the send), and before the lease lapses in
+    # Redis (the margin, 0.2 s, less a check interval is the slack a loaded host may use)
+    assert (
+        sent + (settings.lease_ms - settings.lease_margin_ms) / 1000 <= at < sent + settings.lease_ms / 1000
+    )
 
 
 def test_a_simple_workers_job_that_cannot_be_interrupted_ends_its_process_before_recovery(

@@ -108,20 +108,6 @@ def test_a_worker_cut_off_from_redis_stops_its_run_before_the_job_runs_elsewhere
     assert cut_off.poll() is None, procs.log(cut_off)
 
 
-def test_a_job_twenty_leases_long_runs_once_with_a_healthy_redis(
-    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path
-) -> None:
-    log = str(tmp_path / "runs.log")
-    fast = {"RQ_EMQ_LEASE_MS": "400", "RQ_EMQ_RENEW_INTERVAL_MS": "100", "RQ_EMQ_SWEEP_INTERVAL_MS": "100"}
-    job = Queue(connection=r).enqueue("jobs.ticking_run", log, 8.0, job_timeout=60)
-    worker = procs.worker(redis_url, **fast)
-    procs.worker(redis_url, **fast)  # a second worker, whose sweep would take a lapsed lease
-    wait_for(lambda: status(r, job.id) == "finished", timeout=30, what="the job to finish")
-    assert len(run_spans(log)) == 1
-    assert [line.split()[0] for line in runs(log)].count("end") == 1
-    assert "local lease clock ran out" not in procs.log(worker)
-
-
 def test_a_renewal_against_a_stalled_redis_gives_up_within_a_renew_interval(
     own_server: RedisServer,
 ) -> None:

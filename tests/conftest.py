@@ -19,6 +19,7 @@ from procs import Processes
 from redis_server import ExternalRedis, RedisServer, require_redis_server
 
 
+@pytest.hookimpl(optionalhook=True)  # (a pytest-xdist hook: no error where it is not installed)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: one test process per usable CPU, or one when REDIS_URL names a shared
     server (two processes would flush each other's data and count each other's commands)."""

@@ -4,6 +4,7 @@
     python -m mutations --fast     # the CI subset
     python -m mutations --only NAME [--only NAME ...]
     python -m mutations --list     # names, files and tests, nothing run
+    python -m mutations --fast --jobs 2   # two at a time (CI: one per core)
 
 Exits 1 when any mutation survives, 2 when the catalog no longer applies.
 """
@@ -11,6 +12,7 @@ Exits 1 when any mutation survives, 2 when the catalog no longer applies.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import sys
 import tempfile
 import time
@@ -55,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fast", action="store_true", help="only the fast subset that CI runs")
     parser.add_argument("--list", action="store_true", help="list the mutations and their tests")
     parser.add_argument("--keep", action="store_true", help="keep each scratch copy (paths on stderr)")
+    parser.add_argument(
+        "--jobs", type=int, default=1, metavar="N", help="run N mutations at a time (each in its own copy)"
+    )
     args = parser.parse_args(argv)
     mutations = _select(args)
     if args.list:
@@ -71,14 +76,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     outcomes: list[Outcome] = []
     started = time.monotonic()
-    for m in mutations:
-        try:
-            outcome = run(m, keep=args.keep)
-        except CatalogError as error:
-            print(error, file=sys.stderr)
-            return 2
-        print(f"{outcome.verdict:<8} {outcome.name} ({outcome.seconds:.1f}s)", flush=True)
-        outcomes.append(outcome)
+    # each mutation has its own scratch copy and its pytest its own private redis-server,
+    # so runs in parallel share nothing but the CPU
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = [pool.submit(run, m, args.keep) for m in mutations]
+        for future in concurrent.futures.as_completed(futures):
+            try:
+                outcome = future.result()
+            except CatalogError as error:
+                print(error, file=sys.stderr)
+                for pending in futures:
+                    pending.cancel()
+                return 2
+            print(f"{outcome.verdict:<8} {outcome.name} ({outcome.seconds:.1f}s)", flush=True)
+            outcomes.append(outcome)
+    order = {m.name: i for i, m in enumerate(mutations)}
+    outcomes.sort(key=lambda o: order[o.name])
     survivors = [o for o in outcomes if not o.killed]
     print()
     print(_table(outcomes))

@@ -530,6 +530,22 @@ CATALOG: list[Mutation] = [
         "a dead worker's job that is never recovered passes the soak",
     ),
     _m(
+        "clock_line_missing_at_the_runs_end",
+        "rq_emq/lease.py",
+        "if lease.valid_until < time.monotonic():",
+        "if False:",
+        [f"{LEASES}::test_a_run_that_ended_past_its_local_deadline_leaves_the_clock_line_in_the_log"],
+        "a horse that fenced itself first leaves no line saying why its job runs again",
+    ),
+    _m(
+        "soak_self_fence_from_any_worker",
+        "soak/selffence.py",
+        "key = (run.ppid, job_id)",
+        "key = (next((p for p, j in left if j == job_id), run.ppid), job_id)",
+        [f"{SOAK}::test_a_repeat_after_the_workers_own_lease_clock_stopped_the_run_is_a_self_fenced_stop"],
+        "a clock line logged by another worker than the earlier run's explains its repeat",
+    ),
+    _m(
         "soak_overlap_ignores_alive_lines",
         "soak/overlap.py",
         "seen = run.last_seen if run.last_seen is not None else run.started",

@@ -184,7 +184,21 @@ class LockManager(BackgroundLoop):
 
     def remove(self, job_id: str) -> Lease | None:
         with self._guard:
-            return self._leases.pop(job_id, None)
+            lease = self._leases.pop(job_id, None)
+        if lease is not None and not (lease.expired or lease.lost or lease.settled):
+            if lease.valid_until < time.monotonic():
+                # the run ended (a horse that fenced itself on the same deadline) before
+                # check_expiry saw the clock run out: the same one line, so that whoever
+                # reads the log (the soak) sees why the job may run again
+                logger.warning(
+                    "job %s on queue %s: local lease clock ran out (no renewal landed for %d ms) "
+                    "by the end of its run",
+                    lease.job_id,
+                    lease.queue,
+                    self.lease_ms - self.margin_ms,
+                    extra={"job_id": lease.job_id, "queue": lease.queue},
+                )
+        return lease
 
     def held(self) -> list[Lease]:
         with self._guard:

@@ -25,6 +25,10 @@ from pathlib import Path
 import redis
 
 
+class PortTaken(Exception):
+    """The port was taken by another process between choosing it and binding it."""
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -66,6 +70,7 @@ class RedisServer:
         tls: bool = False,
         appendonly: bool = False,
     ) -> None:
+        self._chose_port = port is None
         self.port = port or free_port()
         self.extra_args = extra_args
         self.tls = tls
@@ -128,21 +133,38 @@ class RedisServer:
             str(self.dir / "redis.log"),
             *self.extra_args,
         ]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.wait_ready()
-        return self
+        # free_port() releases the port before redis-server binds it: another process (a
+        # parallel test run) may take it first. Then this server exits and the port
+        # answers for someone else's, so a chosen port is tried again with a new one.
+        for _ in range(5 if self._chose_port else 1):
+            self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                self.wait_ready()
+                self._chose_port = False  # a restart keeps its port: clients know it
+                return self
+            except PortTaken:
+                self.port = free_port()
+                args[args.index("--tls-port" if self.tls else "--port") + 1] = str(self.port)
+        raise RuntimeError(f"redis-server: port {self.port} is taken ({self.dir / 'redis.log'})")
 
     def wait_ready(self, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                redis.Redis.from_url(self.url, socket_timeout=0.5).ping()
-                return
+                client = redis.Redis.from_url(self.url, socket_timeout=0.5)
+                client.ping()  # (a server loading its AOF refuses it: not ready yet)
+                pid = client.info("server").get("process_id")
+                if self.process is None or pid == self.process.pid:
+                    return
+                # another server owns the port: ours exits (address in use)
+                self.process.wait(timeout=timeout)
+                raise PortTaken(self.port)
             except redis.exceptions.ConnectionError:
                 if self.process is not None and self.process.poll() is not None:
-                    raise RuntimeError(
-                        f"redis-server exited: {(self.dir / 'redis.log').read_text()}"
-                    ) from None
+                    log = (self.dir / "redis.log").read_text()
+                    if "Address already in use" in log:
+                        raise PortTaken(self.port) from None
+                    raise RuntimeError(f"redis-server exited: {log}") from None
                 time.sleep(0.02)
         raise TimeoutError(f"redis-server on port {self.port} did not start")
 

@@ -113,7 +113,11 @@ def table(ev: Evidence, v: Verdict) -> str:
         ("wrong outcome", c["wrong_outcome"]),
         ("duplicates (repeated runs no fault explains)", c["duplicates"]),
         ("overlapping runs / longest overlap ms", f"{c['overlapping_runs']} / {c['longest_overlap_ms']}"),
-        ("repeated runs, explained by a fault", c["repeated_runs"] - c["duplicates"]),
+        (
+            "repeated runs, explained by a fault / by a self-fenced stop (the worker's log)",
+            f"{c['repeated_runs'] - c['duplicates'] - c.get('self_fenced_stops', 0)} / "
+            f"{c.get('self_fenced_stops', 0)}",
+        ),
         ("queued twice", f"{c['queued_twice']} (in {c['queue_samples']} samples)"),
         (
             "runs / takes / takes that never started / stale runs",

@@ -22,6 +22,9 @@ Invariants (``--worker lease`` fails on any violation; ``--worker stock`` only c
    raised (RQ's ``Retry``) or was hit by a fault that legitimately repeats work: its
    worker or horse killed, stopped or cut off past the grace. Short stops and cuts,
    ``CLIENT KILL`` and Redis restarts (shorter than the grace) must never repeat a run.
+   A repeat with no such fault is a *self-fenced stop* when the earlier run's worker logged
+   that its local lease clock stopped that job (renewals that timed out: a Redis-wide stall,
+   fsync latency, a starved host; :mod:`soak.selffence`); with neither, it is a duplicate.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Any
 from .faults import CRASH_EXCUSED, CRASHING, HELD, LAPSING, REPEAT_EXCUSED, Fault
 from .jobs import Run
 from .overlap import by_kind, overlaps
+from .selffence import fenced_runs
 
 #: Kinds that kill a horse alone: under a lease worker, its worker fails the job at max attempts.
 HORSE_KILLS = {"kill_horse", "oom_horse"}
@@ -231,13 +235,17 @@ def evaluate(ev: Any) -> Verdict:
     v.counts["crashes"] = len(crashes)
 
     # 5: repeats; the baseline's "duplicates" are the unexplained ones
-    repeats, unexplained = 0, 0
+    repeats, unexplained, self_fenced = 0, 0, 0
+    ev.fenced_runs = fenced_runs(ev.runs, getattr(ev, "self_fenced", []))
     for job_id, runs in ev.runs.items():
         for run, following in zip(runs, runs[1:], strict=False):
             if run.outcome == "raise":
                 continue  # RQ's Retry
             repeats += 1
             if _excused(run, following.started, faults) is None and not _stale(following, faults):
+                if (job_id, run.started) in ev.fenced_runs:
+                    self_fenced += 1
+                    continue
                 unexplained += 1
                 v.violations.append(
                     f"{job_id}: ran again at {following.started:.3f} after a run by pid {run.pid} "
@@ -245,6 +253,7 @@ def evaluate(ev: Any) -> Verdict:
                 )
     v.counts["repeated_runs"] = repeats
     v.counts["duplicates"] = unexplained
+    v.counts["self_fenced_stops"] = self_fenced
     v.counts["runs"] = sum(len(r) for r in ev.runs.values())
     unknown = set(ev.runs) - set(ev.jobs)
     v.violations += [f"{j}: ran, but the soak never enqueued it" for j in sorted(unknown)]
@@ -506,14 +515,20 @@ def _began(run: Run) -> float:
     return run.rq_started if run.rq_started is not None else run.started
 
 
-def _unexplained_repeats(runs: list[Run], faults: list[Fault]) -> list[Run]:
-    """Runs that followed a run that neither raised (Retry) nor was hit by a fault."""
+def _unexplained_repeats(
+    runs: list[Run],
+    faults: list[Fault],
+    fenced: set[tuple[str, float]] | frozenset[tuple[str, float]] = frozenset(),
+) -> list[Run]:
+    """Runs that followed a run that neither raised (Retry), nor was hit by a fault, nor
+    was stopped by its worker's local lease clock (``fenced``, :mod:`soak.selffence`)."""
     return [
         following
         for run, following in zip(runs, runs[1:], strict=False)
         if run.outcome != "raise"
         and _excused(run, following.started, faults) is None
         and not _stale(following, faults)
+        and (run.job_id, run.started) not in fenced
     ]
 
 
@@ -579,7 +594,7 @@ def _check_dependent(job_id: str, planned: Any, state: dict[str, Any], ev: Any) 
             problems.append(f"ran although its parents ended {ended} (allow_failure {planned.allow_failure})")
         problems += [
             f"ran again at {r.started:.3f}, no fault explains it"
-            for r in _unexplained_repeats(runs, ev.faults)
+            for r in _unexplained_repeats(runs, ev.faults, getattr(ev, "fenced_runs", frozenset()))
         ]
     elif met:
         problems.append(f"never ran, though its parents ended ({', '.join(filter(None, parents.values()))})")
@@ -604,7 +619,8 @@ def _check_scheduled(job_id: str, planned: Any, state: dict[str, Any], ev: Any) 
     ):
         problems.append(f"started at {_began(runs[0]):.3f}, before it was due at {planned.scheduled_for:.3f}")
     problems += [
-        f"ran again at {r.started:.3f}, no fault explains it" for r in _unexplained_repeats(runs, ev.faults)
+        f"ran again at {r.started:.3f}, no fault explains it"
+        for r in _unexplained_repeats(runs, ev.faults, getattr(ev, "fenced_runs", frozenset()))
     ]
     return problems
 

@@ -129,6 +129,9 @@ class Evidence:
     stock_workers: list[int] = field(default_factory=list)
     #: stock ``rq info`` calls made beside the fleet, and how many failed to run
     rq_info_calls: int = 0
+    #: (worker pid, job id) of each run a worker's local lease clock stopped, from its log
+    #: (:mod:`soak.selffence`): the worker's own evidence for the job's next run
+    self_fenced: list[tuple[int, str]] = field(default_factory=list)
 
 
 def save(evidence: Evidence, path: Path) -> None:
@@ -169,4 +172,5 @@ def load(path: Path) -> Evidence:
         scheduler_deaths=data.get("scheduler_deaths", 0),
         stock_workers=data.get("stock_workers", []),
         rq_info_calls=data.get("rq_info_calls", 0),
+        self_fenced=[(int(pid), job_id) for pid, job_id in data.get("self_fenced", [])],
     )

@@ -30,6 +30,7 @@ from .faults import Fault
 from .fleet import QUEUE, RQ_BIN, Fleet, Slot
 from .jobs import read_runs, work
 from .model import Config, Evidence, Planned, save
+from .selffence import read_stops
 
 T = TypeVar("T")
 
@@ -426,11 +427,16 @@ class Soak:
             pipe.hget(f"rq:job:{job_id}", "status")
         raw = pipe.execute()
         outbox = self.client.zcard(QueueKeys(QUEUE).outbox)
+        # a job canceled or deleted while it ran is settled for the producer at once, but
+        # the run begun before may go on (and longer on a loaded host): its lease is
+        # released when that run ends, which the checks then expect
+        leased = {v.decode() for v in self.client.zrange(QueueKeys(QUEUE).leases, 0, -1)}
         status = {j: (s.decode() if s is not None else None) for j, s in zip(ids, raw, strict=True)}
         settled = sum(
             1
             for j in ids
             if lifecycle.settled(self.jobs[j], status[j], [status.get(p) for p in self.jobs[j].parents])
+            and not (self.jobs[j].kind in ("cancel", "delete") and j in leased)
         )
         return settled == len(ids) and outbox == 0, settled
 
@@ -571,5 +577,13 @@ class Soak:
             scheduler_deaths=deaths,
             stock_workers=[pid for slot in self.fleet.neighbours for pid in slot.pids],
             rq_info_calls=self.rq_info_calls,
+            self_fenced=read_stops(
+                self.dir / "workers",
+                {
+                    f"soak-{'s' if slot.kind == 'stock' else 'w'}{slot.index}-{gen}": pid
+                    for slot in self.fleet.slots
+                    for gen, pid in enumerate(slot.pids, 1)
+                },
+            ),
         )
         return evidence

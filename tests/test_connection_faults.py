@@ -155,28 +155,33 @@ def test_a_failure_whose_outcome_meets_a_blip_is_written_once_not_dropped(
     assert "failed to persist" not in procs.log(worker)  # RQ's swallowed traceback, hidden
 
 
-@pytest.mark.parametrize("queues", [("default",), ("high", "default", "low")])
-def test_an_idle_worker_lives_through_a_redis_restart_and_takes_the_next_job(
-    own_server: object, procs: Processes, tmp_path: Path, queues: tuple[str, ...]
+def test_idle_workers_on_one_queue_and_on_several_live_through_redis_restarts_and_take_the_next_job(
+    own_server: object, procs: Processes, tmp_path: Path
 ) -> None:
-    """An idle `rq worker` (one queue: RQ's BLMOVE; several: the take's polling) whose
-    Redis is SIGKILLed and restarted empty (no scripts, no worker registration) waits for
-    it wherever its loop is (the dequeue, the `rq suspend` check, the maintenance: each
-    ended `rq worker` once, found by the soak), and then takes and finishes the next job."""
+    """Idle `rq worker`s (one queue: RQ's BLMOVE; several: the take's polling) whose
+    Redis is SIGKILLed and restarted empty (no scripts, no worker registration) wait for
+    it wherever their loop is (the dequeue, the `rq suspend` check, the maintenance: each
+    ended `rq worker` once, found by the soak), and then take and finish the next job.
+    (One test for both queue layouts, on one server: it was one per layout.)"""
     url = own_server.url  # type: ignore[attr-defined]
-    worker = procs.worker(url, *queues, name="restart-worker", **STEADY)
+    layouts = {"one-queue": ("solo",), "several-queues": ("high", "default", "low")}
+    workers = {name: procs.worker(url, *queues, name=name, **STEADY) for name, queues in layouts.items()}
     client = redis.Redis.from_url(url)
-    wait_for(lambda: client.scard("rq:workers") == 1, timeout=30, what="the worker to register")
+    wait_for(lambda: client.scard("rq:workers") == 2, timeout=30, what="the workers to register")
     for down_s in (1.2, 0.3, 2.5):  # different points of the idle loop meet the restart
         own_server.kill()  # type: ignore[attr-defined]
         time.sleep(down_s)
         own_server.restart()  # type: ignore[attr-defined]
         time.sleep(0.5)
-        assert worker.poll() is None, procs.log(worker)
+        for worker in workers.values():
+            assert worker.poll() is None, procs.log(worker)
     client = redis.Redis.from_url(url)
-    log = str(tmp_path / "runs.log")
-    job = Queue(queues[-1], connection=client).enqueue("jobs.sleep_and_record", log, 0.1, job_timeout=30)
-    wait_for(lambda: status(client, job.id) == "finished", timeout=60, what="the job to finish")
-    assert [line.split()[0] for line in runs(log)] == ["start", "end"]
-    assert worker.poll() is None, procs.log(worker)
-    assert "unhandled exception" not in procs.log(worker).lower()
+    for name, queues in layouts.items():
+        log = str(tmp_path / f"runs-{name}.log")
+        job = Queue(queues[-1], connection=client).enqueue("jobs.sleep_and_record", log, 0.1, job_timeout=30)
+        wait_for(lambda job=job: status(client, job.id) == "finished", timeout=60, what=f"{name}'s job")
+        assert [line.split()[0] for line in runs(log)] == ["start", "end"]
+        assert client.hget(f"rq:job:{job.id}", "worker_name") == name.encode()
+    for worker in workers.values():
+        assert worker.poll() is None, procs.log(worker)
+        assert "unhandled exception" not in procs.log(worker).lower()

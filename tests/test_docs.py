@@ -37,7 +37,8 @@ def test_the_demo_line_installs_from_the_checkout_and_runs_the_crash_demo() -> N
 def test_the_test_line_installs_its_own_test_tools_and_runs_the_whole_suite() -> None:
     line = quickstart("test")
     assert line.startswith("python3 -m venv .venv && .venv/bin/pip install -q -e ")
-    assert line.endswith(" && .venv/bin/python -m pytest -q")  # the real command, no subset
+    # the real command, no subset: one test process per CPU (tests/conftest.py)
+    assert line.endswith(" && .venv/bin/python -m pytest -q -n auto")
     assert "test" in extras(line) and "integrations" in extras(line)
 
 
@@ -52,8 +53,12 @@ def test_each_quickstart_install_brings_a_redis_server(name: str) -> None:
 
 def test_ci_runs_both_quickstart_lines_before_the_matrix() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "<!-- quickstart:$1 -->" in ci and "for name in demo test; do" in ci
-    assert ci.index('run_quickstart "$name"') < ci.index('for spec in "${RQ_LINES[@]}"')
+    assert "<!-- quickstart:$1 -->" in ci
+    demo, test = (
+        ci.index("stage quickstart-demo run_quickstart demo"),
+        ci.index("stage quickstart-test run_quickstart test"),
+    )
+    assert demo < test < ci.index('stage tests-rq2-newest suite "${RQ_LINES[1]}"')
 
 
 def test_the_readme_is_read_in_minutes() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import statistics
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -77,22 +78,37 @@ def settle(r: redis.Redis, quiet_s: float = 0.5, timeout: float = 20.0) -> None:
 OWN = ("cmdstat_info", "cmdstat_client|list", "cmdstat_hstrlen")
 
 
-def per_job(r: redis.Redis, all_idle: Callable[[], bool], jobs: int) -> dict[str, float]:
+def per_job_samples(r: redis.Redis, all_idle: Callable[[], bool], jobs: int) -> list[dict[str, int]]:
     """Trickle ``jobs`` no-op jobs into the last queue, one at a time, every worker idle
-    before each push: Redis calls per job by command (INFO commandstats, so the commands
-    run inside scripts too), the producer's enqueue included."""
+    before each push: Redis calls of each job by command (INFO commandstats, so the
+    commands run inside scripts too), the producer's enqueue included."""
     queue = Queue(QUEUES[-1], connection=r)
 
     def calls() -> dict[str, int]:
         return {k: int(v["calls"]) for k, v in r.info("commandstats").items() if k not in OWN}
 
-    before = calls()
+    samples, before = [], calls()
     for _ in range(jobs):
         job = queue.enqueue("jobs.add", 1, 2)
         wait_for(lambda key=job.key: r.hstrlen(key, "status") == len("finished"), 20, what="job finished")
         wait_for(all_idle, timeout=20, what="every worker idle again")
-    after = calls()
-    return {k: (after[k] - before.get(k, 0)) / jobs for k in after}
+        after = calls()
+        samples.append({k: after[k] - before.get(k, 0) for k in after})
+        before = after
+    return samples
+
+
+def per_job(r: redis.Redis, all_idle: Callable[[], bool], jobs: int) -> dict[str, float]:
+    """Redis calls per job by command, the mean of ``jobs`` jobs (:func:`per_job_samples`)."""
+    samples = per_job_samples(r, all_idle, jobs)
+    return {k: sum(s.get(k, 0) for s in samples) / jobs for k in samples[-1]}
+
+
+def median_job(r: redis.Redis, all_idle: Callable[[], bool], jobs: int) -> float:
+    """Redis calls of the median job of ``jobs``: a one-off burst (a new worker's start-up
+    round still landing after the fleet settled, on a loaded host) moves one job's count,
+    not the median."""
+    return float(statistics.median(sum(s.values()) for s in per_job_samples(r, all_idle, jobs)))
 
 
 def lua_calls(counts: dict[str, float]) -> float:
@@ -121,15 +137,17 @@ def test_redis_commands_per_job_on_three_queues_stay_within_a_tenth_of_stock_rqs
     """A count, not a time. Our wait costs three BLMOVE and two CLIENT UNBLOCK per job on
     three queues where stock RQ's costs one BLPOP (a BLPOP pops without a trace); the
     take, the fenced start and finish and the skipped repeats of RQ's heartbeats pay for
-    that. Measured when written (RQ 3): stock 65, ours 69.0 at N=2 and N=12."""
+    that. Measured when written (RQ 3): stock 65, ours 69.0 at N=2 and N=12. The median
+    job's count, which one late start-up round cannot move (the mean over 20 jobs was
+    70.3 at N=12 in a CI run on a loaded host, against 69.0 on a quiet one)."""
     url = own_server.url
     r = redis.Redis.from_url(url)
-    stock = per_job(r, start_fleet(procs, url, r, 2, worker_class="rq.Worker"), 20)
+    stock = median_job(r, start_fleet(procs, url, r, 2, worker_class="rq.Worker"), 20)
     procs.stop_all()
     wait_for(lambda: blocked_clients(r, "blpop", "blmove") == 0, timeout=10, what="stock workers gone")
     r.flushdb()
-    ours = {n: per_job(r, start_fleet(procs, url, r, n, **QUIET), 20) for n in (2, 12)}
-    totals = {"stock": sum(stock.values()), **{f"ours N={n}": sum(c.values()) for n, c in ours.items()}}
+    ours = {n: median_job(r, start_fleet(procs, url, r, n, **QUIET), 20) for n in (2, 12)}
+    totals = {"stock": stock, **{f"ours N={n}": c for n, c in ours.items()}}
     print(f"Redis commands per job: {totals}")
     # RQ 2's stock worker sends fewer commands of its own (61 on 2.12, 63 on 2.0), so our
     # fixed cost weighs more there: 69.1 and 71.1 measured (docs/fleet.md)
@@ -161,10 +179,14 @@ def test_two_jobs_won_at_once_by_one_worker_go_one_to_it_and_one_back_to_the_fle
     wait_for(lambda: blocked_waits(r) == 9, timeout=60, what="three idle workers")
     slow, other = push_together(r, [("q0", "time.sleep", (3.0,)), ("q1", "jobs.add", (1, 1))])
     # the first worker to wait won both; the q1 job, handed back, is run by another worker
-    # while the q0 job still runs
-    wait_status(r, other.id, "finished", timeout=2.5)
-    assert status(r, slow.id) == "started"
+    # while the q0 job still runs (kept, it would wait behind the 3 s sleep): told apart
+    # by who ran each and the order they ended, not by a wall-clock bound a loaded host
+    # may miss
+    wait_status(r, other.id, "finished", timeout=20)
     wait_status(r, slow.id, "finished", timeout=20)
+    slow, other = (Job.fetch(job.id, connection=r) for job in (slow, other))
+    assert other.worker_name != slow.worker_name, (other.worker_name, slow.worker_name)
+    assert other.ended_at < slow.ended_at, (other.ended_at, slow.ended_at)
     assert intermediates(r) == dict.fromkeys(QUEUES, 0)
 
 

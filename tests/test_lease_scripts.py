@@ -301,6 +301,22 @@ def test_a_lease_found_lost_is_not_renewed_or_reported_again(r: redis.Redis) -> 
     assert int(r.hget(QueueKeys("q").stats, "lease_lost")) == 1
 
 
+def test_a_run_that_ended_past_its_local_deadline_leaves_the_clock_line_in_the_log(
+    r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A horse fences itself on the same local deadline as its worker's clock check, and
+    may win: its worker then ends the run before check_expiry ran. The worker still says,
+    in the same one line, that the lease clock ran out (the soak explains the job's next
+    run by it). A run that ended within its deadline says nothing."""
+    m = manager(r, [])
+    m.add(Lease("q", "late", "t1", valid_until=time.monotonic() - 0.001))
+    m.add(Lease("q", "in-time", "t2", valid_until=time.monotonic() + 60))
+    with caplog.at_level(logging.WARNING, logger="rq_emq.lease"):
+        assert m.remove("late") is not None and m.remove("in-time") is not None
+    lines = [rec.getMessage() for rec in caplog.records]
+    assert len(lines) == 1 and lines[0].startswith("job late on queue q: local lease clock ran out"), lines
+
+
 # -- hand back (a cold stop) --------------------------------------------------------------------
 def test_a_hand_back_refunds_the_attempt_and_puts_the_job_first(r: redis.Redis) -> None:
     job, lease = _leased(r)

@@ -38,9 +38,12 @@ def starts(log: str) -> list[int]:
 BOUND = {"RQ_EMQ_LEASE_MS": "400", "RQ_EMQ_RENEW_INTERVAL_MS": "60", "RQ_EMQ_SWEEP_INTERVAL_MS": "200"}
 BOUND_LEASE_S = int(BOUND["RQ_EMQ_LEASE_MS"]) / 1000
 BOUND_SWEEP_S = int(BOUND["RQ_EMQ_SWEEP_INTERVAL_MS"]) / 1000
-#: What a busy 2-core machine may add (process scheduling, this test's 5 ms polling): less
-#: than a grace (0.16 s), so a grace much longer than promised fails the test.
-SCHEDULING_SLACK_S = 0.15
+#: What a loaded 2-core machine may add (process scheduling of the sweeping worker, this
+#: test's 5 ms polling; CI's stress check runs beside two CPU burners): two graces (the
+#: grace is 0.8 sweep interval, 0.16 s). A grace four times longer than promised adds three
+#: graces, so it still fails the test by a grace (the grace_four_times_longer mutation).
+GRACE_S = 0.8 * BOUND_SWEEP_S
+SCHEDULING_SLACK_S = 2 * GRACE_S
 
 
 def test_a_killed_workers_job_is_back_within_lease_plus_two_sweeps_and_finished_by_the_survivor(
@@ -100,7 +103,13 @@ def test_burst_workers_alone_recover_a_killed_workers_job_and_run_it(
 
 def _signal(sig: signal.Signals, *pids: int) -> None:
     for pid in pids:
-        os.kill(pid, sig)
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            # a worker resumed first may already have ended its horse (its lease clock ran
+            # out): a process gone needs no SIGCONT. Stopping one that is gone is an error.
+            if sig != signal.SIGCONT:
+                raise
 
 
 def _paused_and_marked(

@@ -9,6 +9,7 @@ from soak.checks import evaluate
 from soak.faults import Fault
 from soak.jobs import Run, read_runs
 from soak.model import Config, Evidence, Planned
+from soak.selffence import read_stops
 
 WORKER, HORSE, OTHER_WORKER, OTHER_HORSE = 100, 101, 200, 201
 
@@ -698,3 +699,58 @@ def test_a_stock_neighbours_run_counts_no_lease_attempt() -> None:
     ev.stock_workers = [OTHER_WORKER]
     verdict = evaluate(ev)
     assert verdict.passed, verdict.violations
+
+
+def test_a_repeat_after_the_workers_own_lease_clock_stopped_the_run_is_a_self_fenced_stop() -> None:
+    """Renewals that time out together (a Redis-wide stall, fsync latency, a starved host)
+    hit no worker the soak faulted: the holder's local lease clock stops the run and its
+    log says so. That repeat is counted as a self-fenced stop; the same repeat without
+    the line, or with a line from another worker or about another job, is a duplicate."""
+    runs = [run(1, 1.0), run(2, 5.0, 6.0, "ok", pid=OTHER_HORSE, ppid=OTHER_WORKER)]
+
+    def judged(stops: list[tuple[int, str]]) -> Any:
+        ev = evidence(runs)
+        ev.self_fenced = stops
+        return evaluate(ev)
+
+    fenced = judged([(WORKER, "j")])
+    assert fenced.passed, fenced.violations
+    assert fenced.counts["self_fenced_stops"] == 1 and fenced.counts["duplicates"] == 0
+    for stops in ([], [(OTHER_WORKER, "j")], [(WORKER, "other-job")]):
+        verdict = judged(stops)
+        assert not verdict.passed and verdict.counts["duplicates"] == 1, stops
+        assert verdict.counts["self_fenced_stops"] == 0
+
+
+def test_a_self_fenced_stop_excuses_no_overlap_and_one_line_explains_one_repeat() -> None:
+    # the stopped run wrote its end after the next run began: an overlap, whatever the log says
+    overlapping = [run(1, 1.0, 5.5, "ok"), run(2, 5.0, 6.0, "ok", pid=OTHER_HORSE, ppid=OTHER_WORKER)]
+    ev = evidence(overlapping)
+    ev.self_fenced = [(WORKER, "j")]
+    verdict = evaluate(ev)
+    assert not verdict.passed and verdict.counts["overlapping_runs"] == 1
+    # two repeats after runs by the same worker, one line: one of them is still a duplicate
+    twice = [
+        run(1, 1.0),
+        run(2, 3.0, pid=HORSE + 1),
+        run(3, 5.0, 6.0, "ok", pid=OTHER_HORSE, ppid=OTHER_WORKER),
+    ]
+    ev = evidence(twice)
+    ev.self_fenced = [(WORKER, "j")]
+    verdict = evaluate(ev)
+    assert verdict.counts["self_fenced_stops"] == 1 and verdict.counts["duplicates"] == 1
+
+
+def test_self_fenced_stops_are_read_from_each_worker_processs_log(tmp_path: Any) -> None:
+    (tmp_path / "soak-w0-1.log").write_text(
+        "12:00:01 Worker soak-w0-1 started\n"
+        "12:00:05 job j1 on queue soak: local lease clock ran out (no renewal landed for 1250 ms); "
+        "stopping it\n"
+    )
+    (tmp_path / "soak-w0-2.log").write_text(
+        "job j2 on queue soak: local lease clock ran out (no renewal landed for 1250 ms) "
+        "by the end of its run\n"
+        "job j3 on queue soak: stopping it, its lease is lost\n"
+    )
+    stops = read_stops(tmp_path, {"soak-w0-1": WORKER, "soak-w0-2": OTHER_WORKER, "soak-w1-1": 7})
+    assert stops == [(WORKER, "j1"), (OTHER_WORKER, "j2")]

@@ -361,3 +361,18 @@ def test_a_horse_whose_watchdog_is_gone_still_ends_itself_whole(
     finally:
         if fault == "freeze":
             os.kill(victim.pid, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("worker_class", ["rq_emq.LeaseWorker", "rq_emq.SimpleLeaseWorker"])
+def test_a_watchdog_killed_on_its_own_is_started_again_for_the_next_job(
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, worker_class: str
+) -> None:
+    worker = procs.worker(redis_url, worker_class=worker_class, **LEASE)
+    wait_for(lambda: r.smembers("rq:workers"), timeout=15, what="the worker to register")
+    first = _watchdog_of(worker.pid)
+    os.kill(first, signal.SIGKILL)
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("jobs.ticking_run", log, 0.1)
+    wait_for(lambda: status(r, job.id) == "finished", timeout=15, what="the job to finish")
+    again = [pid for pid in tree(worker.pid) if pid not in (worker.pid, first)]
+    assert len(again) == 1 and pid_alive(again[0]), again

@@ -851,7 +851,7 @@ CATALOG: list[Mutation] = [
         "watchdog_never_ends_a_run",
         "rq_emq/watchdog.py",
         "kill_tree(pid, group=group and pid != worker)",
-        "pass",
+        "set()",
         [
             f"{WHOLE}::test_a_job_holding_the_gil_past_its_lease_ends_before_the_job_runs_elsewhere[rq_emq.SimpleLeaseWorker]"
         ],
@@ -911,7 +911,7 @@ CATALOG: list[Mutation] = [
         "rq_emq/worker.py",
         "if not self._watched:",
         "if True:",
-        [f"{WHOLE}::test_a_killed_workers_run_ends_with_its_child_processes[session-rq_emq.LeaseWorker]"],
+        [f"{WHOLE}::test_a_horse_whose_watchdog_is_gone_still_ends_itself_whole[kill]"],
         "PDEATHSIG ends the horse as its worker dies: its children in other sessions escape the watchdog",
         fast=False,
     ),

@@ -44,8 +44,8 @@ class RunGuard:
         """The process that ends a run past its deadline (:mod:`rq_emq.watchdog`); with
         ``stop_on_lease_lost`` off runs are never stopped, and none is started."""
         me: Any = self
-        if not me.lease_settings.stop_on_lease_lost:
-            return
+        if not me.lease_settings.stop_on_lease_lost or not hasattr(signal, "sigtimedwait"):
+            return  # never stopped, or not Linux (the horse's thread fences it alone there)
         if self._horse_deadline is None:
             self._horse_deadline = self._new_run_deadline()
         if self._watchdog is None:
@@ -123,6 +123,8 @@ class SimpleRunGuard:
         """The watchdog ends this process (and its descendants) one check interval after
         the self-kill's moment, even if no thread of it can run at all."""
         me: Any = self
+        if self._watchdog is not None:
+            me._start_watchdog()  # again, if it was killed on its own
         lease = me.lock_manager.get(job.id) if me.lock_manager is not None else None
         self._watched_job_id = job.id
         if self._horse_deadline is not None and lease is not None:

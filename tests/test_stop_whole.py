@@ -338,12 +338,13 @@ def test_a_horse_whose_watchdog_is_gone_still_ends_itself_whole(
 ) -> None:
     """The horse's own fence is the second line (a watchdog killed on its own): past
     its deadline (its worker frozen) or as soon as its worker is gone (it has no
-    ``PDEATHSIG`` while a watchdog runs), it ends its group and descendants. The lease
+    ``PDEATHSIG`` while a watchdog runs: the kernel would end it before it could look),
+    it ends its group and descendants, here a child in a session of its own. The lease
     here is 3 s, so a horse ended for its worker's death (checked every 50 ms) ends long
     before its deadline (2.7 s past the last renewal) could explain it."""
     lease = {**LEASE, "RQ_EMQ_LEASE_MS": "3000"}
     log = str(tmp_path / "runs.log")
-    job_id = _enqueue_with_child(r, log, "group")
+    job_id = _enqueue_with_child(r, log, "session")
     victim = procs.worker(redis_url, **lease)
     first, child = _first_run(log)
     os.kill(_watchdog_of(victim.pid, besides=first), signal.SIGKILL)
@@ -360,3 +361,18 @@ def test_a_horse_whose_watchdog_is_gone_still_ends_itself_whole(
     finally:
         if fault == "freeze":
             os.kill(victim.pid, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("worker_class", ["rq_emq.LeaseWorker", "rq_emq.SimpleLeaseWorker"])
+def test_a_watchdog_killed_on_its_own_is_started_again_for_the_next_job(
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, worker_class: str
+) -> None:
+    worker = procs.worker(redis_url, worker_class=worker_class, **LEASE)
+    wait_for(lambda: r.smembers("rq:workers"), timeout=15, what="the worker to register")
+    first = _watchdog_of(worker.pid)
+    os.kill(first, signal.SIGKILL)
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("jobs.ticking_run", log, 0.1)
+    wait_for(lambda: status(r, job.id) == "finished", timeout=15, what="the job to finish")
+    again = [pid for pid in tree(worker.pid) if pid not in (worker.pid, first)]
+    assert len(again) == 1 and pid_alive(again[0]), again

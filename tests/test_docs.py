@@ -62,8 +62,9 @@ def test_ci_runs_both_quickstart_lines_before_the_matrix() -> None:
 
 
 def test_the_readme_is_read_in_minutes() -> None:
-    # 12.5 KB, plus the fleet table issue 12 asks the README to carry
-    assert len(README.read_bytes()) <= 13_500
+    # 12.5 KB, plus the fleet table issue 12 asks the README to carry and the OOM-killed
+    # horse beside the other queues that issue 21 asks of the "Why leases" table
+    assert len(README.read_bytes()) <= 14_000
 
 
 def slug(heading: str) -> str:

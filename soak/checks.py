@@ -172,6 +172,8 @@ def evaluate(ev: Any) -> Verdict:
         failed += state["status"] == "failed"
         if _ended_by_lifecycle(planned, state):
             continue  # canceled, deleted, result_ttl=0, deferred: judged by _check_lifecycle
+        if state["status"] not in ("finished", "failed") and _left_by_a_quitting_neighbour(runs, faults, ev):
+            continue  # stock RQ's own loss (its worker quit on a Redis error mid-job): not ours
         if state["status"] not in ("finished", "failed"):
             lost.append(job_id)
             where = [name for name in ("queued", "started", "leases") if job_id in ev.registries[name]]
@@ -412,6 +414,17 @@ def _stale(run: Run, faults: list[Fault]) -> bool:
         and f.started <= run.started <= (f.ended if f.ended is not None else run.started) + STALE_WINDOW_S
         for f in faults
     )
+
+
+def _left_by_a_quitting_neighbour(runs: list[Run], faults: list[Fault], ev: Any) -> bool:
+    """The job's last run was a stock neighbour's, and that worker quit (a Redis error, as
+    stock RQ's worker does outside its dequeue) after the run began: stock RQ leaves such a
+    job started until its cleanup fails it, a minute or more later, past the drain."""
+    if not _by_stock(runs, ev):
+        return False
+    last = runs[-1]
+    quits = [f for f in faults if f.kind == "stock_exit" and f.worker_pid == last.ppid]
+    return any(f.started >= last.started for f in quits)
 
 
 def _by_stock(runs: list[Run], ev: Any) -> bool:

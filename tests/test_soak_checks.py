@@ -754,3 +754,17 @@ def test_self_fenced_stops_are_read_from_each_worker_processs_log(tmp_path: Any)
     )
     stops = read_stops(tmp_path, {"soak-w0-1": WORKER, "soak-w0-2": OTHER_WORKER, "soak-w1-1": 7})
     assert stops == [(WORKER, "j1"), (OTHER_WORKER, "j2")]
+
+
+def test_a_job_a_quitting_stock_neighbour_left_started_is_stock_rqs_loss_not_ours() -> None:
+    """Stock RQ's worker quits on a Redis error outside its dequeue (a restart) and leaves
+    its job started until stock cleanup fails it, a minute later: the soak notes it, it is
+    no lost job of ours. The same job left by one of ours is lost."""
+    stock_run = run(0, 1.0, 2.0, "ok", pid=OTHER_HORSE, ppid=OTHER_WORKER)
+    quit_ = Fault("stock_exit", 2.5, "s", OTHER_WORKER, ended=2.5)
+    started = {"status": "started"}
+    ev = evidence([stock_run], final=started, faults=[quit_], taken=0)
+    ev.stock_workers = [OTHER_WORKER]
+    assert evaluate(ev).passed, evaluate(ev).violations
+    ours = evidence([run(1, 1.0, 2.0, "ok")], final=started, faults=[quit_])
+    assert not evaluate(ours).passed

@@ -9,9 +9,10 @@ after a Redis stall that let every lease lapse at once.
 
 Phase 2 (recover): each job marked at least `grace_ms` ago
   - lock back, or no longer in flight: unmarked;
-  - ended by RQ since the take (its owner token is no longer a lease's, or its RQ status
-    is no longer the one our last write left: canceled, failed or requeued by stock
-    cleanup, ...): only our lease entry goes, and the job is left as RQ put it;
+  - ended by RQ since the take (its owner token is no longer a lease's, or its status,
+    enqueue or start stamp is no longer what the lease's last write left: canceled,
+    failed or requeued by stock cleanup, run by a stock worker, ...; lib/lease.lua
+    `untouched`): only our lease entry goes, and the job is left as RQ put it;
   - else recovered: out of the started registry, the intermediate list and the lease
     index; then back to the front of its queue (status queued) or, when its attempts have
     reached its max attempts, to RQ's failed registry (status failed) with an outbox entry
@@ -81,11 +82,11 @@ end
 -- changed its status since our last write. Found lock-less in the intermediate list (its
 -- worker died between BLMOVE and the lease): RQ still has it queued.
 local function still_in_flight(job_key, leased)
-  local found = redis.call('HMGET', job_key, 'emq_token', 'status', 'emq_status')
-  local owner, status, expected = found[1], found[2] or '', found[3]
-  if not leased then return status == 'queued' end
+  local found = lease_fields(job_key)
+  local owner = found[1]
+  if not leased then return found[2] == 'queued' end
   if not owner or owner:sub(1, 5) == 'done:' or owner:sub(1, 6) == 'outbox' then return false end
-  return not expected or status == expected
+  return untouched(found, 2)
 end
 
 -- Phase 2: recover what an earlier round marked and is still without a lock.
@@ -130,11 +131,16 @@ for _, job_id in ipairs(due_marks) do
       if exhausted then
         local ttl = tonumber(string.match(counts[3] or '', '^-?%d+$') or '') or default_failure_ttl
         -- owner `outbox`: only the outbox drain may complete this failure
+        forget_seen(job_key)
         redis.call('HSET', job_key, 'status', 'failed', 'ended_at', ended_at, 'emq_token', 'outbox',
           'emq_status', 'failed', 'emq_failure', 'stalled on attempt ' .. attempts .. ' of ' .. max_attempts)
         if ttl < 0 then
           redis.call('ZADD', failed_key, '+inf', job_id)
           redis.call('PERSIST', job_key)
+        elseif ttl == 0 then
+          -- RQ deletes a job with failure_ttl=0 once failed, after its failure callback
+          -- ran: the hash stays until the outbox drain has run that callback, then goes
+          redis.call('ZADD', failed_key, math.floor(now / 1000), job_id)
         else
           redis.call('ZADD', failed_key, math.floor(now / 1000) + ttl, job_id)
           redis.call('EXPIRE', job_key, ttl)
@@ -143,7 +149,7 @@ for _, job_id in ipairs(due_marks) do
       else
         -- an in-flight job is not in its queue: no LREM, whose cost grows with the queue
         redis.call('HSET', job_key, 'status', 'queued')
-        redis.call('HDEL', job_key, 'emq_status')
+        forget_seen(job_key)
         redis.call('LPUSH', queue_key, job_id)
       end
     end

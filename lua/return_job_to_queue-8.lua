@@ -35,7 +35,7 @@ end
 -- a job held under this lease is in no queue list (RQ has not moved it: checked above),
 -- so no LREM over the queue, whose cost would grow with its length
 redis.call('HSET', KEYS[1], 'status', 'queued')
-redis.call('HDEL', KEYS[1], 'emq_status')
+forget_seen(KEYS[1])
 redis.call('LPUSH', KEYS[6], job_id)
 redis.call('HINCRBY', KEYS[5], 'returned', 1)
 return 1

@@ -176,7 +176,7 @@ CATALOG: list[Mutation] = [
     _m(
         "finish_keeps_attempts",
         "lua/finish_job-5.lua",
-        "if redis.call('HDEL', KEYS[1], 'emq_attempts', 'emq_status') > 0 then",
+        "if redis.call('HDEL', KEYS[1], 'emq_attempts', unpack(RECORDED)) > 0 then",
         "if redis.call('HEXISTS', KEYS[1], 'emq_token') == 1 then",
         [f"{LEASES}::test_a_fenced_transaction_commits_and_releases_the_lease"],
         "a job retried by RQ after a normal finish inherits its old stall count",
@@ -519,7 +519,7 @@ CATALOG: list[Mutation] = [
     _m(
         "fences_ignore_what_rq_did",
         "lua/lib/lease.lua",
-        "if found[3] and (found[2] or '') ~= found[3] then return 'ended' end",
+        "if not untouched(found, 2) then return 'ended' end",
         "",
         [f"{LIFE}::test_a_late_outcome_for_a_job_rq_ended_is_discarded_and_releases_the_lease"],
         "a worker's late outcome overwrites RQ's cancel (or stock cleanup's failure)",
@@ -527,16 +527,16 @@ CATALOG: list[Mutation] = [
     _m(
         "sweep_recovers_jobs_rq_ended",
         "lua/move_stalled_jobs_to_wait-9.lua",
-        "return not expected or status == expected",
-        "return true",
+        "  return untouched(found, 2)",
+        "  return true",
         [f"{LIFE}::test_the_sweep_never_recovers_a_job_rq_ended_while_it_was_leased"],
         "a canceled (or stock-failed) job is resurrected by the sweep and runs again",
     ),
     _m(
         "sweep_recovers_jobs_rq_ended_model",
         "lua/move_stalled_jobs_to_wait-9.lua",
-        "return not expected or status == expected",
-        "return true",
+        "  return untouched(found, 2)",
+        "  return true",
         [LIFE_MODEL],
         "the lifecycle model test alone finds a resurrected job",
         fast=False,
@@ -654,10 +654,74 @@ CATALOG: list[Mutation] = [
     _m(
         "start_does_not_record_rqs_status",
         "rq_emq/packing.py",
-        'extra = ["emq_status", status]',
+        "extra = [word for field, value in written.items() for word in (SEEN_FIELDS[field], value)]",
         "extra = []",
         [f"{LIFE}::test_a_fenced_finish_records_the_jobs_own_max_attempts_with_its_start"],
         "the run's start leaves emq_status at queued: RQ's later changes are not recognised",
+    ),
+    # -- the in-flight rule (issue 20): stamps, the holder's direct writes, cancel --------------
+    _m(
+        "in_flight_rule_compares_the_status_only",
+        "lua/lib/lease.lua",
+        "for i = 0, #SEEN - 1 do",
+        "for i = 0, 0 do",
+        [
+            f"{LIFE}::test_a_status_that_left_and_came_back_is_not_the_leases",
+            f"{LIFE}::test_the_sweep_leaves_a_job_whose_status_came_back_under_another_start",
+        ],
+        "the ABA: a job requeued and run by a stock worker reads as still in flight; the sweep runs it twice",
+    ),
+    _m(
+        "in_flight_rule_compares_the_status_only_processes",
+        "lua/lib/lease.lua",
+        "for i = 0, #SEEN - 1 do",
+        "for i = 0, 0 do",
+        [
+            "tests/test_rq_features_processes.py"
+            "::test_a_job_a_stock_worker_runs_after_its_lease_worker_died_is_not_recovered_under_it"
+        ],
+        "a LeaseWorker's sweep recovers a job a stock worker runs: two runs overlap",
+        fast=False,
+    ),
+    _m(
+        "holders_direct_writes_unguarded",
+        "rq_emq/direct_writes.py",
+        "if fence is None or not writes_to(key, args):",
+        "if True:",
+        [
+            "tests/test_rq_features_processes.py"
+            "::test_a_delayed_retry_waits_in_the_scheduled_registry[rq_emq.SimpleLeaseWorker]"
+        ],
+        "RQ's own set_status(SCHEDULED) of a delayed Retry reads as RQ ending the job: the retry is lost",
+        fast=False,
+    ),
+    _m(
+        "a_cancel_discards_the_runs_outcome",
+        "lua/finish_job-5.lua",
+        "if ARGV[4] ~= '1' or not canceled_only(KEYS[1], token) then",
+        "if true then",
+        [f"{LIFE}::test_the_outcome_of_a_job_canceled_while_it_ran_is_recorded_as_rq_records_it"],
+        "a job canceled while it ran loses its run's Result (RQ keeps it)",
+    ),
+    _m(
+        "a_retry_lands_over_a_cancel",
+        "rq_emq/fencing.py",
+        "over_cancel = 1 if ends_the_run(fence.job_key, commands) else 0",
+        "over_cancel = 1",
+        [f"{LIFE}::test_a_retry_outcome_does_not_land_over_a_cancel"],
+        "a canceled job whose run failed with a Retry is requeued and runs again",
+    ),
+    _m(
+        "sweep_expires_a_failure_ttl_0_job_before_its_callback",
+        "lua/move_stalled_jobs_to_wait-9.lua",
+        "elseif ttl == 0 then",
+        "elseif false then",
+        [
+            "tests/test_rq_features_processes.py"
+            "::test_a_failure_ttl_0_job_failed_by_the_sweep_runs_its_failure_callback"
+        ],
+        "a job with failure_ttl=0 failed at max attempts never runs its on_failure callback",
+        fast=False,
     ),
     # -- RQ's key layout: job and queue classes with their own namespaces ----------------------
     _m(

@@ -33,6 +33,7 @@ from .keys import QueueKeys
 from .packing import (
     MAX_PACKED_ARGS,
     command_name,
+    ends_the_run,
     merge_replies,
     pack,
     reads_only,
@@ -85,7 +86,7 @@ class Fence:
 
     def release(self, client: Redis) -> bool:
         """Release the lease without writing anything else; False when it was not ours."""
-        reply = scripts.load("finish_job")(client, self.keys, [self.job_id, self.token, self.counter, 0])
+        reply = scripts.load("finish_job")(client, self.keys, [self.job_id, self.token, self.counter, 0, 0])
         return bool(reply and int(reply[0]) == 1)
 
     def lost(self, what: str = "outcome discarded (fenced finish)") -> LeaseLost:
@@ -185,7 +186,8 @@ class _FencedPipelineMixin:
             return self._execute_checked(commands, raise_on_error)
         script, keys = scripts.load("finish_job" if session.release else "guard_job_write"), fence.keys
         if session.release:
-            packed: list[Any] = [fence.job_id, fence.token, fence.counter]
+            over_cancel = 1 if ends_the_run(fence.job_key, commands) else 0
+            packed: list[Any] = [fence.job_id, fence.token, fence.counter, over_cancel]
         else:
             packed = [fence.job_id, fence.token, *start_record(fence, commands, pieces)]
         packed.extend(pack(pieces))
@@ -261,7 +263,7 @@ class _FencedPipelineMixin:
 
 
 @cache
-def _fenced_class(base: type) -> type:
+def fenced_class(base: type) -> type:
     return type(f"Fenced{base.__name__}", (_FencedPipelineMixin, base), {})
 
 
@@ -270,7 +272,7 @@ def prepare(connection: Redis) -> None:
     first finish is its only one, inherits it instead of building it per job."""
     resp2_callbacks()
     pipe = connection.pipeline()
-    _fenced_class(type(pipe))
+    fenced_class(type(pipe))
     pipe.reset()
 
 
@@ -288,7 +290,7 @@ def fenced(
     def pipeline(*args: Any, **kwargs: Any) -> Pipeline:
         pipe = original(*args, **kwargs)
         if getattr(pipe, "transaction", False) is True:
-            pipe.__class__ = _fenced_class(type(pipe))
+            pipe.__class__ = fenced_class(type(pipe))
             pipe._emq_session = session  # type: ignore[attr-defined]
         return pipe
 

@@ -17,6 +17,7 @@ ends the run before the job is called, a refused outcome is discarded.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -26,10 +27,12 @@ from typing import Any
 from redis import Redis
 from rq.job import Job
 from rq.queue import Queue
+from rq.worker import Worker
 
 from . import compat
 from .blips import BLIPS, through_blips
-from .fencing import FencedSession, LeaseLost, fenced
+from .direct_writes import guarding_direct_writes
+from .fencing import Fence, FencedSession, LeaseLost, fenced
 from .lease import LockManager
 from .settings import LeaseSettings
 
@@ -51,6 +54,8 @@ class JobWritesMixin:
     _running_job_id: str | None = None
     #: RQ's start of a run (``prepare_job_execution``) is under way in this process.
     _starting_run: bool = False
+    #: The job whose outcome this process has written (its lease released): RQ's again.
+    _settled_job_id: str | None = None
 
     @contextmanager
     def _fenced(self, job: Job, release: bool = True, records_status: bool = True) -> Iterator[None]:
@@ -65,7 +70,7 @@ class JobWritesMixin:
             return
         try:
             fence = lease.fence if records_status else dataclasses.replace(lease.fence, records_status=False)
-            on_commit = self._outcome_committed if release else None
+            on_commit = self._settled(job) if release else None
             with fenced(self.connection, fence, release=release, on_commit=on_commit) as session:
                 with _hide_swallowed(session, getattr(self, "log", None)):
                     yield
@@ -77,6 +82,13 @@ class JobWritesMixin:
             raise session.error
         if session.refused and not release:
             raise LeaseLost(lease.queue, job.id)
+
+    def _settled(self, job: Job) -> Callable[[], None]:
+        def committed() -> None:
+            self._settled_job_id = job.id
+            self._outcome_committed()
+
+        return committed
 
     def _outcome_committed(self) -> None:
         """The run's outcome has landed: nothing may stop this process for the job's lease
@@ -98,6 +110,26 @@ class JobWritesMixin:
                 return finish()
 
         return self._through_blips(job, fenced_finish, "write its outcome")
+
+    # -- the run ---------------------------------------------------------------------------
+    def perform_job(self, job: Job, *args: Any, **kwargs: Any) -> Any:
+        """RQ's run of the job, with the holder's direct writes to it guarded
+        (:mod:`rq_emq.direct_writes`) until its outcome has landed."""
+        parent: Any = super()
+        self._settled_job_id = None
+
+        def current() -> Fence | None:
+            lease = self.lock_manager.get(job.id) if self.lock_manager is not None else None
+            return None if lease is None or self._settled_job_id == job.id else lease.fence
+
+        def send(write: Callable[[], Any]) -> Any:
+            return self._through_blips(job, write, "write to its job")
+
+        with guarding_direct_writes([job.connection, self.connection], job.key, current, send):
+            return parent.perform_job(job, *args, **kwargs)
+
+    # callers that look (RQ 3 passes an execution, RQ 2 does not) see RQ's own signature
+    perform_job.__signature__ = inspect.signature(Worker.perform_job)  # type: ignore[attr-defined]
 
     # -- start ---------------------------------------------------------------------------
     def prepare_execution(self, job: Job) -> Any:

@@ -96,6 +96,23 @@ class Holder:
     executions: dict[str, Execution] = field(default_factory=dict)
 
 
+#: The job's fields the lease records after its own writes, and the fields recording them.
+SEEN = {b"status": b"emq_status", b"enqueued_at": b"emq_enqueued_at", b"started_at": b"emq_started_at"}
+
+
+def _untouched(fields: dict[bytes, bytes], cancel_keeps_outcome: bool = True) -> bool:
+    """The in-flight rule, from the outside: nothing but the lease's own writes changed the
+    job's status, enqueue and start stamps since the lease recorded them; a cancel alone
+    leaves the run its outcome, as RQ does."""
+    canceled = cancel_keeps_outcome and fields.get(b"status") == b"canceled"
+    return all(
+        recorded not in fields
+        or fields.get(seen, b"") == fields[recorded]
+        or (canceled and seen == b"status")
+        for seen, recorded in SEEN.items()
+    )
+
+
 class Lifecycle(RuleBasedStateMachine):
     client: redis.Redis
 
@@ -204,15 +221,14 @@ class Lifecycle(RuleBasedStateMachine):
         lease = holder.leases.pop(job_id)
         execution = holder.executions.pop(job_id)
         before = self.r.hgetall(job_key(job_id))
-        held = before.get(b"emq_token") == lease.token.encode() and before.get(b"status") == before.get(
-            b"emq_status"
-        )
         try:
             job = Job.fetch(job_id, connection=self.r)
         except NoSuchJobError:
             return
         committed = False
         retrying = outcome == "fail" and bool(job.retries_left)
+        # an outcome that ends the run lands over a cancel, as RQ's does; a Retry does not
+        held = before.get(b"emq_token") == lease.token.encode() and _untouched(before, not retrying)
         try:
             with fenced(self.r, lease.fence):
                 pipe = self.r.pipeline()
@@ -422,12 +438,15 @@ class Lifecycle(RuleBasedStateMachine):
             "deferred": self.queue.deferred_job_registry,
         }
         for job_id in self.jobs:
-            fields = self.r.hmget(job_key(job_id), "status", "emq_status", "emq_token")
-            raw_status, expected, owner = (v.decode() if v else None for v in fields)
+            hash_ = self.r.hgetall(job_key(job_id))
+            raw_status, owner = (
+                hash_[f].decode() if hash_.get(f) else None for f in (b"status", b"emq_token")
+            )
             if raw_status is None:
                 assert job_id in self.gone, f"job {job_id} lost: its hash is gone"
                 continue
-            in_flight = job_id in leased and owner is not None and owner.count(":") and expected == raw_status
+            untouched = _untouched(hash_, cancel_keeps_outcome=False)
+            in_flight = job_id in leased and owner is not None and owner.count(":") and untouched
             if raw_status == "queued":
                 assert (job_id in queued) != bool(in_flight), (job_id, queued, leased, owner)
             elif raw_status == "started":

@@ -16,29 +16,23 @@ ARGV:
   2  token
   3  the counter in emq:{<q>}:stats this outcome counts in (`finished` for a lease
      holder's outcome, `outbox_completed`, `unreadable`)
-  4  '1' when the outcome ends the run for good (a terminal status, or the job deleted):
-     it may then land over RQ's cancel, as RQ's own outcome does; '0' when it would run
-     the job again (a Retry) or writes nothing: a cancel then stands
-  5  number of commands; then per command: its argument count, then the arguments
+  4  number of commands; then per command: its argument count, then the arguments
 Returns:
   {0}               fenced out: the lease is not ours, nothing was written
   {1, replies}      replies[i] is the i-th command's reply (an error reply in place)
   {2, status}       RQ or an operator changed the job since the lease's last write
-                    (failed or requeued by stock cleanup, run by a stock worker, ...):
-                    nothing was written, the job is left as RQ put it, and the lease is
-                    released. A cancel alone is not such a change here: RQ lets a canceled
-                    job's run record its outcome, and so does this script
+                    (canceled, failed or requeued by stock cleanup, run by a stock worker,
+                    ...): nothing was written, the job is left as RQ put it, and the lease
+                    is released (the worker then records a canceled job's run in its
+                    Result only: rq_emq/job_writes.py)
 ]]
 -- @include lib/lease.lua
 
 local job_id, token = ARGV[1], ARGV[2]
-local state = 'held'
-if ARGV[4] ~= '1' or not canceled_only(KEYS[1], token) then
-  state = check_holder(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, token)
-end
+local state = check_holder(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, token)
 if state == 'lost' then return {0} end
 if state == 'ended' then return {2, redis.call('HGET', KEYS[1], 'status') or ''} end
-local replies = run_packed(6, tonumber(ARGV[5]))
+local replies = run_packed(5, tonumber(ARGV[4]))
 -- the lease goes: lock, index entry, stall mark
 redis.call('DEL', KEYS[2])
 redis.call('ZREM', KEYS[3], job_id)

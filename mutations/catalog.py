@@ -696,20 +696,16 @@ CATALOG: list[Mutation] = [
         fast=False,
     ),
     _m(
-        "a_cancel_discards_the_runs_outcome",
-        "lua/finish_job-5.lua",
-        "if ARGV[4] ~= '1' or not canceled_only(KEYS[1], token) then",
-        "if true then",
-        [f"{LIFE}::test_the_outcome_of_a_job_canceled_while_it_ran_is_recorded_as_rq_records_it"],
+        "a_canceled_run_keeps_no_result",
+        "rq_emq/job_writes.py",
+        'if self._refused_as != "canceled":',
+        "if True:",
+        [
+            "tests/test_rq_features_processes.py"
+            "::test_a_job_canceled_while_it_runs_keeps_its_result_and_never_runs_again[rq_emq.SimpleLeaseWorker]"
+        ],
         "a job canceled while it ran loses its run's Result (RQ keeps it)",
-    ),
-    _m(
-        "a_retry_lands_over_a_cancel",
-        "rq_emq/fencing.py",
-        "over_cancel = 1 if ends_the_run(fence.job_key, commands) else 0",
-        "over_cancel = 1",
-        [f"{LIFE}::test_a_retry_outcome_does_not_land_over_a_cancel"],
-        "a canceled job whose run failed with a Retry is requeued and runs again",
+        fast=False,
     ),
     _m(
         "sweep_expires_a_failure_ttl_0_job_before_its_callback",

@@ -33,7 +33,6 @@ from .keys import QueueKeys
 from .packing import (
     MAX_PACKED_ARGS,
     command_name,
-    ends_the_run,
     merge_replies,
     pack,
     reads_only,
@@ -86,7 +85,7 @@ class Fence:
 
     def release(self, client: Redis) -> bool:
         """Release the lease without writing anything else; False when it was not ours."""
-        reply = scripts.load("finish_job")(client, self.keys, [self.job_id, self.token, self.counter, 0, 0])
+        reply = scripts.load("finish_job")(client, self.keys, [self.job_id, self.token, self.counter, 0])
         return bool(reply and int(reply[0]) == 1)
 
     def lost(self, what: str = "outcome discarded (fenced finish)") -> LeaseLost:
@@ -124,6 +123,8 @@ class FencedSession:
         self.on_commit = on_commit
         self.committed = False
         self.refused = False
+        #: The job's status when the refusal was because RQ or an operator changed it.
+        self.ended_status: str | None = None
         #: The error that failed the fenced transaction (a blip); later ones raise it too.
         self.error: BaseException | None = None
         #: Exceptions the fence raised into RQ's code in this block.
@@ -136,6 +137,7 @@ class FencedSession:
 
     def refuse(self, ended_status: str | None = None) -> LeaseLost:
         self.refused = True
+        self.ended_status = ended_status
         if ended_status is not None:
             return self._raise(self.fence.ended(ended_status))
         if self.release:
@@ -186,8 +188,7 @@ class _FencedPipelineMixin:
             return self._execute_checked(commands, raise_on_error)
         script, keys = scripts.load("finish_job" if session.release else "guard_job_write"), fence.keys
         if session.release:
-            over_cancel = 1 if ends_the_run(fence.job_key, commands) else 0
-            packed: list[Any] = [fence.job_id, fence.token, fence.counter, over_cancel]
+            packed: list[Any] = [fence.job_id, fence.token, fence.counter]
         else:
             packed = [fence.job_id, fence.token, *start_record(fence, commands, pieces)]
         packed.extend(pack(pieces))

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from redis import Redis
+from rq.defaults import DEFAULT_RESULT_TTL
 from rq.job import Job
 from rq.queue import Queue
 from rq.worker import Worker
@@ -56,6 +57,9 @@ class JobWritesMixin:
     _starting_run: bool = False
     #: The job whose outcome this process has written (its lease released): RQ's again.
     _settled_job_id: str | None = None
+    #: The job's status when this process's last finish was refused because RQ or an
+    #: operator had changed the job (``canceled``, ...); None otherwise.
+    _refused_as: str | None = None
 
     @contextmanager
     def _fenced(self, job: Job, release: bool = True, records_status: bool = True) -> Iterator[None]:
@@ -77,6 +81,7 @@ class JobWritesMixin:
         except LeaseLost:
             if not release:
                 raise
+            self._refused_as = session.ended_status
             return
         if session.error is not None and not session.committed:
             raise session.error
@@ -106,10 +111,25 @@ class JobWritesMixin:
 
     def _finish(self, job: Job, finish: Callable[[], Any]) -> Any:
         def fenced_finish() -> Any:
+            self._refused_as = None
             with self._fenced(job):
                 return finish()
 
         return self._through_blips(job, fenced_finish, "write its outcome")
+
+    def _record_canceled_run(self, job: Job, exc_string: str | None = None) -> None:
+        """A job canceled while it ran: RQ lets the run go on and record it, so its
+        Result is written as RQ's finish writes it. The rest of that finish is not (its
+        status, registries, a Retry): the cancel ended the job's future, and it stands."""
+        if self._refused_as != "canceled":
+            return
+        self._refused_as = None
+        if exc_string is None:
+            ttl = job.get_result_ttl(int(getattr(self, "default_result_ttl", DEFAULT_RESULT_TTL)))
+            if ttl != 0:
+                compat.record_result(job, ttl, return_value=job._result)
+        else:
+            compat.record_result(job, compat.failure_ttl(job), exc_string=exc_string)
 
     # -- the run ---------------------------------------------------------------------------
     def perform_job(self, job: Job, *args: Any, **kwargs: Any) -> Any:
@@ -231,11 +251,15 @@ class JobWritesMixin:
     # -- finish --------------------------------------------------------------------------
     def handle_job_success(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> Any:
         parent: Any = super()
-        return self._finish(job, lambda: parent.handle_job_success(job, queue, *args, **kwargs))
+        done = self._finish(job, lambda: parent.handle_job_success(job, queue, *args, **kwargs))
+        self._record_canceled_run(job)
+        return done
 
     def handle_job_failure(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> Any:
         parent: Any = super()
-        return self._finish(job, lambda: parent.handle_job_failure(job, queue, *args, **kwargs))
+        done = self._finish(job, lambda: parent.handle_job_failure(job, queue, *args, **kwargs))
+        self._record_canceled_run(job, exc_string=str(kwargs.get("exc_string") or ""))
+        return done
 
     def handle_job_retry(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> Any:
         parent: Any = super()

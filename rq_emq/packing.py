@@ -108,28 +108,6 @@ def _seen_written(key: str, commands: list[Any]) -> tuple[dict[str, str] | None,
     return (written, at) if "status" in written else (None, None)
 
 
-#: Outcomes after which RQ never runs the job again by itself.
-_TERMINAL = frozenset({"finished", "failed", "stopped"})
-
-
-def ends_the_run(key: str, commands: list[Any]) -> bool:
-    """Whether an outcome's ``commands`` leave the job ``key`` ended for good: its last
-    status write is terminal, or they delete it (``result_ttl=0``). Such an outcome may
-    land over RQ's cancel, as RQ's own does; one that requeues or schedules the job
-    (``Retry``) may not: a canceled job never runs again."""
-    keys = (key, key.encode())
-    status: str | None = None
-    for args, _ in commands:
-        name = command_name(args)
-        if name in ("DEL", "UNLINK") and any(word in keys for word in args[1:]):
-            return True
-        if name == "HSET" and len(args) > 1 and args[1] in keys:
-            for field, value in zip(args[2::2], args[3::2], strict=False):
-                if _sent(field) == "status":
-                    status = _sent(value)
-    return status in _TERMINAL
-
-
 def _sent(value: Any) -> str | None:
     """A command argument as redis-py sends it (RQ's statuses are str enums: their text
     is the value, not what ``str()`` of the member says); None for other types."""

@@ -227,8 +227,7 @@ class Lifecycle(RuleBasedStateMachine):
             return
         committed = False
         retrying = outcome == "fail" and bool(job.retries_left)
-        # an outcome that ends the run lands over a cancel, as RQ's does; a Retry does not
-        held = before.get(b"emq_token") == lease.token.encode() and _untouched(before, not retrying)
+        held = before.get(b"emq_token") == lease.token.encode() and _untouched(before)
         try:
             with fenced(self.r, lease.fence):
                 pipe = self.r.pipeline()
@@ -445,7 +444,7 @@ class Lifecycle(RuleBasedStateMachine):
             if raw_status is None:
                 assert job_id in self.gone, f"job {job_id} lost: its hash is gone"
                 continue
-            untouched = _untouched(hash_, cancel_keeps_outcome=False)
+            untouched = _untouched(hash_)
             in_flight = job_id in leased and owner is not None and owner.count(":") and untouched
             if raw_status == "queued":
                 assert (job_id in queued) != bool(in_flight), (job_id, queued, leased, owner)

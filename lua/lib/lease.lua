@@ -66,16 +66,6 @@ local function forget_seen(job_key)
   redis.call('HDEL', job_key, unpack(RECORDED))
 end
 
--- Whether RQ's cancel is all that changed the job since the lease's last write: its
--- status reads `canceled`, its enqueue and start stamps are still the lease's. RQ lets a
--- canceled job's run go on and record its outcome (its Result); so does the fence.
-local function canceled_only(job_key, token)
-  local found = lease_fields(job_key)
-  if found[1] ~= token or found[2] ~= 'canceled' then return false end
-  found[2] = found[5]
-  return untouched(found, 2)
-end
-
 -- Whether `token` still holds job_key: 'held' when it owns the job and nothing but the
 -- lease's own writes changed it since the take (`untouched`); 'ended' when it owns it but
 -- RQ or an operator (cancel, stock cleanup, a requeue, a stock worker's run, ...) changed

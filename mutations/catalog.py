@@ -678,7 +678,8 @@ CATALOG: list[Mutation] = [
         "for i = 0, 0 do",
         [
             "tests/test_rq_features_processes.py"
-            "::test_a_job_a_stock_worker_runs_after_its_lease_worker_died_is_not_recovered_under_it"
+            "::test_a_job_a_stock_worker_runs_after_its_lease_worker_died_is_not_recovered_under_it",
+            "tests/test_state_machine_lifecycle.py::test_the_models_stock_actors_replay_the_status_aba",
         ],
         "a LeaseWorker's sweep recovers a job a stock worker runs: two runs overlap",
         fast=False,

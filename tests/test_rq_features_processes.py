@@ -67,7 +67,7 @@ def test_a_delayed_retry_that_the_job_raised_runs_again_and_finishes(
     queue = Queue(connection=r)
     job = queue.enqueue("feature_jobs.fail_first_run", log, retry=Retry(max=2, interval=1))
     worker = procs.worker(redis_url, worker_class=worker_class, args=("--with-scheduler",), **FAST)
-    wait_for(lambda: len(runs(log)) == 1, timeout=30, what="the first run")
+    wait_for(lambda: runs(log), timeout=30, what="the first run")
     wait_status(r, job.id, "scheduled", "queued", "started", "finished")
     wait_status(r, job.id, "finished", timeout=SCHEDULER_S)
     assert len(runs(log)) == 2, procs.log(worker)
@@ -103,7 +103,7 @@ def test_a_returned_delayed_retry_runs_again_and_finishes(
     queue = Queue(connection=r)
     job = queue.enqueue("feature_jobs.return_retry_first_run", log, 1)
     worker = procs.worker(redis_url, worker_class=worker_class, args=("--with-scheduler",), **FAST)
-    wait_for(lambda: len(runs(log)) == 1, timeout=30, what="the first run")
+    wait_for(lambda: runs(log), timeout=30, what="the first run")
     wait_status(r, job.id, "finished", timeout=SCHEDULER_S)
     assert len(runs(log)) == 2, procs.log(worker)
     assert in_registries(queue, job.id) == {"finished"}
@@ -280,3 +280,42 @@ def test_a_failure_ttl_0_job_failed_by_the_sweep_runs_its_failure_callback(
     else:
         assert status(r, job.id) == "failed"
     assert [line.split()[0] for line in runs(log)] == ["start"]
+
+
+TTL_OPTIONS = [{}, {"result_ttl": 0}, {"result_ttl": 5}, {"failure_ttl": 0}, {"failure_ttl": 5}, {"ttl": 5}]
+
+
+def _outcomes(
+    r: redis.Redis, redis_url: str, procs: Processes, worker_class: str, queue_name: str
+) -> list[object]:
+    """What each job of every TTL option and outcome (success, failure) is left as after
+    one burst worker of ``worker_class``: whether its hash and a Result exist, its status,
+    its registries."""
+    queue = Queue(queue_name, connection=r)
+    jobs = [
+        queue.enqueue(func, **options)  # type: ignore[arg-type]
+        for options in TTL_OPTIONS
+        for func in ("jobs.noop", "jobs.fail")
+    ]
+    worker = procs.worker(redis_url, queue_name, worker_class=worker_class, burst=True, **FAST)
+    assert worker.wait(timeout=60) == 0, procs.log(worker)
+    return [
+        (
+            job.func_name,
+            TTL_OPTIONS[index // 2],
+            bool(r.exists(job.key)),
+            status(r, job.id),
+            bool(r.exists(f"rq:results:{job.id}")),
+            sorted(in_registries(queue, job.id)),
+        )
+        for index, job in enumerate(jobs)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("ours", "stock"), [("rq_emq.LeaseWorker", "rq.Worker"), ("rq_emq.SimpleLeaseWorker", "rq.SimpleWorker")]
+)
+def test_ttls_of_0_and_small_values_leave_each_outcome_as_stock_rq_does(
+    r: redis.Redis, redis_url: str, procs: Processes, ours: str, stock: str
+) -> None:
+    assert _outcomes(r, redis_url, procs, ours, "ours") == _outcomes(r, redis_url, procs, stock, "stock")

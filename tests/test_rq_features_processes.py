@@ -213,23 +213,30 @@ def test_a_job_canceled_while_it_runs_keeps_its_result_and_never_runs_again(
 
 
 # -- the status ABA -----------------------------------------------------------------------
+@pytest.mark.parametrize("back_by", ["Retry", "rq requeue"])
 def test_a_job_a_stock_worker_runs_after_its_lease_worker_died_is_not_recovered_under_it(
-    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path, back_by: str
 ) -> None:
     """A LeaseWorker is SIGKILLed mid-job. Stock cleanup requeues the job through its
-    ``Retry``, a stock ``rq worker`` runs it (status ``started`` again, the dead lease's
-    token still on the hash), and only then a LeaseWorker's sweep looks at the lease:
-    it must see that RQ changed the job, drop the lease, and leave the stock run alone.
-    Stock RQ alone runs it twice (the killed run and its retry); so must we."""
+    ``Retry`` (or fails it, and an operator runs ``rq requeue``), a stock ``rq worker``
+    runs it (status ``started`` again, the dead lease's token still on the hash), and
+    only then a LeaseWorker's sweep looks at the lease: it must see that RQ changed the
+    job, drop the lease, and leave the stock run alone. Stock RQ alone runs it twice
+    (the killed run and the one after it); so must we, and never two at once."""
     log = str(tmp_path / "runs.log")
     queue = Queue(connection=r)
-    job = queue.enqueue("jobs.ticking_run", log, 8.0, retry=Retry(max=1), job_timeout=60)
+    retry = {"retry": Retry(max=1)} if back_by == "Retry" else {}
+    job = queue.enqueue("jobs.ticking_run", log, 8.0, job_timeout=60, **retry)
     first = procs.worker(redis_url, **FAST)
     wait_for(lambda: runs(log), what="the first run")
     wait_status(r, job.id, "started")
     kill_group(first)
     # stock maintenance, as time passing makes it act: RQ's own cleanup, from far ahead
     StartedJobRegistry(queue=queue).cleanup(timestamp=10**10)
+    if back_by == "rq requeue":  # stock cleanup failed it; an operator requeues it
+        wait_status(r, job.id, "failed", timeout=5)
+        rq_bin = str(Path(sys.executable).parent / "rq")
+        subprocess.run([rq_bin, "requeue", "--url", redis_url, "--queue", "default", job.id], check=True)
     wait_status(r, job.id, "queued", timeout=5)
     procs.worker(redis_url, worker_class="rq.Worker", burst=True)
     wait_for(lambda: len(run_spans(log)) == 2, what="the stock run")

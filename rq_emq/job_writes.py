@@ -115,7 +115,11 @@ class JobWritesMixin:
             with self._fenced(job):
                 return finish()
 
-        return self._through_blips(job, fenced_finish, "write its outcome")
+        # the worker's own finish of a job whose horse died runs outside perform_job:
+        # its direct writes (a delayed Retry's set_status) are the holder's too
+        self._settled_job_id = None
+        with self._guarding_direct_writes(job):
+            return self._through_blips(job, fenced_finish, "write its outcome")
 
     def _record_canceled_run(self, job: Job, exc_string: str | None = None) -> None:
         """A job canceled while it ran: RQ lets the run go on and record it, so its
@@ -137,7 +141,11 @@ class JobWritesMixin:
         (:mod:`rq_emq.direct_writes`) until its outcome has landed."""
         parent: Any = super()
         self._settled_job_id = None
+        with self._guarding_direct_writes(job):
+            return parent.perform_job(job, *args, **kwargs)
 
+    @contextmanager
+    def _guarding_direct_writes(self, job: Job) -> Iterator[None]:
         def current() -> Fence | None:
             lease = self.lock_manager.get(job.id) if self.lock_manager is not None else None
             return None if lease is None or self._settled_job_id == job.id else lease.fence
@@ -146,7 +154,7 @@ class JobWritesMixin:
             return self._through_blips(job, write, "write to its job")
 
         with guarding_direct_writes([job.connection, self.connection], job.key, current, send):
-            return parent.perform_job(job, *args, **kwargs)
+            yield
 
     # callers that look (RQ 3 passes an execution, RQ 2 does not) see RQ's own signature
     perform_job.__signature__ = inspect.signature(Worker.perform_job)  # type: ignore[attr-defined]

@@ -544,7 +544,7 @@ CATALOG: list[Mutation] = [
     _m(
         "sweep_recovers_a_canceled_orphan",
         "lua/move_stalled_jobs_to_wait-9.lua",
-        "if not leased then return status == 'queued' end",
+        "if not leased then return found[2] == 'queued' end",
         "if not leased then return true end",
         [f"{LIFE}::test_a_job_canceled_while_in_the_intermediate_list_is_not_recovered"],
         "a job canceled while in the intermediate list is pushed back to its queue",

@@ -6,6 +6,11 @@ RQ's own code does the writing; this mixin wraps RQ's seams so that:
   commit only while the worker still holds the lease, and keep it (``guard_job_write``);
 - the outcome (success, failure, ``Retry``, stop, timeout) commits only while the worker
   holds the lease, and releases it in the same step (``finish_job``);
+- the holder's direct writes to the job while it runs or finishes it (RQ's
+  ``set_status`` of a delayed ``Retry``, an exception handler's ``job.save()``) go through
+  the guard too, recorded as the lease's own (:mod:`rq_emq.direct_writes`);
+- a job canceled while it ran keeps its cancel, and its run's Result is written as RQ
+  writes it;
 - each of those steps is tried again through a Redis connection blip for as long as the
   lease could still be alive (:mod:`rq_emq.blips`), which the fence makes safe.
 

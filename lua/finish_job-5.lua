@@ -20,9 +20,11 @@ ARGV:
 Returns:
   {0}               fenced out: the lease is not ours, nothing was written
   {1, replies}      replies[i] is the i-th command's reply (an error reply in place)
-  {2, status}       RQ ended or moved the job while it ran (canceled, failed or requeued
-                    by stock cleanup, ...): nothing was written, the job is left as RQ put
-                    it, and the lease is released
+  {2, status}       RQ or an operator changed the job since the lease's last write
+                    (canceled, failed or requeued by stock cleanup, run by a stock worker,
+                    ...): nothing was written, the job is left as RQ put it, and the lease
+                    is released (the worker then records a canceled job's run in its
+                    Result only: rq_emq/job_writes.py)
 ]]
 -- @include lib/lease.lua
 
@@ -40,8 +42,8 @@ redis.call('ZREM', KEYS[4], job_id)
 -- commands deleted the job (result_ttl=0): then nothing is written back (no hash
 -- re-created). Else the owner becomes `done:<token>`, so the holder's next renewal learns
 -- the job ended normally. A failure the outbox completes keeps its crash history to read.
-local ended = {'emq_attempts', 'emq_status', 'emq_started'}
-if ARGV[3] ~= 'outbox_completed' then ended[4] = 'emq_crashes' end
+local ended = {'emq_attempts', 'emq_started', unpack(RECORDED)}
+if ARGV[3] ~= 'outbox_completed' then ended[#ended + 1] = 'emq_crashes' end
 if redis.call('HDEL', KEYS[1], unpack(ended)) > 0 then
   redis.call('HSET', KEYS[1], 'emq_token', 'done:' .. token)
 end

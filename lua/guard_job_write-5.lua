@@ -7,10 +7,13 @@ lease may wake after the job was recovered and even finished elsewhere; unguarde
 writes would turn the job back to `started` under a worker that no longer runs it. This
 packs RQ's transaction here unchanged, like finish_job, but leaves the lease in place.
 
-After RQ's commands of a run's start (the horse's, which mark the job started), the job's
-RQ status is recorded as ours (`emq_status`): from then on a status that differs means RQ
-(or an operator) changed the job, not us. The worker's own record of the execution leaves
-the status alone and records nothing.
+After RQ's commands of a run's start (the horse's, which mark the job started), and after
+any other write the holder makes to the job itself (RQ's `set_status` of a delayed
+`Retry`, an exception handler's `job.save()`, `save_meta`: rq_emq/direct_writes.py routes
+them here), the job's seen fields (status, enqueued_at, started_at; lib/lease.lua) are
+recorded as the lease's own: from then on a change to any of them means RQ or an operator
+changed the job, not us. The worker's own record of the execution leaves them alone and
+records nothing.
 
 KEYS:
   1  <job prefix><id>   (`rq:job:<id>`; the job class's prefix)
@@ -22,8 +25,9 @@ ARGV:
   1  job id
   2  token
   3  the job's own max attempts to record ('' for none)
-  4  how to record the job's RQ status after RQ's commands as ours: '1' read it back,
-     '=<status>' the status RQ's commands write (the caller read it off them), '0' not at all
+  4  whether to record the job's seen fields after RQ's commands as ours: '1' read them
+     back, '0' not at all (nothing to record, or the caller folded the record into RQ's
+     own HSET of them)
   5  number of commands; then per command: its argument count, then the arguments
 Returns:
   {0}               fenced out: the lease is not ours (or RQ ended the job since the
@@ -37,14 +41,11 @@ local state = check_holder(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, 
 if state ~= 'held' then return {0} end
 local replies = run_packed(6, tonumber(ARGV[5]))
 local record = {}
-if ARGV[4] == '1' then
-  record = {'emq_status', redis.call('HGET', KEYS[1], 'status') or ''}
-elseif ARGV[4]:sub(1, 1) == '=' then
-  record = {'emq_status', ARGV[4]:sub(2)}
-end
+if ARGV[4] == '1' then record = seen_record(KEYS[1]) end
 if ARGV[3] ~= '' then
   record[#record + 1] = 'emq_max_attempts'
   record[#record + 1] = ARGV[3]
 end
-if #record > 0 then redis.call('HSET', KEYS[1], unpack(record)) end
+-- a job RQ's commands deleted is not re-created by the record
+if #record > 0 and redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], unpack(record)) end
 return {1, replies}

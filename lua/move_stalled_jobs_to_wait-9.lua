@@ -9,9 +9,10 @@ after a Redis stall that let every lease lapse at once.
 
 Phase 2 (recover): each job marked at least `grace_ms` ago
   - lock back, or no longer in flight: unmarked;
-  - ended by RQ since the take (its owner token is no longer a lease's, or its RQ status
-    is no longer the one our last write left: canceled, failed or requeued by stock
-    cleanup, ...): only our lease entry goes, and the job is left as RQ put it;
+  - ended by RQ since the take (its owner token is no longer a lease's, or its status,
+    enqueue or start stamp is no longer what the lease's last write left: canceled,
+    failed or requeued by stock cleanup, run by a stock worker, ...; lib/lease.lua
+    `untouched`): only our lease entry goes, and the job is left as RQ put it;
   - else recovered: out of the started registry, the moving list and the lease
     index; then back to the front of its queue (status queued) or, when its attempts have
     reached its max attempts, to RQ's failed registry (status failed) with an outbox entry
@@ -77,11 +78,11 @@ end
 -- changed its status since our last write. Found lock-less in the moving list (its
 -- worker died between BLMOVE and the lease): RQ still has it queued.
 local function still_in_flight(job_key, leased)
-  local found = redis.call('HMGET', job_key, 'emq_token', 'status', 'emq_status')
-  local owner, status, expected = found[1], found[2] or '', found[3]
-  if not leased then return status == 'queued' end
+  local found = lease_fields(job_key)
+  local owner = found[1]
+  if not leased then return found[2] == 'queued' end
   if not owner or owner:sub(1, 5) == 'done:' or owner:sub(1, 6) == 'outbox' then return false end
-  return not expected or status == expected
+  return untouched(found, 2)
 end
 
 -- Phase 2: recover what an earlier round marked and is still without a lock.

@@ -11,7 +11,7 @@ is gone (a lock alive means a lease worker still runs the job: it is left, and c
   - a take that never started (no RQ execution): nothing ran; back to the front of its
     queue, status queued;
   - then our bookkeeping goes: lock, lease index entry, stall mark, `emq_token`,
-    `emq_status`, `emq_started`.
+    `emq_started` and the fields the lease recorded (`emq_status`, ...).
 Jobs in the moving list (moved by an idle lease worker's BLMOVE, never claimed) go back
 to the front of their queue, and pinned entries left without a lease entry are scored due.
 
@@ -64,7 +64,8 @@ for _, job_id in ipairs(ids) do
     redis.call('ZREM', leases_key, job_id)
     redis.call('ZREM', stalled_key, job_id)
     if redis.call('EXISTS', job_key) == 1 then
-      redis.call('HDEL', job_key, 'emq_token', 'emq_status', 'emq_started')
+      redis.call('HDEL', job_key, 'emq_token', 'emq_started')
+      forget_seen(job_key)
     end
   end
 end

@@ -565,7 +565,7 @@ CATALOG: list[Mutation] = [
     _m(
         "fences_ignore_what_rq_did",
         "lua/lib/lease.lua",
-        "if found[3] and (found[2] or '') ~= found[3] then return 'ended' end",
+        "if not untouched(found, 2) then return 'ended' end",
         "",
         [f"{LIFE}::test_a_late_outcome_for_a_job_rq_ended_is_discarded_and_releases_the_lease"],
         "a worker's late outcome overwrites RQ's cancel (or stock cleanup's failure)",
@@ -573,16 +573,16 @@ CATALOG: list[Mutation] = [
     _m(
         "sweep_recovers_jobs_rq_ended",
         "lua/move_stalled_jobs_to_wait-9.lua",
-        "return not expected or status == expected",
-        "return true",
+        "  return untouched(found, 2)",
+        "  return true",
         [f"{LIFE}::test_the_sweep_never_recovers_a_job_rq_ended_while_it_was_leased"],
         "a canceled (or stock-failed) job is resurrected by the sweep and runs again",
     ),
     _m(
         "sweep_recovers_jobs_rq_ended_model",
         "lua/move_stalled_jobs_to_wait-9.lua",
-        "return not expected or status == expected",
-        "return true",
+        "  return untouched(found, 2)",
+        "  return true",
         [LIFE_MODEL],
         "the lifecycle model test alone finds a resurrected job",
         fast=False,
@@ -590,7 +590,7 @@ CATALOG: list[Mutation] = [
     _m(
         "sweep_recovers_a_canceled_orphan",
         "lua/move_stalled_jobs_to_wait-9.lua",
-        "if not leased then return status == 'queued' end",
+        "if not leased then return found[2] == 'queued' end",
         "if not leased then return true end",
         [f"{LIFE}::test_a_job_canceled_while_in_the_moving_list_is_not_recovered"],
         "a job canceled while in the moving list is pushed back to its queue",
@@ -700,10 +700,71 @@ CATALOG: list[Mutation] = [
     _m(
         "start_does_not_record_rqs_status",
         "rq_emq/packing.py",
-        'extra = ["emq_status", status]',
+        "extra = [word for field, value in written.items() for word in (SEEN_FIELDS[field], value)]",
         "extra = []",
         [f"{LIFE}::test_a_fenced_finish_records_the_jobs_own_max_attempts_with_its_start"],
         "the run's start leaves emq_status at queued: RQ's later changes are not recognised",
+    ),
+    # -- the in-flight rule (issue 20): stamps, the holder's direct writes, cancel --------------
+    _m(
+        "in_flight_rule_compares_the_status_only",
+        "lua/lib/lease.lua",
+        "for i = 0, #SEEN - 1 do",
+        "for i = 0, 0 do",
+        [
+            f"{LIFE}::test_a_status_that_left_and_came_back_is_not_the_leases",
+            f"{LIFE}::test_the_sweep_leaves_a_job_whose_status_came_back_under_another_start",
+        ],
+        "the ABA: a job requeued and run by a stock worker reads as still in flight; the sweep runs it twice",
+    ),
+    _m(
+        "in_flight_rule_compares_the_status_only_processes",
+        "lua/lib/lease.lua",
+        "for i = 0, #SEEN - 1 do",
+        "for i = 0, 0 do",
+        [
+            "tests/test_rq_features_processes.py"
+            "::test_a_job_a_stock_worker_runs_after_its_lease_worker_died_is_not_recovered_under_it",
+            "tests/test_state_machine_lifecycle.py::test_the_models_stock_actors_replay_the_status_aba",
+        ],
+        "a LeaseWorker's sweep recovers a job a stock worker runs: two runs overlap",
+        fast=False,
+    ),
+    _m(
+        "holders_direct_writes_unguarded",
+        "rq_emq/direct_writes.py",
+        "if fence is None or not writes_to(key, args):",
+        "if True:",
+        [
+            "tests/test_rq_features_processes.py"
+            "::test_a_delayed_retry_waits_in_the_scheduled_registry[rq_emq.SimpleLeaseWorker]"
+        ],
+        "RQ's own set_status(SCHEDULED) of a delayed Retry reads as RQ ending the job: the retry is lost",
+        fast=False,
+    ),
+    _m(
+        "a_canceled_run_keeps_no_result",
+        "rq_emq/job_writes.py",
+        'if self._refused_as != "canceled":',
+        "if True:",
+        [
+            "tests/test_rq_features_processes.py"
+            "::test_a_job_canceled_while_it_runs_keeps_its_result_and_never_runs_again[rq_emq.SimpleLeaseWorker]"
+        ],
+        "a job canceled while it ran loses its run's Result (RQ keeps it)",
+        fast=False,
+    ),
+    _m(
+        "sweep_expires_a_failure_ttl_0_job_before_its_callback",
+        "lua/move_stalled_jobs_to_wait-9.lua",
+        "elseif ttl == 0 then",
+        "elseif false then",
+        [
+            "tests/test_rq_features_processes.py"
+            "::test_a_failure_ttl_0_job_failed_by_the_sweep_runs_its_failure_callback"
+        ],
+        "a job with failure_ttl=0 failed at max attempts never runs its on_failure callback",
+        fast=False,
     ),
     # -- RQ's key layout: job and queue classes with their own namespaces ----------------------
     _m(

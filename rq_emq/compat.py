@@ -165,3 +165,21 @@ __all__ = [
     "spawn_worker_class",
     "started_entry_ids",
 ]
+
+
+def record_result(job: Any, ttl: int | None, return_value: Any = None, exc_string: str | None = None) -> None:
+    """Write one Result of a run (RQ 2.0 to 3.x: ``Result.create(job, type, ttl, ...)``
+    takes these the same way; later ones' execution fields are optional)."""
+    from rq.results import Result
+
+    if exc_string is None:
+        Result.create(job, Result.Type.SUCCESSFUL, ttl, return_value=return_value)
+    else:
+        Result.create_failure(job, ttl, exc_string)
+
+
+def failure_ttl(job: Any) -> int:
+    """The job's failure TTL as RQ's failure applies it."""
+    from rq.defaults import DEFAULT_FAILURE_TTL
+
+    return int(job.failure_ttl) if job.failure_ttl is not None else int(DEFAULT_FAILURE_TTL)

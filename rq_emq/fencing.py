@@ -123,6 +123,8 @@ class FencedSession:
         self.on_commit = on_commit
         self.committed = False
         self.refused = False
+        #: The job's status when the refusal was because RQ or an operator changed it.
+        self.ended_status: str | None = None
         #: The error that failed the fenced transaction (a blip); later ones raise it too.
         self.error: BaseException | None = None
         #: Exceptions the fence raised into RQ's code in this block.
@@ -135,6 +137,7 @@ class FencedSession:
 
     def refuse(self, ended_status: str | None = None) -> LeaseLost:
         self.refused = True
+        self.ended_status = ended_status
         if ended_status is not None:
             return self._raise(self.fence.ended(ended_status))
         if self.release:
@@ -261,7 +264,7 @@ class _FencedPipelineMixin:
 
 
 @cache
-def _fenced_class(base: type) -> type:
+def fenced_class(base: type) -> type:
     return type(f"Fenced{base.__name__}", (_FencedPipelineMixin, base), {})
 
 
@@ -270,7 +273,7 @@ def prepare(connection: Redis) -> None:
     first finish is its only one, inherits it instead of building it per job."""
     resp2_callbacks()
     pipe = connection.pipeline()
-    _fenced_class(type(pipe))
+    fenced_class(type(pipe))
     pipe.reset()
 
 
@@ -288,7 +291,7 @@ def fenced(
     def pipeline(*args: Any, **kwargs: Any) -> Pipeline:
         pipe = original(*args, **kwargs)
         if getattr(pipe, "transaction", False) is True:
-            pipe.__class__ = _fenced_class(type(pipe))
+            pipe.__class__ = fenced_class(type(pipe))
             pipe._emq_session = session  # type: ignore[attr-defined]
         return pipe
 

@@ -6,6 +6,11 @@ RQ's own code does the writing; this mixin wraps RQ's seams so that:
   commit only while the worker still holds the lease, and keep it (``guard_job_write``);
 - the outcome (success, failure, ``Retry``, stop, timeout) commits only while the worker
   holds the lease, and releases it in the same step (``finish_job``);
+- the holder's direct writes to the job while it runs or finishes it (RQ's
+  ``set_status`` of a delayed ``Retry``, an exception handler's ``job.save()``) go through
+  the guard too, recorded as the lease's own (:mod:`rq_emq.direct_writes`);
+- a job canceled while it ran keeps its cancel, and its run's Result is written as RQ
+  writes it;
 - each of those steps is tried again through a Redis connection blip for as long as the
   lease could still be alive (:mod:`rq_emq.blips`), which the fence makes safe.
 
@@ -17,6 +22,7 @@ ends the run before the job is called, a refused outcome is discarded.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -24,12 +30,15 @@ from contextlib import contextmanager
 from typing import Any
 
 from redis import Redis
+from rq.defaults import DEFAULT_RESULT_TTL
 from rq.job import Job
 from rq.queue import Queue
+from rq.worker import Worker
 
 from . import compat
 from .blips import BLIPS, through_blips
-from .fencing import FencedSession, LeaseLost, fenced
+from .direct_writes import guarding_direct_writes
+from .fencing import Fence, FencedSession, LeaseLost, fenced
 from .lease import LockManager
 from .settings import LeaseSettings
 
@@ -51,6 +60,11 @@ class JobWritesMixin:
     _running_job_id: str | None = None
     #: RQ's start of a run (``prepare_job_execution``) is under way in this process.
     _starting_run: bool = False
+    #: The job whose outcome this process has written (its lease released): RQ's again.
+    _settled_job_id: str | None = None
+    #: The job's status when this process's last finish was refused because RQ or an
+    #: operator had changed the job (``canceled``, ...); None otherwise.
+    _refused_as: str | None = None
 
     @contextmanager
     def _fenced(self, job: Job, release: bool = True, records_status: bool = True) -> Iterator[None]:
@@ -65,18 +79,26 @@ class JobWritesMixin:
             return
         try:
             fence = lease.fence if records_status else dataclasses.replace(lease.fence, records_status=False)
-            on_commit = self._outcome_committed if release else None
+            on_commit = self._settled(job) if release else None
             with fenced(self.connection, fence, release=release, on_commit=on_commit) as session:
                 with _hide_swallowed(session, getattr(self, "log", None)):
                     yield
         except LeaseLost:
             if not release:
                 raise
+            self._refused_as = session.ended_status
             return
         if session.error is not None and not session.committed:
             raise session.error
         if session.refused and not release:
             raise LeaseLost(lease.queue, job.id)
+
+    def _settled(self, job: Job) -> Callable[[], None]:
+        def committed() -> None:
+            self._settled_job_id = job.id
+            self._outcome_committed()
+
+        return committed
 
     def _outcome_committed(self) -> None:
         """The run's outcome has landed: nothing may stop this process for the job's lease
@@ -94,10 +116,53 @@ class JobWritesMixin:
 
     def _finish(self, job: Job, finish: Callable[[], Any]) -> Any:
         def fenced_finish() -> Any:
+            self._refused_as = None
             with self._fenced(job):
                 return finish()
 
-        return self._through_blips(job, fenced_finish, "write its outcome")
+        # the worker's own finish of a job whose horse died runs outside perform_job:
+        # its direct writes (a delayed Retry's set_status) are the holder's too
+        self._settled_job_id = None
+        with self._guarding_direct_writes(job):
+            return self._through_blips(job, fenced_finish, "write its outcome")
+
+    def _record_canceled_run(self, job: Job, exc_string: str | None = None) -> None:
+        """A job canceled while it ran: RQ lets the run go on and record it, so its
+        Result is written as RQ's finish writes it. The rest of that finish is not (its
+        status, registries, a Retry): the cancel ended the job's future, and it stands."""
+        if self._refused_as != "canceled":
+            return
+        self._refused_as = None
+        if exc_string is None:
+            ttl = job.get_result_ttl(int(getattr(self, "default_result_ttl", DEFAULT_RESULT_TTL)))
+            if ttl != 0:
+                compat.record_result(job, ttl, return_value=job._result)
+        else:
+            compat.record_result(job, compat.failure_ttl(job), exc_string=exc_string)
+
+    # -- the run ---------------------------------------------------------------------------
+    def perform_job(self, job: Job, *args: Any, **kwargs: Any) -> Any:
+        """RQ's run of the job, with the holder's direct writes to it guarded
+        (:mod:`rq_emq.direct_writes`) until its outcome has landed."""
+        parent: Any = super()
+        self._settled_job_id = None
+        with self._guarding_direct_writes(job):
+            return parent.perform_job(job, *args, **kwargs)
+
+    @contextmanager
+    def _guarding_direct_writes(self, job: Job) -> Iterator[None]:
+        def current() -> Fence | None:
+            lease = self.lock_manager.get(job.id) if self.lock_manager is not None else None
+            return None if lease is None or self._settled_job_id == job.id else lease.fence
+
+        def send(write: Callable[[], Any]) -> Any:
+            return self._through_blips(job, write, "write to its job")
+
+        with guarding_direct_writes([job.connection, self.connection], job.key, current, send):
+            yield
+
+    # callers that look (RQ 3 passes an execution, RQ 2 does not) see RQ's own signature
+    perform_job.__signature__ = inspect.signature(Worker.perform_job)  # type: ignore[attr-defined]
 
     # -- start ---------------------------------------------------------------------------
     def prepare_execution(self, job: Job) -> Any:
@@ -199,11 +264,15 @@ class JobWritesMixin:
     # -- finish --------------------------------------------------------------------------
     def handle_job_success(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> Any:
         parent: Any = super()
-        return self._finish(job, lambda: parent.handle_job_success(job, queue, *args, **kwargs))
+        done = self._finish(job, lambda: parent.handle_job_success(job, queue, *args, **kwargs))
+        self._record_canceled_run(job)
+        return done
 
     def handle_job_failure(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> Any:
         parent: Any = super()
-        return self._finish(job, lambda: parent.handle_job_failure(job, queue, *args, **kwargs))
+        done = self._finish(job, lambda: parent.handle_job_failure(job, queue, *args, **kwargs))
+        self._record_canceled_run(job, exc_string=str(kwargs.get("exc_string") or ""))
+        return done
 
     def handle_job_retry(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> Any:
         parent: Any = super()

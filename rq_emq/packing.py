@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 # Commands that only read: a transaction of nothing else is not an outcome. Anything not
 # listed counts as a write, so an unknown command is fenced rather than let through.
-_READ_ONLY = frozenset(
+READ_ONLY = frozenset(
     """GET MGET STRLEN GETRANGE EXISTS TYPE TTL PTTL HGET HGETALL HMGET HEXISTS HLEN HKEYS HVALS
     HSTRLEN SMEMBERS SISMEMBER SMISMEMBER SCARD ZSCORE ZMSCORE ZRANGE ZRANGEBYSCORE ZREVRANGE
     ZREVRANGEBYSCORE ZCARD ZCOUNT ZRANK ZREVRANK LRANGE LLEN LINDEX LPOS XRANGE XREVRANGE XLEN
@@ -50,7 +50,7 @@ _ZADD_FLAGS = frozenset({"NX", "XX", "GT", "LT", "CH"})
 
 
 def reads_only(commands: list[Any]) -> bool:
-    return all(command_name(args) in _READ_ONLY for args, _ in commands)
+    return all(command_name(args) in READ_ONLY for args, _ in commands)
 
 
 #: Commands on the job hash that leave its ``status`` field as it was.
@@ -59,30 +59,36 @@ _KEEP_FIELDS = frozenset(
 )
 
 
+#: The job's fields whose values the lease records as its own after each of its writes
+#: (lua/lib/lease.lua SEEN), each with the field that records it.
+SEEN_FIELDS = {"status": "emq_status", "enqueued_at": "emq_enqueued_at", "started_at": "emq_started_at"}
+
+
 def start_record(fence: Fence, commands: list[Any], pieces: list[tuple[list[list[Any]], str]]) -> list[str]:
-    """``guard_job_write``'s max attempts and status arguments: what it records on the job
-    hash with RQ's commands. When RQ's last HSET of the job's status is known here, the
-    status it writes (and the job's own max attempts) ride in that very HSET, which
-    changes the job hash in the same way as the script's own write after it would, one
-    command fewer; else the script records them itself."""
+    """``guard_job_write``'s max attempts and record arguments: what it records on the job
+    hash with RQ's commands. When one HSET of RQ's writes every seen field the commands
+    change (RQ's start writes status and started_at), their values (and the job's own max
+    attempts) ride in that very HSET, which changes the job hash in the same way as the
+    script's own write after it would, one command fewer; else the script reads them back."""
     if not fence.records_status:
         return [fence.max_attempts, "0"]
-    status, at = _status_written(fence.keys[0], commands)
-    if status is None or at is None or pieces[at][1] != "one":
-        return [fence.max_attempts, "1" if status is None else "=" + status]
-    extra = ["emq_status", status]
+    written, at = _seen_written(fence.keys[0], commands)
+    if written is None or at is None or pieces[at][1] != "one":
+        return [fence.max_attempts, "1"]
+    extra = [word for field, value in written.items() for word in (SEEN_FIELDS[field], value)]
     if fence.max_attempts:
         extra += ["emq_max_attempts", fence.max_attempts]
     pieces[at][0][0].extend(extra)
     return ["", "0"]
 
 
-def _status_written(key: str, commands: list[Any]) -> tuple[str | None, int | None]:
-    """The RQ status ``commands`` leave on the job hash ``key`` and the index of the HSET
-    that writes it, when nothing but plain HSETs (and expiry changes, reads) touch the
-    hash; else (None, None): the script reads the status back, the only sure answer then."""
+def _seen_written(key: str, commands: list[Any]) -> tuple[dict[str, str] | None, int | None]:
+    """The seen fields ``commands`` write on the job hash ``key`` and the index of the one
+    HSET that writes them all, status among them, when nothing but plain HSETs (and expiry
+    changes, reads) touch the hash; else (None, None): the script reads them back, the only
+    sure answer then."""
     keys = (key, key.encode())  # a pickled job's data need not decode: compare as sent
-    status: str | None = None
+    written: dict[str, str] = {}
     at: int | None = None
     for index, (args, _) in enumerate(commands):
         if not any(word in keys for word in args[1:] if isinstance(word, (str, bytes))):
@@ -93,9 +99,13 @@ def _status_written(key: str, commands: list[Any]) -> tuple[str | None, int | No
         if name != "HSET" or args[1] not in keys or len(args) % 2:
             return None, None
         for field, value in zip(args[2::2], args[3::2], strict=True):
-            if field in ("status", b"status"):
-                status, at = _sent(value), index
-    return (status, at) if status is not None else (None, None)
+            name_ = _sent(field)
+            if name_ in SEEN_FIELDS:
+                sent = _sent(value)
+                if sent is None or (at is not None and at != index):
+                    return None, None
+                written[name_], at = sent, index
+    return (written, at) if "status" in written else (None, None)
 
 
 def _sent(value: Any) -> str | None:

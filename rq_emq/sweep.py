@@ -299,6 +299,9 @@ class Sweeper(BackgroundLoop):
                 pipe = self.client.pipeline()
                 Result.create_failure(job, ttl, exc_string=exc_string, pipeline=pipe)
                 pipe.zrem(layout.outbox, job_id)
+                if ttl == 0:
+                    # as RQ's failure with failure_ttl=0: the job goes once its callback ran
+                    job.delete(pipeline=pipe, remove_from_queue=False)
                 pipe.execute()
         except LeaseLost:
             return 0  # another drainer took this entry over

@@ -232,6 +232,34 @@ def test_a_late_outcome_for_a_job_rq_ended_is_discarded_and_releases_the_lease(r
     assert manager.tick() == [] and lease.settled  # no lease_lost for a job RQ ended
 
 
+def test_a_status_that_left_and_came_back_is_not_the_leases(r: redis.Redis) -> None:
+    """The ABA: the job was requeued and started again by someone else (a stock worker)
+    while the lease's holder was gone; its status reads `started` again, as the lease
+    left it, but its start stamp is another's: the lease is ended, not in flight."""
+    job = Queue("q", connection=r).enqueue("jobs.noop")
+    lease = take(r)
+    start(r, lease)
+    r.hset(job_key(job.id), mapping={"status": "queued", "enqueued_at": "2030-01-01T00:00:00.000001Z"})
+    r.hset(job_key(job.id), mapping={"status": "started", "started_at": "2030-01-01T00:00:01.000001Z"})
+    with pytest.raises(LeaseLost):
+        finish(r, lease, "finished")
+    assert status(r, job.id) == "started"
+    assert int(r.hget(Q.stats, "ended_by_rq") or 0) == 1
+
+
+def test_the_sweep_leaves_a_job_whose_status_came_back_under_another_start(r: redis.Redis) -> None:
+    job = Queue("q", connection=r).enqueue("jobs.noop")
+    lease = take(r)
+    start(r, lease)
+    lapse(r, job.id)  # its holder died
+    r.hset(job_key(job.id), mapping={"status": "queued", "enqueued_at": "2030-01-01T00:00:00.000001Z"})
+    r.hset(job_key(job.id), mapping={"status": "started", "started_at": "2030-01-01T00:00:01.000001Z"})
+    _, (first, second) = sweep_twice(r)
+    assert first.marked == [job.id] and second.ended == [job.id]  # type: ignore[attr-defined]
+    assert second.requeued == [] and status(r, job.id) == "started"  # type: ignore[attr-defined]
+    assert queued_ids(r) == []
+
+
 def test_a_start_refused_because_rq_ended_the_job_releases_the_lease(r: redis.Redis) -> None:
     job = Queue("q", connection=r).enqueue("jobs.noop")
     lease = take(r)

@@ -23,19 +23,62 @@ local function count_value(value)
   return tonumber(value)
 end
 
--- Whether `token` still holds job_key: 'held' when it owns the job and nothing RQ did has
--- changed the job's status since our own last write (`emq_status`); 'ended' when it owns
--- it but RQ (cancel, stock cleanup, a requeue, ...) has ended or moved it since; 'lost'
--- when the job is someone else's, or gone.
+-- What says which enqueue and which start of a job this is: RQ's status, and the two
+-- stamps RQ rewrites with the time of day on every enqueue (enqueued_at: `_enqueue_job`,
+-- a rate-limit promotion, the scheduler, `requeue`, `Retry`) and every start
+-- (started_at: `prepare_for_execution`), in RQ 2.0 to 3.x. Our scripts record their
+-- values after each of the lease's own writes (`emq_status`, `emq_enqueued_at`,
+-- `emq_started_at`). A status that left and came back cannot fake them: coming back to
+-- `queued` is an enqueue and to `started` a start, each with a stamp of its own.
+local SEEN = {'status', 'enqueued_at', 'started_at'}
+local RECORDED = {'emq_status', 'emq_enqueued_at', 'emq_started_at'}
+
+-- The job's seen fields now, as {field, value, ...} of the recorded ones, for HSET.
+local function seen_record(job_key)
+  local values = redis.call('HMGET', job_key, unpack(SEEN))
+  local record = {}
+  for i = 1, #SEEN do
+    record[#record + 1] = RECORDED[i]
+    record[#record + 1] = values[i] or ''
+  end
+  return record
+end
+
+-- Whether nothing but the lease's own writes changed the job: `found` holds, from
+-- position `at`, the SEEN values then the RECORDED ones (HMGET order). A lease taken by
+-- an older version records no stamps; what it did record is still compared.
+local function untouched(found, at)
+  for i = 0, #SEEN - 1 do
+    local recorded = found[at + #SEEN + i]
+    if recorded and (found[at + i] or '') ~= recorded then return false end
+  end
+  return true
+end
+
+-- HMGET of the owner, then SEEN, then RECORDED: what lease_state and the sweep compare.
+local function lease_fields(job_key)
+  return redis.call('HMGET', job_key, 'emq_token', 'status', 'enqueued_at', 'started_at',
+    'emq_status', 'emq_enqueued_at', 'emq_started_at')
+end
+
+-- Forget what the lease recorded: the job is no lease's now (handed back, recovered).
+local function forget_seen(job_key)
+  redis.call('HDEL', job_key, unpack(RECORDED))
+end
+
+-- Whether `token` still holds job_key: 'held' when it owns the job and nothing but the
+-- lease's own writes changed it since the take (`untouched`); 'ended' when it owns it but
+-- RQ or an operator (cancel, stock cleanup, a requeue, a stock worker's run, ...) changed
+-- it since, whatever its status reads now; 'lost' when the job is someone else's, or gone.
 local function lease_state(job_key, token)
-  local found = redis.call('HMGET', job_key, 'emq_token', 'status', 'emq_status')
+  local found = lease_fields(job_key)
   if found[1] ~= token then return 'lost' end
-  if found[3] and (found[2] or '') ~= found[3] then return 'ended' end
+  if not untouched(found, 2) then return 'ended' end
   return 'held'
 end
 
 -- Grant job_id to the holder of `token`: lock with a PX expiry, deadline in the index,
--- one more attempt counted, the owner and the job's RQ status at the take recorded on
+-- one more attempt counted, the owner and the job's seen fields at the take recorded on
 -- the job hash (the fence). `hash` is the job's hash as HGETALL gave it (the caller's
 -- existence check); it is updated to match, so the caller can return it without
 -- reading the job again. The max attempts is not written here: a job without its own
@@ -48,7 +91,11 @@ local function grant_lease(job_key, lock_key, leases_key, stats_key, job_id, tok
   local attempts = (count_value((hash_field(hash, 'emq_attempts'))) or 0) + 1
   -- emq_lease_ms: the length its renewals keep too, so readers tell a lease's age from its deadline
   local fields = {'emq_attempts', tostring(attempts), 'emq_token', token, 'emq_worker', worker,
-    'emq_status', (hash_field(hash, 'status')) or '', 'emq_lease_ms', string.format('%d', lease_ms)}
+    'emq_lease_ms', string.format('%d', lease_ms)}
+  for i = 1, #SEEN do
+    fields[#fields + 1] = RECORDED[i]
+    fields[#fields + 1] = (hash_field(hash, SEEN[i])) or ''
+  end
   redis.call('HSET', job_key, unpack(fields))
   for i = 1, #fields, 2 do
     local _, at = hash_field(hash, fields[i])
@@ -163,7 +210,7 @@ end
 -- job is in no queue list, so no LREM, whose cost would grow with the queue's length.
 local function requeue_front(job_key, queue_key, job_id)
   redis.call('HSET', job_key, 'status', 'queued')
-  redis.call('HDEL', job_key, 'emq_status')
+  forget_seen(job_key)
   redis.call('LPUSH', queue_key, job_id)
 end
 
@@ -172,11 +219,16 @@ end
 -- only the outbox drain completes the failure (RQ's Result, the failure callback) once.
 local function fail_to_outbox(job_key, failed_key, outbox_key, job_id, reason, failure_ttl, default_ttl, ended_at, now)
   local ttl = tonumber(string.match(failure_ttl or '', '^-?%d+$') or '') or default_ttl
+  forget_seen(job_key)
   redis.call('HSET', job_key, 'status', 'failed', 'ended_at', ended_at, 'emq_token', 'outbox',
     'emq_status', 'failed', 'emq_failure', reason)
   if ttl < 0 then
     redis.call('ZADD', failed_key, '+inf', job_id)
     redis.call('PERSIST', job_key)
+  elseif ttl == 0 then
+    -- RQ deletes a job with failure_ttl=0 once failed, after its failure callback ran: the
+    -- hash stays until the outbox drain has run that callback, then goes
+    redis.call('ZADD', failed_key, math.floor(now / 1000), job_id)
   else
     redis.call('ZADD', failed_key, math.floor(now / 1000) + ttl, job_id)
     redis.call('EXPIRE', job_key, ttl)

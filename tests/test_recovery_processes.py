@@ -100,7 +100,10 @@ def test_burst_workers_alone_recover_a_killed_workers_job_and_run_it(
 
 def _signal(sig: signal.Signals, *pids: int) -> None:
     for pid in pids:
-        os.kill(pid, sig)
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:  # a frozen pair's horse, ended by the watchdog, reaped on resume
+            pass
 
 
 def _paused_and_marked(

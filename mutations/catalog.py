@@ -952,7 +952,7 @@ CATALOG: list[Mutation] = [
     _m(
         "stop_kills_only_the_group",
         "rq_emq/run_guard.py",
-        "kill_tree(me.horse_pid, group=True)",
+        "kill_tree(pid, group=True)",
         "pass",
         [f"{WHOLE}::test_rqs_stop_command_ends_the_jobs_child_processes[session]"],
         "RQ's killpg alone: a job's child in a session of its own survives the stop",

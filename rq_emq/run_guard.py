@@ -103,12 +103,20 @@ class HorseRunGuard:
         super()._run_ended()  # type: ignore[misc]
 
     def kill_horse(self, sig: signal.Signals = signal.SIGKILL) -> None:
-        """RQ's kill of the horse's group, and with SIGKILL (every stop: ours, RQ's stop
-        command, a cold stop) the horse's whole tree, its own sessions included."""
+        """With SIGKILL (every stop: ours, RQ's stop command, a cold stop) the horse's
+        whole tree, its own sessions included, instead of RQ's ``killpg``; other signals
+        as RQ sends them."""
         me: Any = self
-        if sig == signal.SIGKILL and me.horse_pid:
-            kill_tree(me.horse_pid, group=True)
-        super().kill_horse(sig)  # type: ignore[misc]  # RQ's killpg (its log line; a worker's kill is no crash)
+        if sig != signal.SIGKILL:
+            super().kill_horse(sig)  # type: ignore[misc]
+            return
+        # the pid read once: RQ's own kill reads it again, and a horse reaped meanwhile by
+        # the main thread (pid 0) made it killpg(getpgid(0)), the worker's own group (the
+        # soak found it: a lease clock stop racing the horse's end)
+        pid = me.horse_pid
+        if pid:
+            kill_tree(pid, group=True)
+            me.log.info("Worker %s: killed horse pid %s and its processes", me.name, pid)
 
 
 class SimpleRunGuard:

@@ -107,7 +107,8 @@ def _signal(sig: signal.Signals, *pids: int) -> None:
             os.kill(pid, sig)
         except ProcessLookupError:
             # a worker resumed first may already have ended its horse (its lease clock ran
-            # out): a process gone needs no SIGCONT. Stopping one that is gone is an error.
+            # out), or the watchdog ended a frozen pair's horse: a process gone needs no
+            # SIGCONT. Stopping one that is gone is an error.
             if sig != signal.SIGCONT:
                 raise
 

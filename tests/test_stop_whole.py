@@ -298,10 +298,10 @@ def test_the_watchdog_holds_no_connection_sleeps_while_idle_and_dies_with_its_wo
     worker = procs.worker(redis_url, worker_class=worker_class, **LEASE)
     wait_for(lambda: r.smembers("rq:workers"), timeout=15, what="the worker to register")
     watchdog = _watchdog_of(worker.pid)
+    wait_for(lambda: _waiting_for_signals(watchdog), timeout=10, what="the watchdog to start and wait")
     # a program of its own: stdio and the shared memory's file, none of the worker's sockets
     held = [os.readlink(f"/proc/{watchdog}/fd/{fd}") for fd in os.listdir(f"/proc/{watchdog}/fd")]
     assert not [what for what in held if what.startswith("socket:")], held
-    wait_for(lambda: _waiting_for_signals(watchdog), timeout=10, what="the watchdog to start and wait")
     before = _wakeups(watchdog)
     time.sleep(10 * SETTINGS.renew_interval_ms / 1000)  # ten renewals of an idle worker
     assert _wakeups(watchdog) == before

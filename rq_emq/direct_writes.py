@@ -30,11 +30,16 @@ from redis import Redis
 from .fencing import Fence, FencedSession, fenced_class
 from .packing import READ_ONLY, command_name, text
 
+#: Writes that change no field of the job, only its expiry: nothing the in-flight rule
+#: reads, and no outcome. They pass through as before (RQ 2's start PERSISTs the job on
+#: its own, once a job: guarded, that cost two commands a job for nothing).
+EXPIRY_ONLY = frozenset({"PERSIST", "EXPIRE", "PEXPIRE", "EXPIREAT", "PEXPIREAT"})
+
 
 def writes_to(key: str | bytes, args: tuple[Any, ...]) -> bool:
     """Whether the command ``args`` is a write whose first key is ``key`` (RQ 2.0's
-    ``job.key`` is bytes, later ones' str)."""
-    if len(args) < 2 or command_name(args) in READ_ONLY:
+    ``job.key`` is bytes, later ones' str) that changes a field of it."""
+    if len(args) < 2 or command_name(args) in READ_ONLY or command_name(args) in EXPIRY_ONLY:
         return False
     return isinstance(args[1], (str, bytes)) and text(args[1]) == text(key)
 

@@ -73,6 +73,9 @@ class Fence:
     records_status: bool = True
     #: Where the job and its queue live; None: RQ's default layout for ``queue``.
     layout: QueueKeys | None = None
+    #: The run's pinned started-registry entry (``<job_id>:<execution_id>``), recorded on
+    #: the job hash with the run's start ("" when this process does not know it).
+    started_entry: str = ""
 
     @property
     def job_key(self) -> str:

@@ -31,6 +31,12 @@ RQ_PREFIX: str = StartedJobRegistry.key_template.split(":wip:")[0].replace("{{",
 _PLAIN_QUEUE_PREFIX = "rq:queue:"
 
 
+#: The job-hash field that names the started-registry entry a lease worker pinned for the
+#: job's run (``<job_id>:<execution_id>``, :mod:`rq_emq.registries`), so that our scripts
+#: find it even after RQ's execution records expired (a fleet down for hours).
+PINNED_FIELD = "emq_started"
+
+
 def job_key(job_id: str, job_prefix: str = JOB_PREFIX) -> str:
     return job_prefix + job_id
 

@@ -85,7 +85,11 @@ class Lease:
         # matches nothing makes every fenced write refused, so the lease lapses in Redis
         # and the sweep recovers the job (attempt counted) instead of a failure written
         token = f"expired:{self.token}" if self.expired else self.token
-        return Fence(self.queue, self.job_id, token, max_attempts=own_max, layout=self.layout)
+        execution_id = getattr(self.execution, "id", None)
+        entry = f"{self.job_id}:{execution_id}" if execution_id else ""
+        return Fence(
+            self.queue, self.job_id, token, max_attempts=own_max, layout=self.layout, started_entry=entry
+        )
 
     def hand_back(self, client: Redis) -> bool:
         """Put the job back at the front of its queue, attempt refunded, if this lease

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import ResponseError
 
 from . import compat
+from .keys import PINNED_FIELD
 
 if TYPE_CHECKING:
     from .fencing import Fence
@@ -68,16 +69,21 @@ def start_record(fence: Fence, commands: list[Any], pieces: list[tuple[list[list
     """``guard_job_write``'s max attempts and record arguments: what it records on the job
     hash with RQ's commands. When one HSET of RQ's writes every seen field the commands
     change (RQ's start writes status and started_at), their values (and the job's own max
-    attempts) ride in that very HSET, which changes the job hash in the same way as the
-    script's own write after it would, one command fewer; else the script reads them back."""
+    attempts, and the run's pinned started entry) ride in that very HSET, which changes the
+    job hash in the same way as the script's own write after it would, one command fewer;
+    else the script reads them back (and the pin is found through RQ's execution records)."""
     if not fence.records_status:
         return [fence.max_attempts, "0"]
     written, at = _seen_written(fence.keys[0], commands)
+    if written == {}:
+        return [fence.max_attempts, "0"]  # RQ 2's PERSIST of the job alone, say: no read-back
     if written is None or at is None or pieces[at][1] != "one":
         return [fence.max_attempts, "1"]
     extra = [word for field, value in written.items() for word in (SEEN_FIELDS[field], value)]
     if fence.max_attempts:
         extra += ["emq_max_attempts", fence.max_attempts]
+    if fence.started_entry:
+        extra += [PINNED_FIELD, fence.started_entry]
     pieces[at][0][0].extend(extra)
     return ["", "0"]
 
@@ -85,8 +91,8 @@ def start_record(fence: Fence, commands: list[Any], pieces: list[tuple[list[list
 def _seen_written(key: str, commands: list[Any]) -> tuple[dict[str, str] | None, int | None]:
     """The seen fields ``commands`` write on the job hash ``key`` and the index of the one
     HSET that writes them all, status among them, when nothing but plain HSETs (and expiry
-    changes, reads) touch the hash; else (None, None): the script reads them back, the only
-    sure answer then."""
+    changes, reads) touch the hash; ({}, None) when they write none of the seen fields;
+    else (None, None): the script reads them back, the only sure answer then."""
     keys = (key, key.encode())  # a pickled job's data need not decode: compare as sent
     written: dict[str, str] = {}
     at: int | None = None
@@ -105,6 +111,8 @@ def _seen_written(key: str, commands: list[Any]) -> tuple[dict[str, str] | None,
                 if sent is None or (at is not None and at != index):
                     return None, None
                 written[name_], at = sent, index
+    if not written:
+        return {}, None  # nothing the lease records changed: its record stands
     return (written, at) if "status" in written else (None, None)
 
 

@@ -50,11 +50,6 @@ KEEP_FOR_S = 60
 #: The score of a pinned started-registry entry: RQ's own for "never expires" (ttl -1).
 PINNED_SCORE = "+inf"
 
-#: The job-hash field that names a job's pinned entry (``<job_id>:<execution_id>``), so
-#: that our scripts find it even after RQ's execution records expired (a fleet down for
-#: hours).
-PINNED_FIELD = "emq_started"
-
 
 def _held_by_nobody(job_id: str) -> bool:
     return False
@@ -122,13 +117,11 @@ class LeaseStartedJobRegistry(StartedJobRegistry):
 
     def add_execution(self, execution: Any, pipeline: Any, ttl: int = 0, xx: bool = False) -> Any:
         """RQ's entry for a run, pinned (``+inf``) when this process leases the job: the
-        lease, not the entry's score, says whether the run is alive. A run's first entry
-        (``xx`` false: RQ's ``Execution.create``) also records its member on the job hash
-        in the same transaction."""
+        lease, not the entry's score, says whether the run is alive. The entry's member is
+        recorded on the job hash (``keys.PINNED_FIELD``) by the run's guarded start, in RQ's own
+        HSET of the job (:func:`rq_emq.packing.start_record`)."""
         if not _held_here(execution.job_id):
             return _STOCK_ADD_EXECUTION(self, execution, pipeline=pipeline, ttl=ttl, xx=xx)
-        if not xx:
-            pipeline.hset(self.job_class.key_for(execution.job_id), PINNED_FIELD, execution.composite_key)
         return pipeline.zadd(self.key, {execution.composite_key: PINNED_SCORE}, xx=xx)
 
 

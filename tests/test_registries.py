@@ -23,7 +23,7 @@ from rq.registry import BaseRegistry, FailedJobRegistry, StartedJobRegistry
 
 import rq_emq
 from rq_emq import registries
-from rq_emq.keys import QueueKeys
+from rq_emq.keys import PINNED_FIELD, QueueKeys
 from rq_emq.registries import LeaseQueue, LeaseStartedJobRegistry, lease_queue_class
 from rq_emq.settings import LeaseSettings
 from rq_emq.sweep import Sweeper
@@ -153,7 +153,7 @@ def test_no_stock_process_fails_a_leased_job_however_long_the_fleet_is_down(
     wait_status(r, job.id, "finished", timeout=90)
     assert len(starts(log)) == 2 and ends(log) == 1
     assert started_members(r, "default") == [], "the recovery removed the pinned entry"
-    assert r.hget(f"rq:job:{job.id}", registries.PINNED_FIELD) is None
+    assert r.hget(f"rq:job:{job.id}", PINNED_FIELD) is None
     worker.send_signal(signal.SIGTERM)
     worker.wait(timeout=15)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -25,13 +26,13 @@ def run_suite(
     workers: str,
     processes: int,
     log: Path,
+    timeout: float,
     select: Sequence[str] = (),
     extra: Sequence[str] = (),
 ) -> dict[str, dict[str, str]]:
     """Runs RQ's tests (all of them, the node ids in ``select``, or what the pytest
-    arguments ``extra`` select) with ``workers``
-    (``stock`` or ``ours``), pytest's output in ``log``, and returns each test's outcome
-    (see hook/rqsuite_report.py)."""
+    arguments ``extra`` select) with ``workers`` (``stock`` or ``ours``), pytest's output
+    in ``log``, for at most ``timeout`` seconds; returns each test's outcome."""
     names = [f"gw{i}" for i in range(processes)] if processes > 1 else []
     servers = {name: RedisServer(extra_args=DATABASES).start() for name in ["-", *names]}
     report = Path(tempfile.mkstemp(prefix=f"rqsuite-{workers}-", suffix=".json")[1])
@@ -52,8 +53,17 @@ def run_suite(
     started = time.monotonic()
     try:
         with log.open("w") as output:
-            subprocess.run(command, cwd=sdist, env=env, stdout=output, stderr=subprocess.STDOUT, check=False)
-        outcomes: dict[str, dict[str, str]] = json.loads(report.read_text() or "{}")
+            # its own session: a pass that outlives its timeout is killed with all it started
+            process = subprocess.Popen(
+                command, cwd=sdist, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                print(f"  {workers}: stopped after {timeout:.0f} s; tests that had not ended count as failed")
+        outcomes = fold(report.read_text().splitlines())
     finally:
         report.unlink(missing_ok=True)
         for server in servers.values():
@@ -61,4 +71,21 @@ def run_suite(
     print(
         f"  {workers}: {len(outcomes)} tests in {time.monotonic() - started:.0f} s (log: {log})", flush=True
     )
+    return outcomes
+
+
+def fold(lines: list[str]) -> dict[str, dict[str, str]]:
+    """Each test's outcome from its phases' report lines (hook/rqsuite_report.py):
+    ``failed`` if its call failed, ``error`` if its setup or teardown did, else ``skipped``
+    or ``passed``."""
+    outcomes: dict[str, dict[str, str]] = {}
+    for raw in lines:
+        line = json.loads(raw)
+        entry = outcomes.setdefault(line["node"], {"outcome": "passed", "why": ""})
+        if entry["outcome"] in ("failed", "error"):
+            continue
+        if line["outcome"] == "failed":
+            entry.update(outcome="failed" if line["when"] == "call" else "error", why=line["why"])
+        elif line["outcome"] == "skipped":
+            entry["outcome"] = "skipped"
     return outcomes

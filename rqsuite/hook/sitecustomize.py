@@ -11,7 +11,8 @@ It does two things, each driven by the environment the runner sets:
   after start-up). The machine's Redis on 6379 is never reached.
 - ``RQSUITE_WORKERS=ours``: ``rq.Worker``, ``rq.SimpleWorker`` and ``rq.SpawnWorker`` become
   rq_emq's LeaseWorker, SimpleLeaseWorker and SpawnLeaseWorker in every module that exports
-  them, and WorkerPool's default worker class with them. ``stock`` leaves RQ alone.
+  them, and WorkerPool's default worker class with them (SpawnWorker on RQ 3 only: on RQ 2
+  rq-emq refuses to lease for it, by design). ``stock`` leaves RQ alone.
 
 Self-contained on purpose: it must not import anything of the rq-emq source tree, whose
 ``tests`` package would shadow RQ's.
@@ -56,7 +57,7 @@ def swap_workers() -> None:
 
     swaps: dict[Any, Any] = {rq.Worker: rq_emq.LeaseWorker, rq.SimpleWorker: rq_emq.SimpleLeaseWorker}
     spawn = getattr(rq.worker, "SpawnWorker", None)
-    if spawn is not None:
+    if spawn is not None and int(rq.__version__.split(".")[0]) >= 3:  # SpawnLeaseWorker needs RQ 3
         swaps[spawn] = rq_emq.SpawnLeaseWorker  # type: ignore[attr-defined]
     for name, module in list(sys.modules.items()):
         if name == "rq" or name.startswith("rq."):
@@ -74,5 +75,15 @@ def swap_workers() -> None:
 
 if os.environ.get("RQSUITE_REDIS_PORTS"):
     redirect_redis()
-if os.environ.get("RQSUITE_WORKERS") == "ours":
+
+
+def is_stock_spawned_horse() -> bool:
+    """RQ 2's SpawnWorker (left stock there) runs its horse as ``python -c`` code that looks
+    itself up as ``rq.Worker``: that name is RQ's own there, not a test's."""
+    argv = getattr(sys, "orig_argv", [])
+    code = argv[argv.index("-c") + 1] if "-c" in argv[:-1] else ""
+    return "from rq import Worker" in code and "Worker.find_by_key" in code
+
+
+if os.environ.get("RQSUITE_WORKERS") == "ours" and not is_stock_spawned_horse():
     swap_workers()

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     for node, section in sorted(verdict.allowed.items()):
         print(f"  allowed [{section}]: {node} -- {allowlist[node][1]}")
     for node in verdict.stale:
-        print(f"  listed in [{allowlist[node][0]}] but passes now (drop it): {node}")
+        print(f"  listed in [{allowlist[node][0]}] passes on this RQ (drop it once all pass): {node}")
     for node, symptom in verdict.failed.items():
         print(f"  FAILED: {node} -- {symptom}")
     print(f"RQ {version}: {verdict.summary()} ({time.monotonic() - started:.0f} s)")

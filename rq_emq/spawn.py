@@ -113,6 +113,9 @@ class SpawnLeaseMixin:
         me: Any = self
         if self._horse_deadline is not None and not me.is_horse:
             self._horse_deadline.remove()
+            # a worker may work() again (RQ's own tests do): a new file, and a watchdog on it
+            self._horse_deadline = None
+            me._watchdog = None
 
 
 _SpawnWorker = compat.spawn_worker_class()

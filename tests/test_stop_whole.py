@@ -306,7 +306,11 @@ def test_the_watchdog_holds_no_connection_sleeps_while_idle_and_dies_with_its_wo
     time.sleep(10 * SETTINGS.renew_interval_ms / 1000)  # ten renewals of an idle worker
     assert _wakeups(watchdog) == before
     os.kill(worker.pid, signal.SIGKILL)
-    wait_for(lambda: not pid_alive(watchdog), timeout=2, what="the watchdog to go with its worker")
+    try:
+        wait_for(lambda: not pid_alive(watchdog), timeout=2, what="the watchdog to go with its worker")
+    finally:
+        if pid_alive(watchdog):  # (a broken one: no process of a test outlives it)
+            os.kill(watchdog, signal.SIGKILL)
 
 
 def test_kill_tree_ends_a_process_its_group_and_descendants_in_other_sessions() -> None:

@@ -8,6 +8,7 @@ import argparse
 import importlib.util
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -73,6 +74,8 @@ def stock_baseline(args: argparse.Namespace, sdist: Path, version: str) -> Outco
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # a stopped runner still stops its pytest session and its servers (the finally blocks)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     started = time.monotonic()
     if args.processes > 1 and importlib.util.find_spec("xdist") is None:
         print("pytest-xdist is not installed: running serially")
@@ -109,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     for node, section in sorted(verdict.allowed.items()):
         print(f"  allowed [{section}]: {node} -- {allowlist[node][1]}")
     for node in verdict.stale:
-        print(f"  listed in [{allowlist[node][0]}] passes on this RQ (drop it once all pass): {node}")
+        print(f"  listed in [{allowlist[node][0]}], passes on this RQ (drop it once all pass): {node}")
     for node, symptom in verdict.failed.items():
         print(f"  FAILED: {node} -- {symptom}")
     print(f"RQ {version}: {verdict.summary()} ({time.monotonic() - started:.0f} s)")

@@ -47,6 +47,7 @@ def run_suite(
     }
     env.pop("REDIS_URL", None)
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "rqsuite_report"]
+    command += ["--rootdir", str(sdist), "-c", str(pytest_config(sdist))]
     if processes > 1:
         command += ["-p", "xdist", "-n", str(processes)]
     command += [*select] if select else [*extra] if extra else ["tests"]
@@ -60,9 +61,11 @@ def run_suite(
             try:
                 process.wait(timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
                 print(f"  {workers}: stopped after {timeout:.0f} s; tests that had not ended count as failed")
+            finally:
+                if process.poll() is None:  # timed out, or this runner was told to stop
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
         outcomes = fold(report.read_text().splitlines())
     finally:
         report.unlink(missing_ok=True)
@@ -89,3 +92,13 @@ def fold(lines: list[str]) -> dict[str, dict[str, str]]:
         elif line["outcome"] == "skipped":
             entry["outcome"] = "skipped"
     return outcomes
+
+
+def pytest_config(sdist: Path) -> Path:
+    """RQ's own pytest configuration, so that none found above the sdist (rq-emq's, when
+    the cache is inside the checkout) applies: its pyproject.toml where that has the
+    section, else its tox.ini (every release has one)."""
+    pyproject = sdist / "pyproject.toml"
+    if pyproject.is_file() and "[tool.pytest.ini_options]" in pyproject.read_text():
+        return pyproject
+    return sdist / "tox.ini"

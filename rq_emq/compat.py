@@ -183,3 +183,16 @@ def failure_ttl(job: Any) -> int:
     from rq.defaults import DEFAULT_FAILURE_TTL
 
     return int(job.failure_ttl) if job.failure_ttl is not None else int(DEFAULT_FAILURE_TTL)
+
+
+def _worker_named_in_logs() -> bool:
+    import rq.worker
+
+    return hasattr(rq.worker, "__path__")
+
+
+#: RQ's worker log lines begin with ``Worker <name>:`` from the release that made
+#: ``rq.worker`` a package (2.12 has it; 2.0 to 2.6 log ``<queue>: <description> (<id>)``
+#: alone): the take's line keeps the layout of the RQ installed, which tools (and RQ's
+#: own tests) read by position.
+WORKER_NAMED_IN_LOGS: bool = _worker_named_in_logs()

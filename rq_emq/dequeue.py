@@ -155,10 +155,11 @@ class DequeueMixin:
         under ``--disable-job-desc-logging``), with the attempt appended."""
         me: Any = self
         extra = {"job_id": job.id, "queue": queue.name}
+        prefix, names = ("Worker %s: ", [me.name]) if compat.WORKER_NAMED_IN_LOGS else ("", [])
         if me.log_job_description:
             me.log.info(
-                "Worker %s: %s: %s (%s), attempt %d",
-                me.name,
+                prefix + "%s: %s (%s), attempt %d",
+                *names,
                 green(queue.name),
                 blue(job.description or ""),
                 job.id,
@@ -166,9 +167,8 @@ class DequeueMixin:
                 extra=extra,
             )
         else:
-            me.log.info(
-                "Worker %s: %s: %s, attempt %d", me.name, green(queue.name), job.id, attempt, extra=extra
-            )
+            line = prefix + "%s: %s, attempt %d"
+            me.log.info(line, *names, green(queue.name), job.id, attempt, extra=extra)
 
     def _job_from(self, taken: Taken, queue: Queue, lease: Lease) -> Job | None:
         """Build the Job from the hash the take returned; a malformed one goes to failed.

@@ -357,7 +357,7 @@ CATALOG: list[Mutation] = [
     _m(
         "recovery_leaves_rqs_started_entry",
         "lua/move_stalled_jobs_to_wait-9.lua",
-        "      remove_executions(started_key, job_id, rq_prefix)\n",
+        "      release_started(started_key, job_key, job_id, rq_prefix)\n",
         "",
         [f"{SWEEP}::test_a_recovered_job_goes_to_the_front_of_its_queue_and_leaves_rqs_started_registry"],
         "stock cleanup later fails the re-run job as abandoned",
@@ -756,7 +756,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "sweep_expires_a_failure_ttl_0_job_before_its_callback",
-        "lua/move_stalled_jobs_to_wait-9.lua",
+        "lua/lib/lease.lua",
         "elseif ttl == 0 then",
         "elseif false then",
         [
@@ -838,7 +838,7 @@ CATALOG: list[Mutation] = [
     _m(
         "finish_keeps_the_crash_history",
         "lua/finish_job-5.lua",
-        "if ARGV[3] ~= 'outbox_completed' then ended[3] = 'emq_crashes' end",
+        "if ARGV[3] ~= 'outbox_completed' then ended[#ended + 1] = 'emq_crashes' end",
         "local _ = 0",
         [f"{HORSE}::test_a_finish_after_crashes_starts_the_attempts_and_their_history_again"],
         "a job that finished keeps crashes that no longer count",
@@ -847,8 +847,8 @@ CATALOG: list[Mutation] = [
     _m(
         "outbox_drops_the_crash_history",
         "lua/finish_job-5.lua",
-        "if ARGV[3] ~= 'outbox_completed' then ended[3] = 'emq_crashes' end",
-        "ended[3] = 'emq_crashes'",
+        "if ARGV[3] ~= 'outbox_completed' then ended[#ended + 1] = 'emq_crashes' end",
+        "ended[#ended + 1] = 'emq_crashes'",
         [f"{HORSE}::test_a_poison_pill_fails_after_exactly_max_attempts_runs_naming_the_cause"],
         "a job failed at max attempts loses the record of what killed it",
         fast=False,

@@ -188,12 +188,7 @@ class Taker:
         while True:
             taken = None
             if deadline is None or not self._expect_empty:
-                with stop_signals_deferred():
-                    sent_at = time.monotonic()
-                    taken = self.pop(queue_names)
-                    if taken is not None:
-                        taken = dataclasses.replace(taken, sent_at=sent_at)
-                        record(taken)
+                taken = self._pop_and_record(queue_names, record)
                 self._expect_empty = taken is None
             if taken is not None or deadline is None:
                 return taken
@@ -250,6 +245,19 @@ class Taker:
                 for index, job_id in moved:
                     self._wait.hand_back(queues[index], job_id)
 
+    def _pop_and_record(
+        self, queues: Sequence[str | QueueKeys], record: Callable[[Taken], None]
+    ) -> Taken | None:
+        """``pop`` and, for a job taken, ``record``, with stop signals held back; the lease's
+        clock starts when the pop was sent."""
+        with stop_signals_deferred():
+            sent_at = time.monotonic()
+            taken = self.pop(queues)
+            if taken is not None:
+                taken = dataclasses.replace(taken, sent_at=sent_at)
+                record(taken)
+            return taken
+
     def _poll(
         self, queues: Sequence[QueueKeys], timeout: float, record: Callable[[Taken], None]
     ) -> Taken | None:
@@ -257,13 +265,9 @@ class Taker:
         :data:`POLL_WHEN_REFUSED_S`, on the main connection, for up to ``timeout``."""
         deadline = time.monotonic() + timeout
         while True:
-            with stop_signals_deferred():
-                sent_at = time.monotonic()
-                taken = self.pop(queues)
-                if taken is not None:
-                    taken = dataclasses.replace(taken, sent_at=sent_at)
-                    record(taken)
-                    return taken
+            taken = self._pop_and_record(queues, record)
+            if taken is not None:
+                return taken
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None

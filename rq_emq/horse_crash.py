@@ -227,18 +227,7 @@ def _trusted(lease: Lease) -> bool:
 def recover_crashed(client: Redis, lease: Lease, cause: str, default_max: int) -> Any:
     """Run ``recover_crashed_job`` for ``lease``'s job (its reply, as the script says)."""
     q = lease.keys
-    keys = [
-        q.job(lease.job_id),
-        q.lock(lease.job_id),
-        q.leases,
-        q.stalled,
-        q.stats,
-        q.rq_queue,
-        q.moving,
-        q.started,
-        q.failed,
-        q.outbox,
-    ]
+    keys = [*q.returning(lease.job_id), q.failed, q.outbox]
     args = [
         lease.job_id,
         lease.token,

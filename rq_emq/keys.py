@@ -120,6 +120,22 @@ class QueueKeys:
         intermediate-list cleanup never sees one of ours)."""
         return self.prefix + "moving"
 
+    def returning(self, job_id: str) -> list[str]:
+        """The keys a script that takes a leased job out of flight and back to its queue
+        names first (``return_job_to_queue``, ``recover_crashed_job``): the job, its lock,
+        the lease index, the stall marks, the counters, the queue, the moving list and
+        RQ's started registry."""
+        return [
+            self.job(job_id),
+            self.lock(job_id),
+            self.leases,
+            self.stalled,
+            self.stats,
+            self.rq_queue,
+            self.moving,
+            self.started,
+        ]
+
     @property
     def started(self) -> str:
         return str(StartedJobRegistry.key_template.format(self.queue))

@@ -94,17 +94,7 @@ class Lease:
     def hand_back(self, client: Redis) -> bool:
         """Put the job back at the front of its queue, attempt refunded, if this lease
         still owns it (``return_job_to_queue``); False when it was not ours any more."""
-        q = self.keys
-        keys = [
-            q.job(self.job_id),
-            q.lock(self.job_id),
-            q.leases,
-            q.stalled,
-            q.stats,
-            q.rq_queue,
-            q.moving,
-            q.started,
-        ]
+        keys = self.keys.returning(self.job_id)
         return bool(scripts.load("return_job_to_queue")(client, keys, [self.job_id, self.token, RQ_PREFIX]))
 
 

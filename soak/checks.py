@@ -66,6 +66,27 @@ def _excused(run: Run, until: float, faults: list[Fault]) -> Fault | None:
     return None
 
 
+def _outcome_written_by(run: Run, state: dict[str, Any], patience_s: float) -> float:
+    """The latest moment the holder of a run that returned could still have been writing its
+    outcome: the function's end plus the finish's patience (one lease), and never after the
+    job was failed (RQ's ``ended_at``, when the evidence has it)."""
+    until = (run.ended or run.started) + patience_s
+    failed_at = state.get("ended_at")
+    return min(until, float(failed_at)) if failed_at else until
+
+
+def _failure_context(state: dict[str, Any], runs: list[Run], faults: list[Fault]) -> str:
+    """What a failed-yet-completed job's report needs to be read without a rerun: its
+    failure, each run, and the faults that hit those runs' processes."""
+    pids = {p for r in runs for p in (r.pid, r.ppid)}
+    hits = [f"{f.kind}@{f.started:.3f}" for f in faults if any(f.hit(p) for p in pids)]
+    shown = [f"{r.outcome or 'cut'} pid {r.pid}/{r.ppid} {r.started:.3f}-{r.ended or 0:.3f}" for r in runs]
+    return (
+        f"failure {state.get('failure') or state.get('reason', '')[-80:]!r}; runs {'; '.join(shown)}; "
+        f"faults on them {', '.join(hits) or 'none'}"
+    )
+
+
 def _long_restart(fault: Fault, grace_s: float) -> Fault:
     """A Redis restart the soak meant to keep within the grace that took longer (a loaded
     machine: the AOF load, the process start) is a ``restart_long``: every holder's local
@@ -189,11 +210,15 @@ def evaluate(ev: Any) -> Verdict:
         completed = [r for r in runs if r.outcome == "ok"]
         if state["status"] == "failed" and completed:
             failed_running.append(job_id)
-            # allowed only when that run's holder was cut off or away past the grace: its
-            # outcome could not be written, and the sweep rightly took the job from it
-            if not any(_excused(r, r.ended or r.started, faults) for r in completed):
+            # allowed only when that run's holder was killed, cut off or away past the grace
+            # before its outcome was written: the sweep (or the crash recovery) rightly took
+            # the job from it. The outcome is written after the job function returned (its
+            # ``end`` line), within the finish's patience, so a fault up to then counts.
+            patience_s = cfg.lease_ms / 1000
+            if not any(_excused(r, _outcome_written_by(r, state, patience_s), faults) for r in completed):
                 unexplained_failures += 1
-                v.violations.append(f"{job_id}: failed, although a run of it completed")
+                context = _failure_context(state, runs, faults)
+                v.violations.append(f"{job_id}: failed, although a run of it completed ({context})")
     reasons: dict[str, int] = {}
     for state in ev.final.values():
         if state["status"] == "failed":

@@ -546,6 +546,8 @@ class Soak:
                 # the horse names itself as it starts; a horse killed before that leaves only
                 # the take's record of the worker (ours), so a kill_horse can still explain it
                 "worker": state.get("worker_name") or state.get("emq_worker"),
+                # when RQ ended it (epoch seconds), to tell a fault before its end from one after
+                "ended_at": _epoch(state.get("ended_at")),
             }
         registries = {
             "queued": [v.decode() for v in self.client.lrange(q.rq_queue, 0, -1)],
@@ -587,3 +589,15 @@ class Soak:
             ),
         )
         return evidence
+
+
+def _epoch(stamp: str | None) -> float | None:
+    """RQ's UTC stamp (``2026-12-01T19:35:00.123456Z``) as epoch seconds; None when absent or odd."""
+    from datetime import timezone
+
+    from rq.utils import utcparse
+
+    try:
+        return utcparse(stamp).replace(tzinfo=timezone.utc).timestamp() if stamp else None
+    except ValueError:
+        return None

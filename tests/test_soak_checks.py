@@ -173,6 +173,27 @@ def test_failed_at_max_attempts_after_a_completed_run_needs_its_holder_cut_off()
     assert verdict.counts["failed_while_running"] == 1
 
 
+def test_a_kill_after_the_job_returned_but_before_its_outcome_was_written_explains_the_failure() -> None:
+    # the job function has returned (its end line) and the horse is writing the outcome
+    # when the kill lands: to RQ and to us the run never completed, so its one attempt is spent
+    crashed = {
+        "status": "failed",
+        "max_attempts": "1",
+        "failure": "work horse killed by signal 9 (SIGKILL) on attempt 1 of 1",
+        "reason": "JobStalled: job j ...",
+        "ended_at": 2.3,
+    }
+    runs = [run(1, 1.0, 2.0, "ok")]
+    verdict = evaluate(evidence(runs, final=crashed, faults=[kill("oom_horse", 2.01)]))
+    assert verdict.passed, verdict.violations
+    # a kill after the job was failed, or past the finish's patience (one lease), explains nothing
+    late = evaluate(evidence(runs, final=crashed, faults=[kill("oom_horse", 2.5)]))
+    assert not late.passed and "failed, although a run of it completed" in late.violations[0]
+    patient = dict(crashed, ended_at=None, failure="stalled on attempt 1 of 1")
+    assert evaluate(evidence(runs, final=patient, faults=[kill("kill_worker", 3.4)])).passed
+    assert not evaluate(evidence(runs, final=patient, faults=[kill("kill_worker", 3.6)])).passed
+
+
 def test_a_horse_held_back_by_a_long_stop_that_starts_late_is_a_stale_run() -> None:
     # attempt 2 was taken by WORKER, whose horse a long stop froze before the job began;
     # attempt 3 ran elsewhere and finished; the frozen horse then began, reading no count

@@ -101,6 +101,9 @@ class SpawnLeaseMixin:
         lease = Lease(layout.queue, job.id, token, layout=layout)
         wanted = job.meta.get(META_MAX_ATTEMPTS)
         lease.max_attempts = job_max_attempts(wanted) if wanted is not None else None
+        # RQ hands the spawned horse its execution (re-fetched by id): the start's HSET then
+        # names the pinned started entry, as a forked horse's does
+        lease.execution = getattr(me, "execution", None)
         fencing.prepare(me.connection)
         # never started: it only holds the lease that fences this horse's writes, as the
         # copy of the worker's lock manager does in a forked horse

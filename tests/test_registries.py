@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import redis
+import rq
 from helpers import FAST, started_members, status, wait_status
 from jobs import runs
 from procs import RQ_BIN, Processes, pid_alive, wait_for
@@ -129,6 +130,29 @@ def stock_cleanup(url: str, later_s: float, queue: str = "default") -> None:
     command = [sys.executable, "-c", STOCK_CLEANUP, url, queue, str(later_s)]
     done = subprocess.run(command, capture_output=True, timeout=60, cwd="/")
     assert done.returncode == 0, done.stderr.decode()
+
+
+SPAWNING = ["rq_emq.SpawnLeaseWorker"] if int(rq.__version__.split(".")[0]) >= 3 else []
+
+
+@pytest.mark.parametrize("worker_class", ["rq_emq.LeaseWorker", "rq_emq.SimpleLeaseWorker", *SPAWNING])
+def test_every_worker_class_names_its_pinned_entry_on_the_job_hash(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path, worker_class: str
+) -> None:
+    """The pin's member is what lets the sweep remove the entry once RQ's execution records
+    have expired (an outage longer than their TTL): a spawned horse, which re-fetches its
+    execution from Redis, names it as a forked or in-process one does."""
+    log = str(tmp_path / "runs.log")
+    job = Queue("default", connection=r).enqueue(
+        "integration_jobs.slow_on_first_run", log, 120.0, job_timeout=300
+    )
+    worker = procs.worker(redis_url, worker_class=worker_class, **FAST)
+    wait_for(lambda: len(starts(log)) == 1, timeout=30, what="the job to start")
+    entries = started_members(r, "default")
+    assert len(entries) == 1 and r.zscore(Q.started, entries[0]) == float("inf")
+    assert (r.hget(f"rq:job:{job.id}", PINNED_FIELD) or b"").decode() == entries[0]
+    os.killpg(worker.pid, signal.SIGKILL)
+    worker.wait(timeout=10)
 
 
 def test_no_stock_process_fails_a_leased_job_however_long_the_fleet_is_down(

@@ -196,3 +196,13 @@ def _worker_named_in_logs() -> bool:
 #: alone): the take's line keeps the layout of the RQ installed, which tools (and RQ's
 #: own tests) read by position.
 WORKER_NAMED_IN_LOGS: bool = _worker_named_in_logs()
+
+
+def _rq_major() -> int:
+    import rq
+
+    return int(str(rq.__version__).split(".")[0])
+
+
+#: The installed RQ's major release: SpawnWorker's leases need 3 (its spawned horse differs in 2.x).
+RQ_MAJOR: int = _rq_major()

@@ -9,15 +9,26 @@ Nothing here talks to Redis: :mod:`rq_emq.fencing` decides what is fenced and se
 from __future__ import annotations
 
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from redis.exceptions import ResponseError
 
 from . import compat
 from .keys import PINNED_FIELD
 
-if TYPE_CHECKING:
-    from .fencing import Fence
+
+class StartRecord(Protocol):
+    """What :func:`start_record` reads of a fence (:class:`rq_emq.fencing.Fence` has it)."""
+
+    @property
+    def records_status(self) -> bool: ...
+    @property
+    def max_attempts(self) -> str: ...
+    @property
+    def started_entry(self) -> str: ...
+    @property
+    def keys(self) -> list[str]: ...
+
 
 # Commands that only read: a transaction of nothing else is not an outcome. Anything not
 # listed counts as a write, so an unknown command is fenced rather than let through.
@@ -65,7 +76,9 @@ _KEEP_FIELDS = frozenset(
 SEEN_FIELDS = {"status": "emq_status", "enqueued_at": "emq_enqueued_at", "started_at": "emq_started_at"}
 
 
-def start_record(fence: Fence, commands: list[Any], pieces: list[tuple[list[list[Any]], str]]) -> list[str]:
+def start_record(
+    fence: StartRecord, commands: list[Any], pieces: list[tuple[list[list[Any]], str]]
+) -> list[str]:
     """``guard_job_write``'s max attempts and record arguments: what it records on the job
     hash with RQ's commands. When one HSET of RQ's writes every seen field the commands
     change (RQ's start writes status and started_at), their values (and the job's own max

@@ -45,6 +45,8 @@ class SpawnLeaseMixin:
     """Put before :class:`rq_emq.LeaseWorker` in a ``SpawnWorker`` lease worker
     (:func:`rq_emq.lease_worker` does)."""
 
+    _spawn_parts = True  # what a SpawnWorker class needs (rq_emq.worker_check)
+
     _horse_deadline: HorseDeadline | None
     _worker_pid: int
     _watched: bool

@@ -37,7 +37,6 @@ from rq.queue import Queue
 
 from . import compat, fencing, scripts
 from .blips import BLIPS, wait_for_redis
-from .compose import check_worker_class
 from .dequeue import DequeueMixin
 from .fencing import LeaseLost
 from .heartbeats import HeartbeatMixin
@@ -52,12 +51,15 @@ from .settings import LeaseSettings
 from .startup import check_redis, worker_settings
 from .sweep import Sweeper
 from .take import Taker
+from .worker_check import check_worker_class
 
 logger = logging.getLogger("rq_emq.lease")
 
 
 class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
     """The lease behaviour shared by both worker kinds (put before the RQ worker class)."""
+
+    _is_lease_worker = True  # rq_emq.worker_check tells lease classes from RQ's by it
 
     # Settings as class attributes; None means "environment variable, else default".
     lease_ms: int | None = None
@@ -297,6 +299,8 @@ class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, Worker):
     """A forking RQ worker whose jobs hold lock leases (``rq worker -w rq_emq.LeaseWorker``);
     a horse that dies without an outcome is recovered at once (:mod:`rq_emq.horse_crash`)."""
 
+    _fork_parts = True  # the horse parts a forking class needs (rq_emq.worker_check)
+
     _horse_job_id: str | None = None
 
     def main_work_horse(self, job: Job, queue: Queue) -> None:
@@ -358,6 +362,8 @@ class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, Worker):
 
 class SimpleLeaseWorker(SimpleRunGuard, LeaseMixin, SimpleWorker):
     """A non-forking RQ worker whose jobs hold lock leases; a thread renews while jobs run."""
+
+    _in_process_parts = True  # what an in-process class needs (rq_emq.worker_check)
 
     #: Delivered to the main thread to interrupt a job whose lease was lost.
     interrupt_signal = signal.SIGUSR1

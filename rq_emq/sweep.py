@@ -29,8 +29,9 @@ from rq.queue import Queue
 from rq.results import Result
 from rq.utils import now, utcformat
 
-from . import compat, events, scripts
+from . import compat, events, failover, scripts
 from .background import BackgroundLoop
+from .blips import BLIPS
 from .election import SweeperElection
 from .fencing import Fence, LeaseLost, fenced
 from .keys import RQ_PREFIX, QueueKeys
@@ -270,7 +271,7 @@ class Sweeper(BackgroundLoop):
         tokens = ["outbox:" + new_token(self.name) for _ in range(OUTBOX_BATCH)]
         prefix = q.job_prefix
         args = [OUTBOX_CLAIM_MS, OUTBOX_MARGIN_MS, DEFAULT_CALLBACK_TIMEOUT_S, prefix]
-        claimed = _ids(scripts.load("claim_outbox")(self.client, [q.outbox], [*args, *tokens]))
+        claimed = self._claim_outbox(q, [*args, *tokens])
         done = 0
         for job_id, token in zip(claimed[0::2], claimed[1::2], strict=True):
             try:
@@ -283,6 +284,36 @@ class Sweeper(BackgroundLoop):
                     extra={"job_id": job_id, "queue": queue},
                 )
         return done
+
+    def _claim_outbox(self, q: QueueKeys, args: list[Any]) -> list[str]:
+        """Claim due outbox entries, and keep them only if the claim was made on the
+        master Sentinel names now and replicated (rq_emq.failover): the drain runs failure
+        callbacks, and a claim on a demoted or soon-demoted master is for a job that may
+        finish on the new one. An unconfirmed claim lapses; the next drain tries again."""
+        script = scripts.load("claim_outbox")
+        for _ in range(2):
+            pipe = self.client.pipeline(transaction=False)
+            script.queue(pipe, [q.outbox], args)
+            wait_ms = int(self.settings.redis_timeout_s * 1000) // 2
+            before = failover.claim_checks(self.client, pipe, wait_ms)
+            replies = pipe.execute(raise_on_error=False)
+            if scripts.is_noscript(replies[0]):
+                script.load(self.client)
+                continue
+            if isinstance(replies[0], Exception):
+                raise replies[0]
+            claimed = _ids(replies[0])
+            if claimed and not failover.claim_confirmed(self.client, before, replies[1:]):
+                logger.warning(
+                    "queue %s: not running %d failure callback(s): the master is not confirmed by "
+                    "Sentinel (a failover?); the claims lapse and are retried",
+                    q.queue,
+                    len(claimed) // 2,
+                    extra={"queue": q.queue},
+                )
+                return []
+            return claimed
+        return []
 
     def _complete_failure(self, queue: str, job_id: str, token: str) -> int:
         job = self.job_class.fetch(job_id, connection=self.client, serializer=self.serializer)
@@ -370,21 +401,37 @@ class Sweeper(BackgroundLoop):
         busy = bool(self.run_once())
         return (self.poll_ms if busy else self.idle_ms) / 1000.0
 
+    def start(self) -> None:
+        failover.watch(self.client)  # a Sentinel switch breaks this client's connections at once
+        super().start()
+
+    def _failed(self, error: Exception, down: bool) -> bool:
+        """Log a failed step: a traceback for a bug, one line when Redis went away (a
+        failover, a restart), and nothing while it stays away. Returns whether it is away."""
+        if not isinstance(error, BLIPS):
+            logger.error("sweep failed; retrying", exc_info=error)
+            return down
+        if not down:
+            logger.warning("sweep: Redis unreachable (%s); retrying quietly until it answers", error)
+        return True
+
     def loop(self, stop: threading.Event) -> None:
         # The first round runs at once, elected or not, so that a restarted worker recovers
         # its predecessor's job without waiting (one EXISTS when nothing is in flight).
+        down = False
         try:
             pause = self.idle_ms / 1000.0 if not self.run_once() else self.poll_ms / 1000.0
-        except Exception:
-            logger.exception("sweep failed; retrying")
+        except Exception as error:
+            down = self._failed(error, down)
             pause = self.poll_ms / 1000.0
         # then a random phase spreads the fleet's standbys (and reapers)
         stop.wait(random.uniform(0, min(pause, self.poll_ms / 1000.0)))
         while not stop.is_set():
             try:
                 pause = self.tick()
-            except Exception:
-                logger.exception("sweep failed; retrying")
+                down = False
+            except Exception as error:
+                down = self._failed(error, down)
                 pause = self.poll_ms / 1000.0
             stop.wait(pause)
 

@@ -35,7 +35,7 @@ from rq.exceptions import InvalidJobOperation
 from rq.job import Job
 from rq.queue import Queue
 
-from . import compat, fencing, scripts
+from . import compat, failover, fencing, scripts
 from .blips import BLIPS, wait_for_redis
 from .compose import check_worker_class
 from .dequeue import DequeueMixin
@@ -153,6 +153,10 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
         self._taker = Taker(self.connection, self.name, settings)
         self.lock_manager = self._new_lock_manager(own_client(self.connection, settings.redis_timeout_s))
         self.lock_manager.start()
+        # a Sentinel failover breaks these connections at once, and they reconnect to the
+        # master Sentinel names now (not to the old one, writable until its demotion)
+        failover.watch(self.connection)
+        failover.watch(self.lock_manager.client)
         manager = self.lock_manager
         # RQ's started-registry entries of our leased runs never fall due (registries.py)
         pin_started_entries_of(lambda job_id: manager.get(job_id) is not None)

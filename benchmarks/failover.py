@@ -13,7 +13,7 @@ A primary, one replica and sentinels on loopback (rq_emq.testing_sentinel); ``--
 - idle after switch: per worker, from Sentinel naming the new primary (or the end of the
   worker's run then in progress) to its next start; the worst worker is reported;
 - log lines: lines the workers logged after the fault that are not a job's own
-  (tracebacks counted apart).
+  (tracebacks counted apart, less RQ's own one for each run that ended in an error).
 
     python benchmarks/failover.py [--trials 2] [--kinds failover,kill] [--classes ours,simple,stock]
 """
@@ -41,6 +41,8 @@ CLASSES = {"ours": "rq_emq.LeaseWorker", "simple": "rq_emq.SimpleLeaseWorker", "
 #: The lease the issue's measurement used (a short one makes the failover window matter).
 LEASE_ENV = {"RQ_EMQ_LEASE_MS": "2000", "RQ_EMQ_RENEW_INTERVAL_MS": "400", "RQ_EMQ_SWEEP_INTERVAL_MS": "500"}
 #: Lines a worker logs for every job it runs: not counted as failover noise.
+#: When the old primary's clients are counted, after Sentinel names the new one.
+PROBE_S = 1.5
 JOB_LINES = ("Job OK", "Result is kept", "Result will never expire", "default: ", "Successfully completed")
 
 
@@ -57,6 +59,8 @@ class Trial:
     log_lines: int
     tracebacks: int
     moved_lines: int
+    #: Worker connections still open on the old primary PROBE_S after the switch (-1: it is dead).
+    old_primary_clients: int
 
 
 def _runs(log: Path) -> list[tuple[str, str, str, float]]:
@@ -131,6 +135,7 @@ def trial(
             ).id
             for _ in range(jobs)
         ]
+        r.connection_pool.disconnect()  # this process's own connection is not a worker's
         env = dict(
             os.environ,
             PYTHONPATH=os.pathsep.join(
@@ -156,8 +161,11 @@ def trial(
         old = group.primary_port()
         sizes = {name: (directory / f"{name}.log").stat().st_size for name in names}
         group.failover() if kind == "failover" else group.kill_primary()
+        old_server = group.primary
         group.wait_switch(old)
         switch_at = time.time() - (time.monotonic() - group.switched_at)
+        time.sleep(max(0.0, group.switched_at + PROBE_S - time.monotonic()))
+        old_clients = _worker_clients(old_server.port) if kind == "failover" else -1
         fresh = group.client()
         done = lambda: all(_status(fresh, job_id) == "finished" for job_id in ids)  # noqa: E731
         _wait(done, settle_s, quiet=True)
@@ -180,8 +188,12 @@ def trial(
             overlaps=_overlaps(rows),
             idle_after_switch_s=round(_idle_after(rows, switch_at, names), 2),
             log_lines=len(lines),
-            tracebacks=sum("Traceback" in line for line in lines),
+            # RQ logs a traceback of its own for a run that ended in an error (stopped on a
+            # lost lease, its outcome unwritable for a whole lease): one per run, not per retry
+            tracebacks=sum("Traceback" in line for line in lines)
+            - sum("exception raised while executing" in line for line in lines),
             moved_lines=sum("master moved to" in line for line in lines),
+            old_primary_clients=old_clients,
         )
     finally:
         for process in processes:
@@ -191,6 +203,20 @@ def trial(
                 pass
             process.wait()
         group.stop()
+
+
+def _worker_clients(port: int) -> int:
+    """Connections to the server on ``port`` that are neither a sentinel's nor replication's."""
+    try:
+        clients = redis.Redis(port=port, socket_timeout=2).client_list()
+    except redis.RedisError:
+        return -1
+    return sum(
+        not str(c.get("name", "")).startswith("sentinel-")
+        and not set(str(c.get("flags", ""))) & {"S", "M"}
+        and c.get("cmd") != "client|list"
+        for c in clients
+    )
 
 
 def _new_lines(path: Path, offset: int) -> list[str]:

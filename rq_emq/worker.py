@@ -369,6 +369,7 @@ class SimpleLeaseWorker(SimpleRunGuard, LeaseMixin, SimpleWorker):
     def execute_job(self, job: Job, queue: Queue) -> Any:
         previous = signal.signal(self.interrupt_signal, self._interrupt_lost_job)
         self._interrupt_job_id: str | None = None
+        self._interrupt_job = job
         self._watch_run(job)
         try:
             return super().execute_job(job, queue)
@@ -401,4 +402,9 @@ class SimpleLeaseWorker(SimpleRunGuard, LeaseMixin, SimpleWorker):
         # only the job's own code is interrupted: once it has ended (its outcome is being
         # written, or RQ's bookkeeping runs) the interrupt would hit RQ's code instead
         if job_id is not None and job_id == self._running_job_id:
+            # a lost lease is no failure (the sweep decides what becomes of the job, and it
+            # may finish elsewhere, as after a failover): RQ's failure path that this
+            # exception enters must not run the job's failure callback, as a forking
+            # worker's SIGKILLed horse runs none
+            compat.drop_failure_callback(self._interrupt_job)
             raise LeaseJobInterrupted(f"job {job_id}: lease lost, job stopped")

@@ -412,7 +412,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "outbox_commit_not_fenced",
-        "rq_emq/sweep.py",
+        "rq_emq/outbox.py",
         'with fenced(self.client, Fence(queue, job_id, token, counter="outbox_completed", layout=layout)):',
         "if True:",
         [f"{SWEEP}::test_a_drainer_whose_claim_was_taken_over_writes_no_result"],

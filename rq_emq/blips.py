@@ -18,6 +18,8 @@ from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from . import failover
+
 logger = logging.getLogger("rq_emq.lease")
 
 T = TypeVar("T")
@@ -57,5 +59,5 @@ def wait_for_redis(connection: Redis, stop: Callable[[], bool]) -> None:
             connection.ping()
             return
         except BLIPS:
-            time.sleep(delay)
+            failover.pause(connection, delay)  # a Sentinel switch ends it at once
             delay = min(delay * 2, 2.0)

@@ -153,8 +153,16 @@ def spawn_worker_class() -> type[Any] | None:
     return SpawnWorker  # type: ignore[no-any-return,unused-ignore]
 
 
+def drop_failure_callback(job: Any) -> None:
+    """Keep RQ's failure path from running ``job``'s failure callback in this process
+    (RQ 2.0 to 3.x read it through ``Job.failure_callback``, which a set ``_failure_callback``
+    short-cuts; the job's hash keeps its callback for a later run)."""
+    job._failure_callback = None
+
+
 __all__ = [
     "StopRequested",
+    "drop_failure_callback",
     "WorkerStatus",
     "execution_ids",
     "forget_executions",

@@ -22,7 +22,7 @@ from rq.logutils import blue, green
 from rq.queue import Queue
 from rq.utils import now
 
-from . import compat
+from . import compat, failover
 from .fencing import LeaseLost, fenced
 from .keys import QueueKeys
 from .lease import Lease, LockManager
@@ -110,7 +110,7 @@ class DequeueMixin:
                 me.log.error(
                     "Worker %s: could not reach Redis: %s; retrying in %ds", me.name, error, wait_time
                 )
-                time.sleep(wait_time)
+                failover.pause(me.connection, wait_time)  # a Sentinel switch ends it at once
                 wait_time = min(wait_time * me.exponential_backoff_factor, me.max_connection_wait_time)
         if result is not None:
             me.heartbeat_after_take()

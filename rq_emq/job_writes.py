@@ -124,7 +124,14 @@ class JobWritesMixin:
         # its direct writes (a delayed Retry's set_status) are the holder's too
         self._settled_job_id = None
         with self._guarding_direct_writes(job):
-            return self._through_blips(job, fenced_finish, "write its outcome")
+            try:
+                return self._through_blips(job, fenced_finish, "write its outcome")
+            except BLIPS:
+                # Redis stayed away for a whole lease (a failover): the lease lapses and the
+                # sweep decides. RQ's perform_job takes this error for the job's failure and
+                # would run its failure callback, for a job that may well have succeeded
+                compat.drop_failure_callback(job)
+                raise
 
     def _record_canceled_run(self, job: Job, exc_string: str | None = None) -> None:
         """A job canceled while it ran: RQ lets the run go on and record it, so its

@@ -28,6 +28,7 @@ from rq.utils import now, utcformat
 
 from . import events, scripts
 from .background import BackgroundLoop
+from .blips import BLIPS
 from .fencing import Fence
 from .keys import RQ_PREFIX, QueueKeys
 
@@ -201,9 +202,17 @@ class LockManager(BackgroundLoop):
     # -- the timer -----------------------------------------------------------------------
     def loop(self, stop: threading.Event) -> None:
         interval = self.renew_interval_ms / 1000.0
+        down = False  # Redis went away: said once, not a traceback per tick (a failover)
         while not stop.wait(interval):
             try:
                 self.tick()
+                down = False
+            except BLIPS as error:
+                if not down:
+                    logger.warning(
+                        "lock manager: Redis unreachable (%s); retrying every %.1fs", error, interval
+                    )
+                down = True
             except Exception:  # a tick must never kill the timer; the next one retries
                 logger.exception("lock manager tick failed; retrying in %.1fs", interval)
 

@@ -26,32 +26,21 @@ from typing import Any
 from redis import Redis
 from rq.job import Job
 from rq.queue import Queue
-from rq.results import Result
 from rq.utils import now, utcformat
 
-from . import compat, events, scripts
+from . import events, failover, scripts
 from .background import BackgroundLoop
+from .blips import BLIPS
 from .election import SweeperElection
-from .fencing import Fence, LeaseLost, fenced
 from .keys import RQ_PREFIX, QueueKeys
-from .lease import new_token
+from .outbox import DEFAULT_FAILURE_TTL, JobStalled, OutboxDrain
 from .settings import LeaseSettings
+
+__all__ = ["DEFAULT_FAILURE_TTL", "JobStalled", "SweepReport", "Sweeper"]
 
 logger = logging.getLogger("rq_emq.sweep")
 
-DEFAULT_FAILURE_TTL = 365 * 24 * 3600  # RQ's own default
 MAX_CALLS_PER_ROUND = 100
-#: Shortest outbox claim; a claim lasts at least the job's failure callback timeout plus
-#: OUTBOX_MARGIN_MS, so another drainer never runs a callback that is still running.
-OUTBOX_CLAIM_MS = 60_000
-OUTBOX_MARGIN_MS = 30_000
-#: RQ's default callback timeout (seconds), for a job hash that names none.
-DEFAULT_CALLBACK_TIMEOUT_S = 60
-OUTBOX_BATCH = 20
-
-
-class JobStalled(Exception):
-    """The exception a failure callback receives for a job failed at max attempts."""
 
 
 @dataclass
@@ -79,7 +68,7 @@ def _ids(values: list[Any]) -> list[str]:
     return [v.decode() if isinstance(v, bytes) else str(v) for v in values]
 
 
-class Sweeper(BackgroundLoop):
+class Sweeper(OutboxDrain, BackgroundLoop):
     """Runs sweep rounds for some queues, and drains their failure outboxes."""
 
     def __init__(
@@ -262,55 +251,6 @@ class Sweeper(BackgroundLoop):
                     level, what, job_id, report.queue, verb, extra={"job_id": job_id, "queue": report.queue}
                 )
 
-    # -- the outbox ----------------------------------------------------------------------
-    def drain_outbox(self, queue: str) -> int:
-        """Write RQ's Result (once) and run the failure callback for jobs failed at max
-        attempts; returns how many were completed here."""
-        q = self.keys(queue)
-        tokens = ["outbox:" + new_token(self.name) for _ in range(OUTBOX_BATCH)]
-        prefix = q.job_prefix
-        args = [OUTBOX_CLAIM_MS, OUTBOX_MARGIN_MS, DEFAULT_CALLBACK_TIMEOUT_S, prefix]
-        claimed = _ids(scripts.load("claim_outbox")(self.client, [q.outbox], [*args, *tokens]))
-        done = 0
-        for job_id, token in zip(claimed[0::2], claimed[1::2], strict=True):
-            try:
-                done += self._complete_failure(queue, job_id, token)
-            except Exception:
-                logger.exception(
-                    "job %s on queue %s: could not complete its stall failure; will retry",
-                    job_id,
-                    queue,
-                    extra={"job_id": job_id, "queue": queue},
-                )
-        return done
-
-    def _complete_failure(self, queue: str, job_id: str, token: str) -> int:
-        job = self.job_class.fetch(job_id, connection=self.client, serializer=self.serializer)
-        raw = self.client.hget(job.key, "emq_failure")
-        reason = raw.decode() if isinstance(raw, bytes) else "stalled"
-        # a stall's reason is "stalled on attempt ..."; a crash's names its cause already
-        why = " (its worker died or lost its lease)" if reason.startswith("stalled") else ""
-        exc_string = f"JobStalled: job {job_id} {reason}{why}; moved to FailedJobRegistry by rq-emq"
-        compat.run_failure_callback(job, JobStalled(exc_string))
-        ttl = job.failure_ttl if job.failure_ttl is not None else DEFAULT_FAILURE_TTL
-        try:
-            layout = self.keys(queue)
-            with fenced(self.client, Fence(queue, job_id, token, counter="outbox_completed", layout=layout)):
-                pipe = self.client.pipeline()
-                Result.create_failure(job, ttl, exc_string=exc_string, pipeline=pipe)
-                pipe.zrem(layout.outbox, job_id)
-                if ttl == 0:
-                    # as RQ's failure with failure_ttl=0: the job goes once its callback ran
-                    job.delete(pipeline=pipe, remove_from_queue=False)
-                pipe.execute()
-        except LeaseLost:
-            return 0  # another drainer took this entry over
-        queue_obj = self.queue_class(
-            queue, connection=self.client, job_class=self.job_class, serializer=self.serializer
-        )
-        queue_obj.enqueue_dependents(job)
-        return 1
-
     # -- the loop --------------------------------------------------------------------------
     def _work_keys(self) -> list[str]:
         """Keys that exist whenever a round has anything to do on one of the queues: a
@@ -370,21 +310,37 @@ class Sweeper(BackgroundLoop):
         busy = bool(self.run_once())
         return (self.poll_ms if busy else self.idle_ms) / 1000.0
 
+    def start(self) -> None:
+        failover.watch(self.client)  # a Sentinel switch breaks this client's connections at once
+        super().start()
+
+    def _failed(self, error: Exception, down: bool) -> bool:
+        """Log a failed step: a traceback for a bug, one line when Redis went away (a
+        failover, a restart), and nothing while it stays away. Returns whether it is away."""
+        if not isinstance(error, BLIPS):
+            logger.error("sweep failed; retrying", exc_info=error)
+            return down
+        if not down:
+            logger.warning("sweep: Redis unreachable (%s); retrying quietly until it answers", error)
+        return True
+
     def loop(self, stop: threading.Event) -> None:
         # The first round runs at once, elected or not, so that a restarted worker recovers
         # its predecessor's job without waiting (one EXISTS when nothing is in flight).
+        down = False
         try:
             pause = self.idle_ms / 1000.0 if not self.run_once() else self.poll_ms / 1000.0
-        except Exception:
-            logger.exception("sweep failed; retrying")
+        except Exception as error:
+            down = self._failed(error, down)
             pause = self.poll_ms / 1000.0
         # then a random phase spreads the fleet's standbys (and reapers)
         stop.wait(random.uniform(0, min(pause, self.poll_ms / 1000.0)))
         while not stop.is_set():
             try:
                 pause = self.tick()
-            except Exception:
-                logger.exception("sweep failed; retrying")
+                down = False
+            except Exception as error:
+                down = self._failed(error, down)
                 pause = self.poll_ms / 1000.0
             stop.wait(pause)
 

@@ -35,7 +35,7 @@ from rq.exceptions import InvalidJobOperation
 from rq.job import Job
 from rq.queue import Queue
 
-from . import compat, fencing, scripts
+from . import compat, failover, fencing, scripts
 from .blips import BLIPS, wait_for_redis
 from .dequeue import DequeueMixin
 from .fencing import LeaseLost
@@ -155,6 +155,10 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
         self._taker = Taker(self.connection, self.name, settings)
         self.lock_manager = self._new_lock_manager(own_client(self.connection, settings.redis_timeout_s))
         self.lock_manager.start()
+        # a Sentinel failover breaks these connections at once, and they reconnect to the
+        # master Sentinel names now (not to the old one, writable until its demotion)
+        failover.watch(self.connection)
+        failover.watch(self.lock_manager.client)
         manager = self.lock_manager
         # RQ's started-registry entries of our leased runs never fall due (registries.py)
         pin_started_entries_of(lambda job_id: manager.get(job_id) is not None)
@@ -371,6 +375,7 @@ class SimpleLeaseWorker(SimpleRunGuard, LeaseMixin, SimpleWorker):
     def execute_job(self, job: Job, queue: Queue) -> Any:
         previous = signal.signal(self.interrupt_signal, self._interrupt_lost_job)
         self._interrupt_job_id: str | None = None
+        self._interrupt_job = job
         self._watch_run(job)
         try:
             return super().execute_job(job, queue)
@@ -403,4 +408,9 @@ class SimpleLeaseWorker(SimpleRunGuard, LeaseMixin, SimpleWorker):
         # only the job's own code is interrupted: once it has ended (its outcome is being
         # written, or RQ's bookkeeping runs) the interrupt would hit RQ's code instead
         if job_id is not None and job_id == self._running_job_id:
+            # a lost lease is no failure (the sweep decides what becomes of the job, and it
+            # may finish elsewhere, as after a failover): RQ's failure path that this
+            # exception enters must not run the job's failure callback, as a forking
+            # worker's SIGKILLed horse runs none
+            compat.drop_failure_callback(self._interrupt_job)
             raise LeaseJobInterrupted(f"job {job_id}: lease lost, job stopped")

@@ -45,6 +45,7 @@ COMMANDS = (
     *"sadd srem smembers".split(),
     *"zadd zcard zcount zrange zrangebyscore zrem zremrangebyscore zscore".split(),
     *"xadd xrevrange".split(),  # RQ's job results
+    "wait",  # the outbox drain's Sentinel-confirmed claim (a replica has it)
 )
 
 #: The ACL rule for that user: the line docs/operating.md gives (checked below).

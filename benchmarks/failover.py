@@ -1,0 +1,272 @@
+"""Workers through a Redis Sentinel failover: what each failover kind costs, ours beside stock.
+
+A primary, one replica and sentinels on loopback (rq_emq.testing_sentinel); ``--workers``
+``rq worker -w CLASS -c settings`` processes (``SENTINEL = {...}``) on ``--jobs`` jobs of
+1-2 s with a failure callback; ``--fault-at`` seconds after the first start, a
+``SENTINEL FAILOVER`` (the old primary stays writable until Sentinel demotes it, up to
+10 s later) or a SIGKILL of the primary. Per trial:
+
+- lost: jobs not finished once the run settles;
+- reruns: runs beyond one per job (at-least-once allows them);
+- spurious callbacks: failure callbacks of jobs that ended finished;
+- overlaps: a run that started before an earlier run of the same job ended;
+- idle after switch: per worker, from Sentinel naming the new primary (or the end of the
+  worker's run then in progress) to its next start; the worst worker is reported;
+- log lines: lines the workers logged after the fault that are not a job's own
+  (tracebacks counted apart, less RQ's own one for each run that ended in an error).
+
+    python benchmarks/failover.py [--trials 2] [--kinds failover,kill] [--classes ours,simple,stock]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+from rq import Callback, Queue
+
+from rq_emq.testing_sentinel import SentinelGroup
+
+HERE = Path(__file__).resolve().parent
+RQ_BIN = str(Path(sys.executable).parent / "rq")
+CLASSES = {"ours": "rq_emq.LeaseWorker", "simple": "rq_emq.SimpleLeaseWorker", "stock": "rq.Worker"}
+#: The lease the issue's measurement used (a short one makes the failover window matter).
+LEASE_ENV = {"RQ_EMQ_LEASE_MS": "2000", "RQ_EMQ_RENEW_INTERVAL_MS": "400", "RQ_EMQ_SWEEP_INTERVAL_MS": "500"}
+#: Lines a worker logs for every job it runs: not counted as failover noise.
+#: When the old primary's clients are counted, after Sentinel names the new one.
+PROBE_S = 1.5
+JOB_LINES = ("Job OK", "Result is kept", "Result will never expire", "default: ", "Successfully completed")
+
+
+@dataclass
+class Trial:
+    kind: str
+    worker_class: str
+    jobs: int
+    lost: int
+    reruns: int
+    spurious_callbacks: int
+    overlaps: int
+    idle_after_switch_s: float
+    log_lines: int
+    tracebacks: int
+    moved_lines: int
+    #: Worker connections still open on the old primary PROBE_S after the switch (-1: it is dead).
+    old_primary_clients: int
+
+
+def _runs(log: Path) -> list[tuple[str, str, str, float]]:
+    if not log.exists():
+        return []
+    rows = []
+    for line in log.read_text().splitlines():
+        what, job_id, worker, at = line.split()
+        rows.append((what, job_id, worker, float(at)))
+    return rows
+
+
+def _idle_after(rows: list[tuple[str, str, str, float]], switch_at: float, workers: list[str]) -> float:
+    """The worst worker's wait from the switch (or its run then in progress) to its next start."""
+    worst = 0.0
+    for worker in workers:
+        mine = sorted((at, what) for what, _, w, at in rows if w == worker)
+        after = [at for at, what in mine if what == "start" and at > switch_at]
+        if not after:
+            continue
+        ends = [at for at, what in mine if what == "end" and at <= after[0]]
+        worst = max(worst, after[0] - max(switch_at, ends[-1] if ends else switch_at))
+    return worst
+
+
+def _overlaps(rows: list[tuple[str, str, str, float]]) -> int:
+    count = 0
+    by_job: dict[str, list[tuple[float, float | None]]] = {}
+    for what, job_id, _worker, at in sorted(rows, key=lambda row: row[3]):
+        spans = by_job.setdefault(job_id, [])
+        if what == "start":
+            spans.append((at, None))
+            continue
+        if what == "end":
+            for i in range(len(spans) - 1, -1, -1):
+                if spans[i][1] is None:
+                    spans[i] = (spans[i][0], at)
+                    break
+    for spans in by_job.values():
+        for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+            count += end is not None and end > start
+    return count
+
+
+def trial(
+    directory: Path,
+    kind: str,
+    worker_class: str,
+    workers: int = 3,
+    jobs: int = 30,
+    fault_at: float = 4.0,
+    sentinels: int = 3,
+    settle_s: float = 40.0,
+    job_seconds: tuple[float, float] = (1.0, 2.0),
+) -> Trial:
+    directory.mkdir(parents=True, exist_ok=True)
+    group = SentinelGroup(directory / "sentinel", count=sentinels)
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        (directory / "failover_settings.py").write_text(group.settings_text())
+        log = directory / "runs.log"
+        r = group.client()
+        queue = Queue(connection=r)
+        ids = [
+            queue.enqueue(
+                "failover_jobs.work",
+                str(log),
+                random.uniform(*job_seconds),
+                on_failure=Callback("failover_jobs.on_failure"),
+                meta={"log": str(log)},
+                job_timeout=120,
+            ).id
+            for _ in range(jobs)
+        ]
+        r.connection_pool.disconnect()  # this process's own connection is not a worker's
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join(
+                filter(None, [str(HERE), str(directory), os.environ.get("PYTHONPATH")])
+            ),
+            **LEASE_ENV,
+        )
+        names = [f"w{i}" for i in range(workers)]
+        for name in names:
+            out = open(directory / f"{name}.log", "wb")
+            processes.append(
+                subprocess.Popen(
+                    [RQ_BIN, "worker", "-w", worker_class, "-c", "failover_settings", "default"],
+                    env={**env, "FAILOVER_WORKER": name},
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    cwd=str(directory),
+                    start_new_session=True,
+                )
+            )
+        _wait(lambda: any(row[0] == "start" for row in _runs(log)), 30)
+        time.sleep(fault_at)
+        old = group.primary_port()
+        sizes = {name: (directory / f"{name}.log").stat().st_size for name in names}
+        group.failover() if kind == "failover" else group.kill_primary()
+        old_server = group.primary
+        group.wait_switch(old)
+        switch_at = time.time() - (time.monotonic() - group.switched_at)
+        time.sleep(max(0.0, group.switched_at + PROBE_S - time.monotonic()))
+        old_clients = _worker_clients(old_server.port) if kind == "failover" else -1
+        fresh = group.client()
+        done = lambda: all(_status(fresh, job_id) == "finished" for job_id in ids)  # noqa: E731
+        _wait(done, settle_s, quiet=True)
+        time.sleep(1.0)  # late callbacks and a last sweep round
+        rows = _runs(log)
+        statuses = {job_id: _status(fresh, job_id) for job_id in ids}
+        started = {job_id for what, job_id, _, _ in rows if what == "start"}
+        noise = [_new_lines(directory / f"{name}.log", sizes[name]) for name in names]
+        lines = [line for chunk in noise for line in chunk if not any(tag in line for tag in JOB_LINES)]
+        return Trial(
+            kind=kind,
+            worker_class=worker_class,
+            jobs=jobs,
+            lost=sum(status != "finished" for status in statuses.values()),
+            reruns=sum(what == "start" for what, *_ in rows) - len(started),
+            spurious_callbacks=sum(
+                what == "failure_callback" and statuses.get(job_id) == "finished"
+                for what, job_id, _, _ in rows
+            ),
+            overlaps=_overlaps(rows),
+            idle_after_switch_s=round(_idle_after(rows, switch_at, names), 2),
+            log_lines=len(lines),
+            # RQ logs a traceback of its own for a run that ended in an error (stopped on a
+            # lost lease, its outcome unwritable for a whole lease): one per run, not per retry
+            tracebacks=sum("Traceback" in line for line in lines)
+            - sum("exception raised while executing" in line for line in lines),
+            moved_lines=sum("master moved to" in line for line in lines),
+            old_primary_clients=old_clients,
+        )
+    finally:
+        for process in processes:
+            try:
+                os.killpg(process.pid, 9)
+            except ProcessLookupError:
+                pass
+            process.wait()
+        group.stop()
+
+
+def _worker_clients(port: int) -> int:
+    """Connections to the server on ``port`` that are neither a sentinel's nor replication's."""
+    try:
+        clients = redis.Redis(port=port, socket_timeout=2).client_list()
+    except redis.RedisError:
+        return -1
+    return sum(
+        not str(c.get("name", "")).startswith("sentinel-")
+        and not set(str(c.get("flags", ""))) & {"S", "M"}
+        and c.get("cmd") != "client|list"
+        for c in clients
+    )
+
+
+def _new_lines(path: Path, offset: int) -> list[str]:
+    with open(path, "rb") as log:
+        log.seek(offset)
+        return log.read().decode(errors="replace").splitlines()
+
+
+def _status(r: redis.Redis, job_id: str) -> str | None:
+    try:
+        value = r.hget(f"rq:job:{job_id}", "status")
+    except redis.RedisError:
+        return None
+    return value.decode() if value else None
+
+
+def _wait(predicate: object, timeout: float, quiet: bool = False) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.1)
+    if not quiet:
+        raise TimeoutError("timed out")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--trials", type=int, default=2)
+    parser.add_argument("--kinds", default="failover,kill")
+    parser.add_argument("--classes", default="ours,simple,stock")
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--jobs", type=int, default=30)
+    args = parser.parse_args()
+    print(
+        "| kind | worker | lost | reruns | spurious callbacks | overlaps | idle after switch "
+        "| log lines (tracebacks) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for kind in args.kinds.split(","):
+        for short in args.classes.split(","):
+            for _ in range(args.trials):
+                with tempfile.TemporaryDirectory(prefix="rq-emq-failover-") as tmp:
+                    t = trial(Path(tmp), kind, CLASSES[short], workers=args.workers, jobs=args.jobs)
+                print(
+                    f"| {kind} | {short} | {t.lost}/{t.jobs} | {t.reruns} | {t.spurious_callbacks} | "
+                    f"{t.overlaps} | {t.idle_after_switch_s:.2f} s | {t.log_lines} ({t.tracebacks}) |",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()

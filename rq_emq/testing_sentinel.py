@@ -1,0 +1,140 @@
+"""A private Sentinel deployment for tests, benchmarks and the soak: a primary, one replica
+and some sentinels, all on free loopback ports, with the two failover kinds an operator
+meets (``SENTINEL FAILOVER``, and the primary SIGKILLed).
+
+``SENTINEL FAILOVER`` is *not* write-safe: Sentinel promotes the replica with ``REPLICAOF
+NO ONE`` and demotes the old primary only when its next ``INFO`` poll (every 10 s) finds
+it still a primary; until then the old primary accepts writes, which its resync then
+discards. That window is what docs/guarantees.md#redis-failover is about."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+from redis.sentinel import Sentinel
+
+from .testing import RedisServer, find_redis_server, free_port
+
+SERVICE = "rq-emq-primary"
+
+
+def _wait(predicate: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():  # type: ignore[operator]
+                return
+        except redis.RedisError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+
+
+class SentinelGroup:
+    """``count`` sentinels (quorum ``count // 2 + 1``) watching a primary and one replica."""
+
+    def __init__(self, directory: Path, count: int = 1, down_after_ms: int = 1000) -> None:
+        binary = find_redis_server()
+        if binary is None:
+            raise FileNotFoundError("no redis-server")
+        directory.mkdir(parents=True, exist_ok=True)
+        # no delay before the first sync (Redis 7 waits 5 s for more replicas by default)
+        self.primary = RedisServer(extra_args=("--repl-diskless-sync-delay", "0")).start()
+        self.replica = RedisServer(
+            extra_args=("--replicaof", "127.0.0.1", str(self.primary.port), "--repl-diskless-sync-delay", "0")
+        ).start()
+        # a replica promoted before its first sync holds no data at all: every job is lost
+        _wait(self._replica_synced, 30, "the replica's first sync")
+        self.ports = [free_port() for _ in range(count)]
+        self.processes: list[subprocess.Popen[bytes]] = []
+        for port in self.ports:
+            config = directory / f"sentinel-{port}.conf"
+            config.write_text(
+                f"port {port}\nbind 127.0.0.1\ndir {directory}\n"
+                f"sentinel monitor {SERVICE} 127.0.0.1 {self.primary.port} {count // 2 + 1}\n"
+                f"sentinel down-after-milliseconds {SERVICE} {down_after_ms}\n"
+                f"sentinel failover-timeout {SERVICE} 10000\n"
+            )
+            self.processes.append(
+                subprocess.Popen(
+                    [binary, str(config), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                )
+            )
+        #: Monotonic time the first sentinel named a new primary (set by :meth:`wait_switch`).
+        self.switched_at = 0.0
+        self.sentinel = Sentinel([("127.0.0.1", port) for port in self.ports], socket_timeout=2)
+        _wait(self._replica_seen, 30, "the sentinels to see primary and replica")
+
+    @property
+    def port(self) -> int:
+        """The first sentinel's port."""
+        return self.ports[0]
+
+    def _replica_synced(self) -> bool:
+        info = redis.Redis.from_url(self.replica.url).info("replication")
+        return info.get("master_link_status") == "up" and not info.get("master_sync_in_progress")
+
+    def _replica_seen(self) -> bool:
+        return all(
+            redis.Redis(port=port, socket_timeout=2).sentinel_slaves(SERVICE) for port in self.ports
+        ) and bool(self.sentinel.discover_slaves(SERVICE))
+
+    def primary_port(self) -> int:
+        return int(self.sentinel.discover_master(SERVICE)[1])
+
+    def client(self) -> redis.Redis:
+        return self.sentinel.master_for(SERVICE, socket_timeout=5)
+
+    def settings_text(self) -> str:
+        """An RQ settings module (``rq worker -c``) that finds the primary through the sentinels."""
+        instances = ", ".join(f"('127.0.0.1', {port})" for port in self.ports)
+        return (
+            "SENTINEL = {\n"
+            f"    'INSTANCES': [{instances}],\n"
+            f"    'MASTER_NAME': '{SERVICE}',\n"
+            "    'DB': 0,\n"
+            "    'SOCKET_TIMEOUT': 5,\n"
+            "}\n"
+        )
+
+    def failover(self) -> None:
+        """``SENTINEL FAILOVER``: the replica is promoted; the old primary stays writable
+        until a sentinel's next look demotes it (up to 10 s)."""
+        redis.Redis(port=self.port).execute_command("SENTINEL", "FAILOVER", SERVICE)
+
+    def kill_primary(self) -> None:
+        """SIGKILL the primary: the sentinels promote the replica once it is down for
+        ``down_after_ms`` and they agree."""
+        self.primary.kill()
+
+    def wait_switch(self, old_port: int, timeout: float = 30.0) -> float:
+        """Wait until every sentinel names a primary other than ``old_port``; returns the
+        monotonic time the first one did."""
+        first: float | None = None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            named = []
+            for port in self.ports:
+                try:
+                    sentinel = redis.Redis(port=port, socket_timeout=1)
+                    reply = sentinel.execute_command("SENTINEL GET-MASTER-ADDR-BY-NAME", SERVICE)
+                    named.append(int(reply[1]) if reply else old_port)
+                except redis.RedisError:
+                    named.append(old_port)
+            if any(p != old_port for p in named) and first is None:
+                first = time.monotonic()
+            if all(p != old_port for p in named):
+                self.switched_at = first if first is not None else time.monotonic()
+                return self.switched_at
+            time.sleep(0.02)
+        raise TimeoutError("the sentinels did not switch")
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.kill()
+            process.wait()
+        self.replica.stop()
+        self.primary.stop()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from helpers import FAST, wait_status
+from helpers import wait_status
 from jobs import runs
 from procs import Processes, wait_for
 from rq import Queue
@@ -125,7 +125,12 @@ def test_workers_load_hooks_from_the_environment_and_report_a_crash_and_a_lost_l
     """Worker A is paused past the grace; B's sweep recovers A's job and runs it; A wakes
     to find its lease lost. Each event is seen once, in the process that caused it."""
     log, event_log = str(tmp_path / "runs.log"), tmp_path / "events.log"
-    env = {**FAST, "RQ_EMQ_EVENT_HOOKS": "jobs:record_event", "EMQ_TEST_EVENT_LOG": str(event_log)}
+    # "each event once" needs B to hold its own lease throughout: a lease of 1.5 s (trusted
+    # for about 1.2 s past a renewal sent every 150 ms) outlasts the scheduling stalls of a
+    # host with two CPU burners beside the suite, where FAST's 400 ms did not (.ci/stress
+    # saw B's lease lapse too, and the job recovered twice); A's pause waits for B's take
+    steady = {"RQ_EMQ_LEASE_MS": "1500", "RQ_EMQ_RENEW_INTERVAL_MS": "150", "RQ_EMQ_SWEEP_INTERVAL_MS": "250"}
+    env = {**steady, "RQ_EMQ_EVENT_HOOKS": "jobs:record_event", "EMQ_TEST_EVENT_LOG": str(event_log)}
     job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 2.0, job_timeout=30)
     a = procs.worker(redis_url, name="worker-a", burst=True, **env)
     horse = int(wait_for(lambda: runs(log) and runs(log)[0].split()[1], what="the job to start"))  # type: ignore[arg-type]

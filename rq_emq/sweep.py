@@ -1,11 +1,11 @@
-"""The two-phase stalled sweep, from the caller's side, and the failure outbox drain.
+"""The two-phase stalled sweep, from the caller's side.
 
 The decisions live in ``move_stalled_jobs_to_wait`` (one EVALSHA per call, bounded work,
 rate limited fleet-wide); this module runs its rounds, continues a round while the script
-says there is more, and drains the outbox of jobs it failed at max attempts: RQ's
-``Result`` is written exactly once (fenced, with the outbox removal), the job's failure
-callback runs before that commit, and dependents follow RQ's rules after it. The sweep
-itself never unpickles anything; only the drain, like RQ's own cleanup, loads the job.
+says there is more, and then has the outbox of jobs it failed at max attempts drained
+(:mod:`rq_emq.outbox`: RQ's ``Result`` written exactly once, the failure callback before
+that commit, dependents after it). The sweep itself never unpickles anything; only the
+drain, like RQ's own cleanup, loads the job.
 
 Every LeaseWorker runs a :class:`Sweeper` thread for its queues, but only the one elected
 for its queue set (:mod:`rq_emq.election`) sweeps; the others stand by (one deputy watching

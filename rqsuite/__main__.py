@@ -44,12 +44,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+#: Stock baselines kept in the repository (a fresh clone, CI, has no cache): stock RQ's
+#: outcomes depend on the RQ release alone, so the stock pass need not run again each time.
+#: To add or refresh one: ``python -m rqsuite -n 2 --refresh-stock``, then copy
+#: ``.rqsuite-cache/rq-<version>.stock-n2.json`` here.
+BASELINES = Path(__file__).resolve().parent / "baselines"
+
+
+def baseline_file(args: argparse.Namespace, version: str, kept: Path = BASELINES) -> Path | None:
+    """Where stock RQ's outcomes for this release and process count are kept: the cache
+    first, then the repository's baselines; None when neither has them (or asked anew)."""
+    if args.refresh_stock or args.pytest_args:
+        return None
+    name = f"rq-{version}.stock-n{args.processes}.json"
+    for place in (args.cache / name, kept / name):
+        if place.is_file():
+            return place
+    return None
+
+
 def stock_baseline(args: argparse.Namespace, sdist: Path, version: str) -> Outcomes:
-    """Stock RQ's outcomes, from the cache unless asked (they depend on RQ only)."""
+    """Stock RQ's outcomes, from a kept baseline unless asked (they depend on RQ only)."""
     cached = args.cache / f"rq-{version}.stock-n{args.processes}.json"
-    if cached.is_file() and not args.refresh_stock and not args.pytest_args:
-        print(f"  stock: baseline from {cached}")
-        outcomes: Outcomes = json.loads(cached.read_text())
+    kept = baseline_file(args, version)
+    if kept is not None:
+        print(f"  stock: baseline from {kept}")
+        outcomes: Outcomes = json.loads(kept.read_text())
         return outcomes
     outcomes = run_suite(
         sdist,

@@ -74,3 +74,22 @@ def test_every_white_box_test_is_named_in_docs_with_a_reason() -> None:
     assert white_box
     assert all(why for _, why in entries.values())
     assert [node for node in white_box if f"`{node}`" not in docs] == []
+
+
+def test_the_stock_baseline_comes_from_the_cache_then_the_repository_unless_asked_anew(
+    tmp_path: Path,
+) -> None:
+    from rqsuite.__main__ import baseline_file, parse_args
+
+    cache, repository = tmp_path / "cache", tmp_path / "baselines"
+    cache.mkdir(), repository.mkdir()
+    args = parse_args(["-n", "2", "--cache", str(cache)])
+    name = "rq-3.0.0.stock-n2.json"
+    assert baseline_file(args, "3.0.0", repository) is None
+    (repository / name).write_text("{}")
+    assert baseline_file(args, "3.0.0", repository) == repository / name
+    (cache / name).write_text("{}")
+    assert baseline_file(args, "3.0.0", repository) == cache / name
+    assert baseline_file(args, "3.0.1", repository) is None  # another release runs its stock pass
+    anew = parse_args(["-n", "2", "--cache", str(cache), "--refresh-stock"])
+    assert baseline_file(anew, "3.0.0", repository) is None

@@ -207,14 +207,19 @@ def trial(
 
 def _worker_clients(port: int) -> int:
     """Connections to the server on ``port`` that are neither a sentinel's nor replication's."""
+    probe = redis.Redis(port=port, socket_timeout=2, single_connection_client=True)
     try:
-        clients = redis.Redis(port=port, socket_timeout=2).client_list()
+        # this probe's own connection is told apart by its id: Redis 6.2 names its command
+        # "client", 7 "client|list"
+        me, clients = probe.client_id(), probe.client_list()
     except redis.RedisError:
         return -1
+    finally:
+        probe.close()
     return sum(
         not str(c.get("name", "")).startswith("sentinel-")
         and not set(str(c.get("flags", ""))) & {"S", "M"}
-        and c.get("cmd") != "client|list"
+        and str(c.get("id")) != str(me)
         for c in clients
     )
 

@@ -42,11 +42,16 @@ def kill_group(process: subprocess.Popen[bytes]) -> None:
 
 
 def reaper(procs: Processes, url: str, *queues: str) -> subprocess.Popen[bytes]:
-    return procs.start(
+    """A standalone sweeper, returned once it sweeps: the time a test gives it to act (and
+    its SIGTERM, which it handles only from then on) counts from its first round, not from
+    an interpreter start that a loaded host can stretch past that time."""
+    process = procs.start(
         [sys.executable, "-m", "rq_emq.cli", "reaper", "--url", url, *(queues or ("default",))],
         env=procs.env(**FAST),
         name="reaper",
     )
+    wait_for(lambda: "rq-emq reaper sweeping" in procs.log(process), timeout=60, what="the reaper to start")
+    return process
 
 
 def stop(process: subprocess.Popen[bytes], procs: Processes) -> None:

@@ -418,6 +418,16 @@ CATALOG: list[Mutation] = [
         [f"{SWEEP}::test_a_drainer_whose_claim_was_taken_over_writes_no_result"],
         "a slow drainer and its successor both write the failure Result",
     ),
+    _m(
+        "take_unacknowledged_by_a_replica_runs",
+        "rq_emq/take.py",
+        "if confirm is None or confirm[1]:",
+        "if True:",
+        [
+            "tests/test_failover_takes.py::test_a_take_no_replica_acknowledged_goes_back_to_the_front_of_its_queue_unrun"
+        ],
+        "after SENTINEL FAILOVER the old master's takes run beside the new master's: two runs overlap",
+    ),
     # -- the sweeper election ---------------------------------------------------------------------
     _m(
         "every_worker_sweeps",

@@ -24,6 +24,12 @@ What this module does, per worker process and Sentinel service:
   ones closed, busy ones (a blocked ``BLMOVE``, the election's ``BLPOP``) shut down so that
   their own thread gets a connection error and reconnects: back at work within a check
   of Sentinel naming the new master, not after the old one's demotion;
+- :class:`TakeConfirmation` is the take's gate: while Sentinel knows a live replica, a
+  take counts only once a replica has it (``WAIT 1`` on the take's own connection). After
+  ``SENTINEL FAILOVER`` promotes the replica, the old master still grants takes until the
+  switch is announced, and none of them reaches the new master, where another worker
+  would take the same job: run, the two would overlap. An unconfirmed take is handed back
+  at once (harmless on either master), and the worker pauses until the switch is heard;
 - :func:`claim_confirmed` is the outbox drain's gate (the one place a sweeper runs user
   code): a claim counts only if it was made on the master Sentinel names (same run id,
   read on the claim's own connection), a replica acknowledged it (``WAIT``), and Sentinel
@@ -54,6 +60,16 @@ logger = logging.getLogger("rq_emq.failover")
 POLL_S = 5.0
 #: Pause before the watch tries the next sentinel after losing one.
 RETRY_S = 0.5
+#: How long a take waits for a replica's acknowledgement; it takes about one replication
+#: round trip on a healthy link, so this is all slack for a loaded host.
+TAKE_WAIT_MS = 250
+#: A worker whose takes go unacknowledged pauses this long (cut short by a switch).
+UNCONFIRMED_PAUSE_S = 0.5
+#: Takes unacknowledged this long with no switch announced mean a replica that is slow or
+#: gone, not a promotion (Sentinel announces a promotion within a second or two): the
+#: worker then takes without the replica's acknowledgement for DEGRADED_S, saying so once.
+DEGRADE_AFTER_S = 3.0
+DEGRADED_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -166,6 +182,9 @@ class FailoverWatch:
         self.pools: weakref.WeakSet[Any] = weakref.WeakSet()
         self.current: Master | None = None
         self.moves = 0
+        #: replicas Sentinel sees up (not down, not disconnected): a take waits for one of them
+        self.live_replicas = 0
+        self.takes = TakeConfirmation(self)
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=f"rq-emq-failover:{service}", daemon=True)
         self._stop = threading.Event()
@@ -181,6 +200,7 @@ class FailoverWatch:
         """Ask the sentinels; when the master moved, log it once and break the watched
         connections. Returns whether it moved."""
         master = confirmed_master(self.manager, self.service)
+        self.live_replicas = live_replicas(self.manager, self.service)
         with self._lock:
             if master is None or (self.current is not None and master.epoch < self.current.epoch):
                 return False
@@ -233,6 +253,75 @@ class FailoverWatch:
                     looked = time.monotonic()
         finally:
             pubsub.close()
+
+
+def live_replicas(manager: Any, service: str) -> int:
+    """How many of the service's replicas the first answering sentinel sees up."""
+    for sentinel in list(manager.sentinels):
+        try:
+            replies = sentinel.execute_command("SENTINEL REPLICAS", service)
+        except (RedisError, OSError):
+            continue
+        count = 0
+        for reply in replies or []:
+            state = (
+                {_text(k): v for k, v in reply.items()}
+                if isinstance(reply, dict)
+                else dict(zip(map(_text, reply[0::2]), reply[1::2], strict=False))
+            )
+            flags = set(_text(state.get("flags", "")).split(","))
+            count += not flags & {"s_down", "o_down", "disconnected"}
+        return count
+    return 0
+
+
+class TakeConfirmation:
+    """Whether a worker's takes wait for a replica's acknowledgement, and what it learned
+    from the last ones (one per watch: every worker thread of the process shares it)."""
+
+    def __init__(self, watch: FailoverWatch) -> None:
+        self.watch = watch
+        self._unacked_since: float | None = None
+        self._unacked_moves = 0
+        self._degraded_until = 0.0
+
+    def wanted(self) -> bool:
+        return self.watch.live_replicas > 0 and time.monotonic() >= self._degraded_until
+
+    def acked(self) -> None:
+        self._unacked_since = None
+
+    def unacked(self, job_id: str) -> None:
+        """A take no replica acknowledged (it was handed back): log the first of a run of
+        them, and give up waiting for replicas when no switch explains the run."""
+        now = time.monotonic()
+        if self._unacked_since is None or self._unacked_moves != self.watch.moves:
+            self._unacked_since, self._unacked_moves = now, self.watch.moves
+            logger.warning(
+                "job %s: no replica acknowledged its take within %d ms (a failover under way?): "
+                "handed back; takes resume once the switch is heard or a replica answers",
+                job_id,
+                TAKE_WAIT_MS,
+                extra={"job_id": job_id},
+            )
+        elif now - self._unacked_since > DEGRADE_AFTER_S:
+            self._unacked_since, self._degraded_until = None, now + DEGRADED_S
+            logger.warning(
+                "no replica has acknowledged a take for %.0f s and Sentinel announced no switch: "
+                "taking without a replica's acknowledgement for %.0f s",
+                DEGRADE_AFTER_S,
+                DEGRADED_S,
+            )
+        self.watch.pause(UNCONFIRMED_PAUSE_S)
+
+
+def take_confirmation(client: Redis) -> TakeConfirmation | None:
+    """The take gate of ``client``'s watch, when its takes should wait for a replica now."""
+    found = sentinel_of(client)
+    current = _watches.get(id(found[0])) if found is not None and _watches_pid == os.getpid() else None
+    if current is None or not current.takes.wanted():
+        return None
+    return current.takes
 
 
 _watches: dict[int, FailoverWatch] = {}

@@ -11,6 +11,10 @@ arrived, and a job a second queue moved at the same moment goes back to the head
 queue. A crash between a move and its claim leaves the job in the moving list,
 where the sweep finds it. RQ's multi-queue ``BLPOP`` (which drops a job popped by a
 worker that dies before recording it) is never used.
+
+Behind Sentinel, with a live replica, a take also waits for the replica to have it
+(:class:`rq_emq.failover.TakeConfirmation`): one the replica never saw was granted by a
+master being replaced, and is handed back instead of run.
 """
 
 from __future__ import annotations
@@ -27,8 +31,8 @@ from typing import Any
 
 from redis import Redis
 
-from . import scripts
-from .keys import QueueKeys
+from . import failover, scripts
+from .keys import RQ_PREFIX, QueueKeys
 from .lease import new_token
 from .settings import LeaseSettings
 from .wake import SELECT_MARGIN_S, QueueWait, WaitRefused
@@ -139,7 +143,7 @@ class Taker:
         while True:
             token = new_token(self.worker_name)
             args = [token, self.worker_name, self.settings.lease_ms, SKIP_BUDGET]
-            reply = script(self.connection, keys, [*args, *prefixes])
+            reply, confirm = self._granted(script, keys, [*args, *prefixes])
             if not reply:
                 return None
             index = int(reply[0])
@@ -153,6 +157,8 @@ class Taker:
                 )
             if index == 0:
                 continue
+            if not self._kept(confirm, layouts[index - 1], _text(reply[1]), token):
+                return None
             return Taken(index - 1, _text(reply[1]), token, int(reply[2]), _as_hash(reply[4:]))
 
     def claim(self, queue: str | QueueKeys, job_id: str, queue_index: int = 0) -> Taken | None:
@@ -162,7 +168,7 @@ class Taker:
         token = new_token(self.worker_name)
         keys = [q.moving, q.job(job_id), q.lock(job_id), q.leases, q.stats]
         args = [job_id, token, self.worker_name, self.settings.lease_ms]
-        reply = scripts.load("claim_job")(self.connection, keys, args)
+        reply, confirm = self._granted(scripts.load("claim_job"), keys, args)
         status = int(reply[0])
         if status == 0:
             logger.warning(
@@ -171,9 +177,45 @@ class Taker:
                 queue_name,
                 extra={"job_id": job_id, "queue": queue_name},
             )
-        if status != 1:
+        if status != 1 or not self._kept(confirm, q, job_id, token):
             return None
         return Taken(queue_index, job_id, token, int(reply[1]), _as_hash(reply[2:]))
+
+    def _granted(
+        self, script: scripts.LuaScript, keys: list[str], args: list[Any]
+    ) -> tuple[Any, tuple[failover.TakeConfirmation, bool] | None]:
+        """Run a take script; behind Sentinel with a live replica, in one pipeline with
+        ``WAIT 1`` on the same connection, whose answer says whether a replica has it."""
+        confirm = failover.take_confirmation(self.connection)
+        if confirm is None:
+            return script(self.connection, keys, args), None
+        for _ in range(2):
+            pipe = self.connection.pipeline(transaction=False)
+            script.queue(pipe, keys, args)
+            pipe.execute_command("WAIT", 1, failover.TAKE_WAIT_MS)
+            replies = pipe.execute(raise_on_error=False)
+            if scripts.is_noscript(replies[0]):
+                script.load(self.connection)
+                continue
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            return replies[0], (confirm, isinstance(replies[1], int) and replies[1] >= 1)
+        raise RuntimeError(f"{script.name}: the script would not load")
+
+    def _kept(
+        self, confirm: tuple[failover.TakeConfirmation, bool] | None, q: QueueKeys, job_id: str, token: str
+    ) -> bool:
+        """Whether a granted take may run: always, unless no replica acknowledged it, in
+        which case it goes back to the front of its queue, attempt refunded (on a master
+        being replaced the write is lost anyway; on a live one the job is simply next)."""
+        if confirm is None or confirm[1]:
+            if confirm is not None:
+                confirm[0].acked()
+            return True
+        scripts.load("return_job_to_queue")(self.connection, q.returning(job_id), [job_id, token, RQ_PREFIX])
+        confirm[0].unacked(job_id)
+        return False
 
     def take(
         self,

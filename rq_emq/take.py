@@ -150,7 +150,8 @@ class Taker:
             skipped = [_text(v) for v in reply[1 if index == 0 else 3]]
             for job_id in skipped:
                 logger.warning(
-                    "job %s was in one of queues %s but its hash is gone; skipped",
+                    "job %s was in one of queues %s but its hash is gone, or it runs under a live "
+                    "lease (a stray duplicate entry); skipped",
                     job_id,
                     ",".join(queue_names),
                     extra={"job_id": job_id, "queue": None},
@@ -173,6 +174,14 @@ class Taker:
         if status == 0:
             logger.warning(
                 "job %s was in queue %s but its hash is gone; skipped",
+                job_id,
+                queue_name,
+                extra={"job_id": job_id, "queue": queue_name},
+            )
+        if status == -2:
+            logger.warning(
+                "job %s was moved from queue %s but it runs under a live lease (a stray duplicate "
+                "entry); skipped",
                 job_id,
                 queue_name,
                 extra={"job_id": job_id, "queue": queue_name},

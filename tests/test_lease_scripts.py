@@ -114,6 +114,33 @@ def test_claim_leases_a_job_moved_to_the_moving_list(r: redis.Redis) -> None:
     assert taker(r).claim("q", job.id) is None
 
 
+def test_a_stray_duplicate_entry_of_a_job_in_flight_is_dropped_never_run_twice(r: redis.Redis) -> None:
+    """redis-py retries a command whose reply a Redis restart lost (redis-py 8: ten times),
+    so a producer's enqueue can land twice: the soak saw a job's id twice in its queue, and
+    a second worker took the copy while the first ran it (an overlap of 2 s). A job that a
+    live lease holds, untouched since, is never granted again: the copy goes."""
+    job = Queue("q", connection=r).enqueue("jobs.noop")
+    behind = Queue("q", connection=r).enqueue("jobs.noop")
+    q = QueueKeys("q")
+    first = taker(r, "w1").pop(["q"])
+    assert first is not None and first.job_id == job.id
+    r.lpush(q.rq_queue, job.id)  # the retried push, at the head as a Retry puts it
+    second = taker(r, "w2").pop(["q"])
+    assert second is not None and second.job_id == behind.id, "the copy was skipped, the next job taken"
+    assert r.get(q.lock(job.id)).decode() == first.token
+    assert r.hget(job_key(job.id), "emq_attempts") == b"1"
+    # the idle wait's path: the copy moved into the moving list is dropped by the claim
+    r.lpush(q.rq_queue, job.id)
+    r.lmove(q.rq_queue, q.moving)
+    assert taker(r, "w3").claim("q", job.id) is None
+    assert r.llen(q.moving) == 0 and r.get(q.lock(job.id)).decode() == first.token
+    # once RQ itself changed the job (a requeue rewrites enqueued_at), it is RQ's to run again
+    r.hset(job_key(job.id), "enqueued_at", "2030-01-01T00:00:00.000000Z")
+    r.lpush(q.rq_queue, job.id)
+    again = taker(r, "w4").pop(["q"])
+    assert again is not None and again.job_id == job.id
+
+
 def calls(r: redis.Redis, command: str) -> int:
     return int(r.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
 

@@ -61,6 +61,17 @@ local function lease_fields(job_key)
     'emq_status', 'emq_enqueued_at', 'emq_started_at')
 end
 
+-- Whether job_key is in flight under a live lease: its lock is set, names the job's owner,
+-- and nothing but that lease's writes changed the job since (`untouched`). An entry of
+-- such a job in a queue list is a stray duplicate (a client's push retried after a Redis
+-- restart: redis-py retries a command whose reply the restart lost), never a second run.
+local function leased_live(job_key, lock_key)
+  local lock = redis.call('GET', lock_key)
+  if not lock then return false end
+  local found = lease_fields(job_key)
+  return found[1] == lock and untouched(found, 2)
+end
+
 -- Forget what the lease recorded: the job is no lease's now (handed back, recovered).
 local function forget_seen(job_key)
   redis.call('HDEL', job_key, unpack(RECORDED))

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry as RedisRetry
 from rq import Queue, Retry
 
 from rq_emq.keys import QueueKeys
@@ -444,7 +446,10 @@ class Soak:
         cfg = self.config
         started = time.monotonic()
         self.server.start()
-        self.client = redis.Redis.from_url(self.server.url)
+        # no retries inside redis-py (8.x resends a command ten times by default): a push
+        # whose reply a restart lost would land twice; redis_call and enqueue's "was it
+        # enqueued?" check are the soak's one careful retry
+        self.client = redis.Redis.from_url(self.server.url, retry=RedisRetry(NoBackoff(), 0))
         env = cfg.env() if cfg.worker == "lease" else {}
         logs = self.dir / "workers"
         logs.mkdir(parents=True, exist_ok=True)

@@ -141,3 +141,28 @@ def test_an_unconfirmed_outbox_claim_is_given_back_at_once(
     now_ms = int(r.time()[0]) * 1000
     assert r.zscore(q.outbox, "j1") <= now_ms  # due again now, not in 90 s
     assert r.hget("rq:job:j1", "emq_token").startswith(b"outbox:")  # a claim the next one takes over
+
+
+def test_a_closed_sentinel_connection_reopens_to_the_master_sentinel_names_now(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the Sentinel soak: with redis-py 8, a command sent on a closed
+    Sentinel-managed connection (redis-py's own retry after the failover watch broke it,
+    RQ's pubsub thread) reopened it to the address it last used, the old master. In a
+    process whose client is under a failover watch, it reopens where Sentinel says."""
+    from redis.sentinel import Sentinel, SentinelManagedConnection
+
+    from rq_emq import failover
+
+    sentinel = Sentinel([("127.0.0.1", free_port())], socket_timeout=0.2)  # no sentinel answers
+    live = int(r.connection_pool.connection_kwargs["port"])
+    monkeypatch.setattr(sentinel, "discover_master", lambda service: ("127.0.0.1", live))
+    failover.watch(sentinel.master_for("rq-emq-primary"))
+    for w in failover._watches.values():
+        w.stop()
+    old = free_port()  # the old master's address: nothing listens there any more
+    connection = SentinelManagedConnection(connection_pool=_MasterNow(live), host="127.0.0.1", port=old)
+    connection.send_command("PING")
+    assert connection.read_response() in (b"PONG", "PONG", True)
+    assert connection.port == live
+    connection.disconnect()

@@ -35,7 +35,13 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from .failovercheck import check_callbacks, check_failover, taken_in_window, with_window
+from .failovercheck import (
+    check_callbacks,
+    check_failover,
+    startup_exit_in_window,
+    taken_in_window,
+    with_window,
+)
 from .faults import CRASH_EXCUSED, CRASHING, GLOBAL, HELD, LAPSING, REPEAT_EXCUSED, Fault
 from .jobs import Run
 from .overlap import by_kind, overlaps
@@ -254,7 +260,7 @@ def evaluate(ev: Any) -> Verdict:
             f
             for f in faults
             if f.kind in CRASH_EXCUSED and f.worker_pid == crash.worker_pid and f.started <= crash.started
-        ]
+        ] + startup_exit_in_window(crash, faults)
         if not causes:
             v.violations.append(
                 f"worker {crash.slot} (pid {crash.worker_pid}) crashed ({crash.detail}) with no long cut "

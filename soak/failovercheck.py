@@ -68,6 +68,16 @@ def taken_in_window(run: Run, faults: list[Fault]) -> bool:
     )
 
 
+def startup_exit_in_window(crash: Fault, faults: list[Fault]) -> list[Fault]:
+    """The failover whose window a worker's start fell in, when that worker never got past
+    RQ's CLI (its log has no "started with PID": ``rq worker`` exits at once when the master
+    Sentinel names is unreachable, before any worker code runs). A worker that started and
+    then died in a window is a crash like any other."""
+    if not crash.detail.endswith("never started"):
+        return []
+    return [f for f in faults if f.kind in SENTINEL_KINDS and f.covers(crash.started - 5.0, crash.started)]
+
+
 def check_callbacks(ev: Any, v: Any) -> None:
     calls: dict[str, list[float]] = getattr(ev, "failure_callbacks", {}) or {}
     spurious = 0

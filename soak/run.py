@@ -378,7 +378,10 @@ class Soak:
                         # stock RQ quits on a Redis error outside its dequeue (a restart):
                         # recorded, not judged; it excuses what stock RQ then does to its job
                         kind = "stock_exit" if pid in self.fleet.neighbour_pids() else "crash"
-                        crash = Fault(kind, time.time(), name, pid, detail=f"exit status {code}")
+                        log = (self.fleet.log_dir / f"{name}.log").read_text(errors="replace")
+                        # RQ's CLI exits before any worker code runs when it cannot reach Redis
+                        never = "" if "started with PID" in log else "; never started"
+                        crash = Fault(kind, time.time(), name, pid, detail=f"exit status {code}{never}")
                         crash.ended = crash.started
                         self.faults.append(crash)
             time.sleep(0.2)

@@ -867,3 +867,21 @@ def test_a_worker_never_back_on_the_new_master_fails_the_soak() -> None:
     fault = _failover(10.0, 1.0, back={"w": None})
     verdict = evaluate(_sentinel(evidence([run(1, 20.0, 21.0, "ok")], faults=[fault])))
     assert not verdict.passed and any("never back" in v for v in verdict.violations)
+
+
+def _crash_of(at: float, detail: str) -> Fault:
+    crash = Fault("crash", at, "w", OTHER_WORKER, detail=detail)
+    crash.ended = at
+    return crash
+
+
+def test_a_worker_whose_cli_could_not_reach_the_master_in_a_failover_window_is_no_crash() -> None:
+    faults = [_failover(10.0, 1.0), _crash_of(12.0, "exit status 1; never started")]
+    verdict = evaluate(_sentinel(evidence([run(1, 20.0, 21.0, "ok")], faults=faults)))
+    assert verdict.passed, verdict.violations
+
+
+def test_a_worker_that_started_and_then_died_in_a_failover_window_is_a_crash() -> None:
+    faults = [_failover(10.0, 1.0), _crash_of(12.0, "exit status 1")]
+    verdict = evaluate(_sentinel(evidence([run(1, 20.0, 21.0, "ok")], faults=faults)))
+    assert not verdict.passed and any("crashed" in v for v in verdict.violations)

@@ -16,6 +16,10 @@ A primary, one replica and sentinels on loopback (rq_emq.testing_sentinel); ``--
   (tracebacks counted apart, less RQ's own one for each run that ended in an error).
 
     python benchmarks/failover.py [--trials 2] [--kinds failover,kill] [--classes ours,simple,stock]
+
+``--min-replicas-to-write 1`` sets ``min-replicas-to-write 1`` / ``min-replicas-max-lag 2``
+(docs/operating.md's recipe) on both servers first; kind ``none`` runs no fault (the cost
+of the setting where nothing fails: commands and wall time per job).
 """
 
 from __future__ import annotations
@@ -61,6 +65,12 @@ class Trial:
     moved_lines: int
     #: Worker connections still open on the old primary PROBE_S after the switch (-1: it is dead).
     old_primary_clients: int
+    #: Commands the primary ran per job (INFO commandstats, kind none only: -1 otherwise),
+    #: and the wall time from the first start to the last job finished, per job.
+    commands_per_job: float = -1.0
+    wall_per_job_s: float = 0.0
+    #: Writes the servers refused with NOREPLICAS (min-replicas-to-write), from the worker logs.
+    noreplicas_lines: int = 0
 
 
 def _runs(log: Path) -> list[tuple[str, str, str, float]]:
@@ -115,10 +125,16 @@ def trial(
     sentinels: int = 3,
     settle_s: float = 40.0,
     job_seconds: tuple[float, float] = (1.0, 2.0),
+    min_replicas: int = 0,
 ) -> Trial:
     directory.mkdir(parents=True, exist_ok=True)
     group = SentinelGroup(directory / "sentinel", count=sentinels)
     processes: list[subprocess.Popen[bytes]] = []
+    if min_replicas:
+        for server in (group.primary, group.replica):  # either may be the primary later
+            admin = redis.Redis(port=server.port)
+            admin.config_set("min-replicas-to-write", min_replicas)
+            admin.config_set("min-replicas-max-lag", 2)
     try:
         (directory / "failover_settings.py").write_text(group.settings_text())
         log = directory / "runs.log"
@@ -157,18 +173,28 @@ def trial(
                 )
             )
         _wait(lambda: any(row[0] == "start" for row in _runs(log)), 30)
+        first_start = time.monotonic()
+        if kind == "none":
+            redis.Redis(port=group.primary_port()).config_resetstat()
         time.sleep(fault_at)
         old = group.primary_port()
         sizes = {name: (directory / f"{name}.log").stat().st_size for name in names}
-        group.failover() if kind == "failover" else group.kill_primary()
-        old_server = group.primary
-        group.wait_switch(old)
-        switch_at = time.time() - (time.monotonic() - group.switched_at)
-        time.sleep(max(0.0, group.switched_at + PROBE_S - time.monotonic()))
-        old_clients = _worker_clients(old_server.port) if kind == "failover" else -1
+        old_clients, switch_at = -1, time.time()
+        if kind != "none":
+            group.failover() if kind == "failover" else group.kill_primary()
+            old_server = group.primary
+            group.wait_switch(old)
+            switch_at = time.time() - (time.monotonic() - group.switched_at)
+            time.sleep(max(0.0, group.switched_at + PROBE_S - time.monotonic()))
+            old_clients = _worker_clients(old_server.port) if kind == "failover" else -1
         fresh = group.client()
         done = lambda: all(_status(fresh, job_id) == "finished" for job_id in ids)  # noqa: E731
         _wait(done, settle_s, quiet=True)
+        wall_per_job = (time.monotonic() - first_start) / jobs
+        commands = -1.0
+        if kind == "none":
+            stats = redis.Redis(port=group.primary_port()).info("commandstats")
+            commands = sum(int(v.get("calls", 0)) for v in stats.values()) / jobs
         time.sleep(1.0)  # late callbacks and a last sweep round
         rows = _runs(log)
         statuses = {job_id: _status(fresh, job_id) for job_id in ids}
@@ -194,6 +220,9 @@ def trial(
             - sum("exception raised while executing" in line for line in lines),
             moved_lines=sum("master moved to" in line for line in lines),
             old_primary_clients=old_clients,
+            commands_per_job=round(commands, 1),
+            wall_per_job_s=round(wall_per_job, 3),
+            noreplicas_lines=sum("NOREPLICAS" in line for line in lines),
         )
     finally:
         for process in processes:
@@ -255,20 +284,33 @@ def main() -> None:
     parser.add_argument("--classes", default="ours,simple,stock")
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=30)
+    parser.add_argument(
+        "--min-replicas-to-write", type=int, default=0, help="set it (and min-replicas-max-lag 2) first"
+    )
     args = parser.parse_args()
     print(
-        "| kind | worker | lost | reruns | spurious callbacks | overlaps | idle after switch "
-        "| log lines (tracebacks) |"
+        "| kind | worker | min-replicas-to-write | lost | reruns | spurious callbacks | overlaps "
+        "| idle after switch | log lines (tracebacks) | NOREPLICAS lines | commands / job | wall / job |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for kind in args.kinds.split(","):
         for short in args.classes.split(","):
             for _ in range(args.trials):
                 with tempfile.TemporaryDirectory(prefix="rq-emq-failover-") as tmp:
-                    t = trial(Path(tmp), kind, CLASSES[short], workers=args.workers, jobs=args.jobs)
+                    t = trial(
+                        Path(tmp),
+                        kind,
+                        CLASSES[short],
+                        workers=args.workers,
+                        jobs=args.jobs,
+                        min_replicas=args.min_replicas_to_write,
+                    )
+                cost = "-" if t.commands_per_job < 0 else f"{t.commands_per_job:.1f}"
                 print(
-                    f"| {kind} | {short} | {t.lost}/{t.jobs} | {t.reruns} | {t.spurious_callbacks} | "
-                    f"{t.overlaps} | {t.idle_after_switch_s:.2f} s | {t.log_lines} ({t.tracebacks}) |",
+                    f"| {kind} | {short} | {args.min_replicas_to_write} | {t.lost}/{t.jobs} | {t.reruns} | "
+                    f"{t.spurious_callbacks} | {t.overlaps} | {t.idle_after_switch_s:.2f} s | "
+                    f"{t.log_lines} ({t.tracebacks}) | {t.noreplicas_lines} | {cost} | "
+                    f"{t.wall_per_job_s:.3f} s |",
                     flush=True,
                 )
 

@@ -215,6 +215,11 @@ class SweeperElection:
         try:
             if self.stopping.is_set():
                 return None
+            # Reconnect here, not in send_command: a Sentinel-managed connection asks
+            # Sentinel for the master in connect(), while redis-py 8's send_command reopens a
+            # closed socket to the address it last used. This connection lives outside the
+            # pool, so after a failover broke it, every BLPOP went back to the old master.
+            connection.connect()
             connection.send_command("BLPOP", self.line_key, timeout_s)
             deadline = time.monotonic() + timeout_s + LINE_MARGIN_S
             while not connection.can_read(timeout=STOP_POLL_S):

@@ -155,6 +155,31 @@ def _resolve_by_epoch(manager: Any) -> None:
     manager._rq_emq_by_epoch = True
 
 
+def reconnect_through_sentinel() -> None:
+    """Make a closed Sentinel-managed connection reopen through Sentinel (once per process).
+
+    redis-py 8's ``send_packed_command`` reopens a closed socket itself, to the address the
+    connection last used, without ``SentinelManagedConnection.connect`` (which asks
+    Sentinel). So a command retried after the watch broke its connection (redis-py retries
+    on a connection error), or sent on a connection held outside its pool (the election's
+    line, RQ's pubsub), went back to the old master and stayed there until its demotion
+    (found by the Sentinel soak). Reconnecting through ``connect()`` first is what
+    redis-py before 8 did."""
+    from redis.sentinel import SentinelManagedConnection
+
+    if getattr(SentinelManagedConnection, "_rq_emq_reconnects", False):
+        return
+    send = SentinelManagedConnection.send_packed_command
+
+    def send_packed_command(self: Any, command: Any, check_health: bool = True) -> None:
+        if not self._sock:
+            self.connect()
+        send(self, command, check_health)
+
+    SentinelManagedConnection.send_packed_command = send_packed_command  # type: ignore[method-assign]
+    SentinelManagedConnection._rq_emq_reconnects = True  # type: ignore[attr-defined]
+
+
 def break_connections(pool: Any) -> None:
     """Close ``pool``'s idle connections, and shut the sockets of those in use so that the
     thread using each gets a connection error and reconnects itself (closing them under
@@ -338,6 +363,7 @@ def watch(client: Redis) -> FailoverWatch | None:
         return None
     manager, service = found
     _resolve_by_epoch(manager)
+    reconnect_through_sentinel()
     with _watches_lock:
         if _watches_pid != os.getpid():  # a forked child: the parent's threads are not here
             _watches.clear()

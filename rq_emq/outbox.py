@@ -15,6 +15,7 @@ import logging
 from typing import Any
 
 from redis import Redis
+from redis.exceptions import RedisError
 from rq.job import Job
 from rq.queue import Queue
 from rq.results import Result
@@ -54,6 +55,8 @@ class OutboxDrain:
     job_class: type[Job]
     queue_class: type[Queue]
     serializer: Any
+    #: queues whose unconfirmed claims were logged, until a claim is confirmed again
+    _unconfirmed_logged: set[str]
 
     def keys(self, queue: str) -> QueueKeys:
         raise NotImplementedError
@@ -98,16 +101,34 @@ class OutboxDrain:
                 raise replies[0]
             claimed = _ids(replies[0])
             if claimed and not failover.claim_confirmed(self.client, before, replies[1:]):
-                logger.warning(
-                    "queue %s: not running %d failure callback(s): the master is not confirmed by "
-                    "Sentinel (a failover?); the claims lapse and are retried",
-                    q.queue,
-                    len(claimed) // 2,
-                    extra={"queue": q.queue},
-                )
+                if q.queue not in self._unconfirmed_logged:  # once per spell, not per round
+                    self._unconfirmed_logged.add(q.queue)
+                    logger.warning(
+                        "queue %s: not running %d failure callback(s): the master is not confirmed "
+                        "by Sentinel (a failover?); the claims are given back and retried",
+                        q.queue,
+                        len(claimed) // 2,
+                        extra={"queue": q.queue},
+                    )
+                self._give_back(q, claimed[0::2])
                 return []
+            self._unconfirmed_logged.discard(q.queue)
             return claimed
         return []
+
+    def _give_back(self, q: QueueKeys, job_ids: list[str]) -> None:
+        """Make unconfirmed claims due again. Left to lapse, a claim held its job's Result
+        and failure callback for the whole claim (60-90 s) after every failover, although
+        Sentinel confirms the new master within seconds (found by the Sentinel soak). On a
+        demoted master the write is refused or discarded with it; the claim token stays,
+        and the next claim (``claim_outbox``) takes an ``outbox:`` owner over."""
+        pipe = self.client.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.zadd(q.outbox, {job_id: 0}, xx=True)
+        try:
+            pipe.execute()
+        except RedisError:
+            pass
 
     def _complete_failure(self, queue: str, job_id: str, token: str) -> int:
         job = self.job_class.fetch(job_id, connection=self.client, serializer=self.serializer)

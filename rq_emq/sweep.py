@@ -91,6 +91,7 @@ class Sweeper(OutboxDrain, BackgroundLoop):
         #: With ``job_class``, where the queues' lists and jobs live (``--queue-class``).
         self.queue_class = queue_class
         self._refusals_logged: set[str] = set()
+        self._unconfirmed_logged: set[str] = set()
         self.serializer = serializer
         #: Drain the outbox after a round; off where the app's code (the job's serializer,
         #: its failure callback) is not importable, leaving it to the workers' sweepers.

@@ -99,6 +99,15 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
         self._burst = bool(kwargs.get("burst", args[0] if args else False))
         return bool(super().work(*args, **kwargs))  # type: ignore[misc]
 
+    def _start_scheduler(self, *args: Any, **kwargs: Any) -> None:
+        super()._start_scheduler(*args, **kwargs)  # type: ignore[misc]
+        scheduler: Any = getattr(self, "scheduler", None)
+        if scheduler is not None:
+            # RQ's scheduler locks (``--with-scheduler``) go through a pool of RQ's own, in
+            # this process: without the watch it stayed on a demoted master until the
+            # demotion broke it (found by the Sentinel soak)
+            failover.watch(scheduler.connection)
+
     def bootstrap(self, *args: Any, **kwargs: Any) -> None:
         check_redis(self.connection)  # before RQ registers the worker: a refusal leaves no trace
         self._start_watchdog()  # forked before RQ's and our threads start

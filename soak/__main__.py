@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .checks import Verdict, evaluate
-from .faults import KINDS
+from .faults import KINDS, NOT_WITH_SENTINEL, SENTINEL_KINDS
 from .model import BOUND_SLACK_S, Config, Evidence, load
 from .run import Soak
 
@@ -40,21 +40,36 @@ def parse(argv: list[str] | None) -> tuple[Config, bool, bool, Path | None, floa
         default=None,
         help=f"seconds a recovery may take past lease + 2 sweeps before it fails (default {BOUND_SLACK_S})",
     )
-    p.add_argument("--faults", default=",".join(KINDS), help=f"comma list of: {', '.join(KINDS)}")
+    p.add_argument(
+        "--faults",
+        default=None,
+        help=f"comma list of: {', '.join(KINDS)}; with --sentinel also {', '.join(SENTINEL_KINDS)} "
+        f"and none of {', '.join(sorted(NOT_WITH_SENTINEL))} (default: all that apply)",
+    )
     p.add_argument(
         "--stock-neighbours",
         type=int,
-        default=1,
-        help="stock rq workers beside the lease fleet on the same queue, frozen now and then (0: none)",
+        default=None,
+        help="stock rq workers beside the lease fleet on the same queue, frozen now and then "
+        "(0: none; default 1, 0 with --sentinel)",
+    )
+    p.add_argument(
+        "--sentinel",
+        action="store_true",
+        help="a primary, a replica and 3 sentinels; workers find the master through Sentinel; "
+        "failover and kill_master faults (soak/sentinel.py)",
     )
     p.add_argument("--keep", type=Path, help="keep the run's files (worker logs, side-effect log) here")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--recheck", type=Path, help="run no soak: check again the evidence a --keep DIR holds")
     a = p.parse_args(argv)
-    kinds = tuple(k.strip() for k in a.faults.split(",") if k.strip())
-    unknown = [k for k in kinds if k not in KINDS]
+    known = list(KINDS)
+    if a.sentinel:
+        known = [k for k in KINDS if k not in NOT_WITH_SENTINEL] + list(SENTINEL_KINDS)
+    kinds = tuple(k.strip() for k in (a.faults or ",".join(known)).split(",") if k.strip())
+    unknown = [k for k in kinds if k not in known]
     if unknown:
-        p.error(f"--faults: unknown kind(s) {', '.join(unknown)}; known: {', '.join(KINDS)}")
+        p.error(f"--faults: kind(s) {', '.join(unknown)} not known here; known: {', '.join(known)}")
     if a.workers < 1 or a.duration <= 0 or a.rate <= 0 or a.fault_every <= 0:
         p.error("--workers, --duration, --rate and --fault-every must be positive")
     if a.bound_slack is not None and a.bound_slack < 0:
@@ -76,7 +91,8 @@ def parse(argv: list[str] | None) -> tuple[Config, bool, bool, Path | None, floa
         kinds=kinds,
         out=a.keep,
         bound_slack_s=BOUND_SLACK_S if a.bound_slack is None else a.bound_slack,
-        stock_neighbours=max(0, a.stock_neighbours),
+        stock_neighbours=max(0, int(not a.sentinel) if a.stock_neighbours is None else a.stock_neighbours),
+        sentinel=a.sentinel,
     )
     return config, a.json, a.keep is not None, a.recheck, a.bound_slack
 
@@ -92,7 +108,7 @@ def table(ev: Evidence, v: Verdict) -> str:
         f"soak: {cfg.worker} workers x{cfg.workers}, {cfg.duration:.0f}s chaos, seed {cfg.seed}, "
         f"wall {ev.wall:.0f}s, drained in {'-' if ev.drained_in is None else f'{ev.drained_in:.1f}s'}",
         f"settings: lease {cfg.lease_ms} ms, renew {cfg.renew_ms} ms, sweep {cfg.sweep_ms} ms, "
-        f"max attempts {cfg.max_attempts}; --with-scheduler"
+        f"max attempts {cfg.max_attempts}; --with-scheduler{'; Sentinel' if cfg.sentinel else ''}"
         if cfg.worker == "lease"
         else "settings: stock rq.Worker --with-scheduler --job-monitoring-interval 1 "
         "--maintenance-interval 1 --worker-ttl 20",
@@ -131,6 +147,10 @@ def table(ev: Evidence, v: Verdict) -> str:
             f"{sum(r.ppid in set(ev.stock_workers) for runs in ev.runs.values() for r in runs)} / "
             f"{ev.rq_info_calls}",
         ),
+        (
+            "failure callbacks / for a job that finished (beyond its runs that raised)",
+            f"{c.get('failure_callbacks', '-')} / {c.get('spurious_failure_callbacks', '-')}",
+        ),
         ("faults", ", ".join(f"{k} {n}" for k, n in sorted(c["faults"].items())) or "none"),
         ("jobs by lifecycle kind", ", ".join(f"{k} {n}" for k, n in sorted(c["lifecycle_jobs"].items()))),
         (
@@ -159,6 +179,19 @@ def table(ev: Evidence, v: Verdict) -> str:
                 f"horse crash (oom_horse) -> requeued ms p50 / max ({lat['crash_samples']} seen; "
                 f"bound {_ms(lat['crash_bound_s'])} + {_ms(lat['slack_s'])} slack)",
                 f"{_ms(lat['crash_p50'])} / {_ms(lat['crash_max'])}",
+            ),
+        ]
+    if "failover" in c:
+        fo = c["failover"]
+        rows += [
+            (
+                "failovers (failover, kill_master) / injections failed / reruns in their windows",
+                f"{fo['moves']} / {fo['injection_failed']} / {fo['reruns_in_window']}",
+            ),
+            (
+                f"back on the new master, max s over {fo['rejoin_samples']} worker-failovers "
+                f"(bound {fo['rejoin_bound_s']:.1f} + {fo['slack_s']:.1f} slack)",
+                "-" if fo["rejoin_max_s"] is None else f"{fo['rejoin_max_s']:.2f}",
             ),
         ]
     lines += [f"| {name} | {value} |" for name, value in rows]
@@ -197,7 +230,12 @@ def main(argv: list[str] | None = None) -> int:
         work_dir = config.out or Path(tempfile.mkdtemp(prefix="rq-emq-soak-"))
         work_dir.mkdir(parents=True, exist_ok=True)
         try:
-            evidence = Soak(config, work_dir).run()
+            if config.sentinel:
+                from .sentinel import SentinelSoak
+
+                evidence = SentinelSoak(config, work_dir).run()
+            else:
+                evidence = Soak(config, work_dir).run()
             verdict = evaluate(evidence)
         finally:
             if not keep:

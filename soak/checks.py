@@ -35,7 +35,14 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from .faults import CRASH_EXCUSED, CRASHING, HELD, LAPSING, REPEAT_EXCUSED, Fault
+from .failovercheck import (
+    check_callbacks,
+    check_failover,
+    startup_exit_in_window,
+    taken_in_window,
+    with_window,
+)
+from .faults import CRASH_EXCUSED, CRASHING, GLOBAL, HELD, LAPSING, REPEAT_EXCUSED, Fault
 from .jobs import Run
 from .overlap import by_kind, overlaps
 from .selffence import fenced_runs
@@ -61,7 +68,7 @@ def _excused(run: Run, until: float, faults: list[Fault]) -> Fault | None:
     for fault in faults:
         if fault.kind not in REPEAT_EXCUSED or not fault.covers(run.started, until):
             continue
-        if fault.hit(run.ppid) or fault.hit(run.pid) or fault.kind == "restart_long":
+        if fault.hit(run.ppid) or fault.hit(run.pid) or fault.kind in GLOBAL:
             return fault
     return None
 
@@ -170,7 +177,7 @@ def evaluate(ev: Any) -> Verdict:
     cfg = ev.config
     lease = cfg.worker == "lease"
     v = Verdict()
-    ev.faults = [_long_restart(f, cfg.grace_s) for f in ev.faults]
+    ev.faults = [with_window(_long_restart(f, cfg.grace_s), cfg) for f in ev.faults]
     faults: list[Fault] = ev.faults
     for state in ev.final.values():
         if state.get("max_attempts") is None and state.get("failure"):
@@ -253,7 +260,7 @@ def evaluate(ev: Any) -> Verdict:
             f
             for f in faults
             if f.kind in CRASH_EXCUSED and f.worker_pid == crash.worker_pid and f.started <= crash.started
-        ]
+        ] + startup_exit_in_window(crash, faults)
         if not causes:
             v.violations.append(
                 f"worker {crash.slot} (pid {crash.worker_pid}) crashed ({crash.detail}) with no long cut "
@@ -297,6 +304,9 @@ def evaluate(ev: Any) -> Verdict:
         }
         _check_recovery_bound(cfg, faults, v, ended)
     _check_overlap(ev, v, lease)
+    check_callbacks(ev, v)
+    if getattr(cfg, "sentinel", False):
+        check_failover(ev, v)
     v.enforced = lease  # the baseline reports; it does not fail
     return v
 
@@ -459,7 +469,7 @@ def _by_stock(runs: list[Run], ev: Any) -> bool:
 
 
 def _check_attempts(ev: Any, v: Verdict) -> None:
-    total_takes, skipped, stale, inferred = 0, 0, 0, 0
+    total_takes, skipped, stale, inferred, in_window = 0, 0, 0, 0, 0
     stock = set(getattr(ev, "stock_workers", []))
     for job_id in ev.jobs:
         runs, state = ev.runs.get(job_id, []), ev.final[job_id]
@@ -469,6 +479,9 @@ def _check_attempts(ev: Any, v: Verdict) -> None:
                 continue  # a stock neighbour's run: taken without a lease, counts no attempt
             if _stale(run, ev.faults):
                 stale += 1
+                continue
+            if taken_in_window(run, ev.faults):
+                in_window += 1  # its take may have gone with the old master (failovercheck)
                 continue
             if run.attempt is None:
                 # the job function could not read its count (Redis restarting as it began):
@@ -510,7 +523,7 @@ def _check_attempts(ev: Any, v: Verdict) -> None:
     total_takes += returned
     skipped += returned
     taken = ev.stats.get("taken", 0)
-    if not 0 <= taken - total_takes <= _refused_starts(ev):
+    if not 0 <= taken - total_takes <= _refused_starts(ev) + in_window:
         v.violations.append(
             f"Redis counted {taken} takes; the runs' attempt numbers account for {total_takes}"
         )
@@ -518,6 +531,7 @@ def _check_attempts(ev: Any, v: Verdict) -> None:
     v.counts["takes_never_started"] = skipped
     v.counts["stale_runs"] = stale
     v.counts["attempts_inferred"] = inferred
+    v.counts["runs_in_failover_windows"] = in_window
 
 
 # -- RQ's lifecycle: the mix's dependents, cancels, deletes, result_ttl=0 and scheduled jobs --

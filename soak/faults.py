@@ -53,6 +53,8 @@ REPEAT_EXCUSED = {
     "stop_worker",
     "partition_long",
     "restart_long",  # a restart that outlasted the grace (checks.py renames it so)
+    "failover",  # Sentinel mode (soak/sentinel.py): within its window, soak/failovercheck.py
+    "kill_master",
     "stock_exit",  # a stock neighbour that quit (a Redis error): its job is RQ's to redo
 }
 #: Faults after which a worker may crash: RQ's worker quits on a Redis error outside its
@@ -71,6 +73,14 @@ CRASHING = {"oom_horse"}
 HELD = {"stop_short", "stop_long", "cut_short", "cut_long", "hang", "stop_worker", "partition_long"}
 #: Kinds whose victim must be mid-job: the job function began in the horse and has not returned.
 MID_JOB = {"hang", "stop_worker", "partition_long", "oom_horse"}
+#: Kinds that hit every worker at once: a repeat they explain need not be on the victim's pid.
+GLOBAL = {"restart_long", "failover", "kill_master"}
+#: Sentinel mode only (``--sentinel``): ``SENTINEL FAILOVER``, and SIGKILL of the current
+#: master (restarted as a replica once Sentinel named the new one). Scheduled, not drawn.
+SENTINEL_KINDS = ("failover", "kill_master")
+#: Kinds that need a worker's TCP proxy, or the single server's restart: not in Sentinel
+#: mode, where a worker connects to whatever address Sentinel names (no proxy in between).
+NOT_WITH_SENTINEL = {"cut_short", "cut_long", "hang", "partition_long", "restart"}
 KINDS = (
     "kill_worker",
     "kill_group",
@@ -104,6 +114,10 @@ class Fault:
     #: when the watcher first saw the job taken from its holder (recovered by the sweep)
     requeued_at: float | None = None
     detail: str = ""
+    #: Sentinel mode: when every sentinel named the new master (unix time), and per worker
+    #: name the seconds from then until it was back on the new master (None: never seen)
+    switched_at: float | None = None
+    rejoined: dict[str, float | None] = field(default_factory=dict)
 
     def hit(self, pid: int) -> bool:
         return pid == self.worker_pid or pid in self.horse_pids

@@ -61,7 +61,11 @@ class Fleet:
         log_dir: Path,
         proxied: int,
         stock_neighbours: int = 0,
+        settings: tuple[str, Path] | None = None,
     ) -> None:
+        #: (module, its directory): workers read the Redis to use from an RQ settings
+        #: module (``rq worker -c``, e.g. ``SENTINEL = {...}``) instead of ``--url``
+        self.settings = settings
         self.kind = kind
         self.direct_url = direct_url
         self.env = env
@@ -85,10 +89,12 @@ class Fleet:
         slot.generation += 1
         # both kinds run RQ's scheduler (one holds its lock at a time): the mix has enqueue_in jobs
         kind = slot.kind or self.kind
-        cmd = [RQ_BIN, "worker", "--with-scheduler", "-w", WORKER_CLASSES[kind], "--url", self.url(slot)]
+        target = ["-c", self.settings[0]] if self.settings else ["--url", self.url(slot)]
+        cmd = [RQ_BIN, "worker", "--with-scheduler", "-w", WORKER_CLASSES[kind], *target]
         cmd += ["--name", slot.name, *(STOCK_ARGS if kind == "stock" else ()), QUEUE]
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        path = [str(REPO), str(self.settings[1]) if self.settings else "", env.get("PYTHONPATH")]
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, path))
         if kind == self.kind:
             env.update(self.env)
         with open(self.log_dir / f"{slot.name}.log", "wb") as log:

@@ -7,6 +7,7 @@ runs never interleave):
     start <job_id> <pid> <ppid> <unix time> <attempt> <rq start>
     alive <job_id> <pid> <unix time>          (every TICK_S while it runs)
     end <job_id> <pid> <unix time> ok|raise
+    failure <job_id> <pid> <unix time>         (its ``on_failure`` callback ran)
 
 A run stopped before its end (killed, or fenced by its own holder) was last seen alive
 at its last ``alive`` line: the no-overlap check (:mod:`soak.overlap`) needs that, not
@@ -33,6 +34,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from rq import get_current_job
 
@@ -103,6 +105,28 @@ def work(log: str, seconds: float, outcome: str = "ok", retries: int = 0, body: 
     if fails:
         raise ValueError(f"soak: job {job.id} raised as planned ({outcome})")
     return "done"
+
+
+def on_failure(job: Any, connection: Any, exc_type: Any, exc_value: Any, tb: Any) -> None:
+    """Every soak job's ``on_failure``: a real side effect (an email, a refund), so the log
+    records each call, wherever it runs (the horse after a raise, the outbox drain after a
+    failure at max attempts). The log is the job's first argument (``work``'s ``log``)."""
+    append_line(str(job.args[0]), f"failure {job.id} {os.getpid()} {time.time():.6f}")
+
+
+def read_failure_callbacks(path: str) -> dict[str, list[float]]:
+    """Job id -> the times its failure callback ran."""
+    calls: dict[str, list[float]] = {}
+    try:
+        with open(path) as log:
+            lines = log.read().splitlines()
+    except FileNotFoundError:
+        return calls
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 4 and parts[0] == "failure":
+            calls.setdefault(parts[1], []).append(float(parts[3]))
+    return calls
 
 
 @dataclass

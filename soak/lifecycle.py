@@ -16,11 +16,11 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from rq import Queue, Retry
+from rq import Callback, Queue, Retry
 from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Dependency, Job
 
-from .jobs import work
+from .jobs import on_failure, work
 from .model import Planned
 
 #: share of producer ticks that plan a lifecycle unit instead of one plain job
@@ -85,6 +85,7 @@ def enqueue(client: Any, queue_name: str, log: str, job: Planned) -> None:
         "job_timeout": 120,
         "retry": Retry(max=job.retries) if job.retries else None,
         "meta": {"emq_max_attempts": job.max_attempts} if job.max_attempts else None,
+        "on_failure": Callback(on_failure),
     }
     if job.kind == "dependent":
         kwargs["depends_on"] = Dependency(jobs=list(job.parents), allow_failure=job.allow_failure)

@@ -19,6 +19,15 @@ BOUND_SLACK_S = 1.0
 #: The promise for a horse that died without an outcome (``oom_horse``): its worker puts
 #: the job back at once, so the bound is no ratio of the lease but "within a second".
 CRASH_BOUND_S = 1.0
+#: The promise after a Redis failover (``--sentinel``; docs/guarantees.md, "leaves the old
+#: master at once"): each worker is back on the new master within this of every sentinel
+#: naming it. A worker's watch hears Sentinel's ``+switch-master`` as it is published (every
+#: sentinel publishes it as it adopts the new configuration, so once all name the new master
+#: the watched one has); it then asks the sentinels (3 round trips), breaks its pools'
+#: connections, and each thread's next command reconnects (a sentinel round trip, a
+#: connect): milliseconds of work. The bound allows one read wait of the watch's
+#: ``get_message`` (1 s) on top; the check adds the soak's bound slack (``--bound-slack``).
+REJOIN_S = 1.0
 
 
 @dataclass
@@ -42,6 +51,9 @@ class Config:
     #: stock ``rq worker`` processes beside the lease fleet on the same queue (lease mode):
     #: frozen now and then, never killed; stock ``rq info`` runs beside them (issue 20)
     stock_neighbours: int = 1
+    #: Sentinel mode (soak/sentinel.py): a primary, a replica and sentinels; workers find
+    #: the master through Sentinel; the ``failover`` and ``kill_master`` faults
+    sentinel: bool = False
 
     @property
     def grace_s(self) -> float:
@@ -132,6 +144,8 @@ class Evidence:
     #: (worker pid, job id) of each run a worker's local lease clock stopped, from its log
     #: (:mod:`soak.selffence`): the worker's own evidence for the job's next run
     self_fenced: list[tuple[int, str]] = field(default_factory=list)
+    #: job id -> times its ``on_failure`` callback ran (the side-effect log's ``failure`` lines)
+    failure_callbacks: dict[str, list[float]] = field(default_factory=dict)
 
 
 def save(evidence: Evidence, path: Path) -> None:
@@ -173,4 +187,5 @@ def load(path: Path) -> Evidence:
         stock_workers=data.get("stock_workers", []),
         rq_info_calls=data.get("rq_info_calls", 0),
         self_fenced=[(int(pid), job_id) for pid, job_id in data.get("self_fenced", [])],
+        failure_callbacks=data.get("failure_callbacks", {}),
     )

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry as RedisRetry
-from rq import Queue, Retry
+from rq import Callback, Queue, Retry
 
 from rq_emq.keys import QueueKeys
 from rq_emq.testing import RedisServer
@@ -30,7 +30,7 @@ from . import faults as F
 from . import lifecycle
 from .faults import Fault
 from .fleet import QUEUE, RQ_BIN, Fleet, Slot
-from .jobs import read_runs, work
+from .jobs import on_failure, read_failure_callbacks, read_runs, work
 from .model import Config, Evidence, Planned, save
 from .selffence import read_stops
 
@@ -57,11 +57,16 @@ class Soak:
         self._timers: list[threading.Timer] = []
         self._schedulers: set[int] = set()
         self.rq_info_calls = 0
+        #: cleared while a failover moves the master: the soak's own writes (enqueue,
+        #: cancel) wait, so none lands on a master about to discard it
+        self.writable = threading.Event()
+        self.writable.set()
 
     # -- plumbing --------------------------------------------------------------------------
     def redis_call(self, fn: Callable[[], T], patience: float = 20.0) -> T:
         """Run ``fn`` against Redis, waiting out a restart."""
         deadline = time.monotonic() + patience
+        self.writable.wait(patience)  # not while a failover moves the master (soak/sentinel.py)
         while True:
             try:
                 return fn()
@@ -105,18 +110,18 @@ class Soak:
         return Planned(str(uuid.uuid4()), round(seconds, 3), outcome, retries, fragile, body=body)
 
     def enqueue(self, job: Planned) -> None:
-        queue = Queue(QUEUE, connection=self.client)
-
         def once() -> None:
             if self.client.exists(f"rq:job:{job.job_id}"):
                 return  # a reply lost in a restart: the job was enqueued
-            queue.enqueue(
+            # the client as it is now: a failover replaces it (soak/sentinel.py)
+            Queue(QUEUE, connection=self.client).enqueue(
                 work,
                 args=(self.log, job.seconds, job.outcome, job.retries, job.body),
                 job_id=job.job_id,
                 job_timeout=120,
                 retry=Retry(max=job.retries) if job.retries else None,
                 meta={"emq_max_attempts": job.max_attempts} if job.max_attempts else None,
+                on_failure=Callback(on_failure),
             )
 
         self.redis_call(once)
@@ -277,20 +282,15 @@ class Soak:
 
     def chaos(self) -> None:
         kinds = [k for k in self.config.kinds if k in F.KINDS and k != "restart"]
-        # Redis restarts on a schedule (they hit every worker at once): a third of the way
-        # in, then every 30 s, the last at least 10 s before the chaos ends
         start = time.monotonic()
         end = start + self.config.duration
-        restarts = [start + self.config.duration / 3]
-        while restarts[-1] + 30 < end - 10:
-            restarts.append(restarts[-1] + 30)
-        if "restart" not in self.config.kinds:
-            restarts = []
+        scheduled = self.schedule(start, end)
         time.sleep(min(3.0, self.config.duration / 10))
         while time.monotonic() < end and not self._stop.is_set():
-            if restarts and time.monotonic() >= restarts[0]:
-                restarts.pop(0)
-                kind = "restart"
+            # a scheduled fault not ready yet (Sentinel mode: no replica in sync) waits at
+            # the head of the schedule while the drawn ones go on
+            if scheduled and time.monotonic() >= scheduled[0][0] and self.ready_for(scheduled[0][1]):
+                kind = scheduled.pop(0)[1]
             elif kinds:
                 kind = self.chaos_rng.choice(kinds)
             else:
@@ -306,6 +306,20 @@ class Soak:
             if fault is not None and fault.kind not in F.HELD:
                 fault.ended = fault.ended or time.time()
             time.sleep(min(max(self.chaos_rng.expovariate(1 / self.config.fault_every), 0.2), 5.0))
+
+    def ready_for(self, kind: str) -> bool:
+        return True
+
+    def schedule(self, start: float, end: float) -> list[tuple[float, str]]:
+        """(monotonic time, kind) of the faults that hit every worker at once. Redis
+        restarts: a third of the way in, then every 30 s, the last at least 10 s before
+        the chaos ends."""
+        if "restart" not in self.config.kinds:
+            return []
+        restarts = [start + self.config.duration / 3]
+        while restarts[-1] + 30 < end - 10:
+            restarts.append(restarts[-1] + 30)
+        return [(at, "restart") for at in restarts]
 
     def stock_actors(self) -> None:
         """Stock RQ beside the lease fleet, as a mixed fleet has it: a stock worker frozen
@@ -355,8 +369,8 @@ class Soak:
                 # as a supervisor with a readiness check would: not while Redis loads its
                 # AOF after a restart (RQ's CLI exits at once on that, before any worker
                 # code runs: a harness effect, not a crash)
-                try:
-                    self.redis_call(self.client.dbsize)
+                try:  # (the client as it is then: a failover replaces it, soak/sentinel.py)
+                    self.redis_call(lambda: self.client.dbsize())
                 except redis.RedisError:
                     pass
             for name, pid, code in self.fleet.respawn_dead():
@@ -366,7 +380,10 @@ class Soak:
                         # stock RQ quits on a Redis error outside its dequeue (a restart):
                         # recorded, not judged; it excuses what stock RQ then does to its job
                         kind = "stock_exit" if pid in self.fleet.neighbour_pids() else "crash"
-                        crash = Fault(kind, time.time(), name, pid, detail=f"exit status {code}")
+                        log = (self.fleet.log_dir / f"{name}.log").read_text(errors="replace")
+                        # RQ's CLI exits before any worker code runs when it cannot reach Redis
+                        never = "" if "started with PID" in log else "; never started"
+                        crash = Fault(kind, time.time(), name, pid, detail=f"exit status {code}{never}")
                         crash.ended = crash.started
                         self.faults.append(crash)
             time.sleep(0.2)
@@ -445,26 +462,13 @@ class Soak:
     def run(self) -> Evidence:
         cfg = self.config
         started = time.monotonic()
-        self.server.start()
-        # no retries inside redis-py (8.x resends a command ten times by default): a push
-        # whose reply a restart lost would land twice; redis_call and enqueue's "was it
-        # enqueued?" check are the soak's one careful retry
-        self.client = redis.Redis.from_url(self.server.url, retry=RedisRetry(NoBackoff(), 0))
+        self.start_redis()
         env = cfg.env() if cfg.worker == "lease" else {}
         logs = self.dir / "workers"
         logs.mkdir(parents=True, exist_ok=True)
-        self.fleet = Fleet(
-            cfg.worker,
-            cfg.workers,
-            self.server.url,
-            self.server.port,
-            env,
-            logs,
-            proxied=cfg.workers // 2,
-            stock_neighbours=cfg.stock_neighbours if cfg.worker == "lease" else 0,
-        )
+        self.fleet = self.make_fleet(env, logs)
         drained_in = None
-        notes: list[str] = []
+        notes: list[str] = getattr(self, "notes", [])
         try:
             self.fleet.start()
             self._producing.set()
@@ -516,7 +520,7 @@ class Soak:
         try:
             evidence = self.collect(drained_in, notes)
         finally:
-            self.server.stop()
+            self.stop_redis()
         evidence.wall = time.monotonic() - started
         with open(self.dir / "faults.jsonl", "w") as out:
             for fault in self.faults:
@@ -526,6 +530,22 @@ class Soak:
             for job_id, planned in self.jobs.items():
                 out.write(json.dumps({**asdict(planned), **evidence.final[job_id]}) + "\n")
         return evidence
+
+    def start_redis(self) -> None:
+        self.server.start()
+        # no retries inside redis-py (8.x resends a command ten times by default): a push
+        # whose reply a restart lost would land twice; redis_call and enqueue's "was it
+        # enqueued?" check are the soak's one careful retry
+        self.client = redis.Redis.from_url(self.server.url, retry=RedisRetry(NoBackoff(), 0))
+
+    def stop_redis(self) -> None:
+        self.server.stop()
+
+    def make_fleet(self, env: dict[str, str], logs: Path) -> Fleet:
+        cfg = self.config
+        neighbours = cfg.stock_neighbours if cfg.worker == "lease" else 0
+        url, port = self.server.url, self.server.port
+        return Fleet(cfg.worker, cfg.workers, url, port, env, logs, cfg.workers // 2, neighbours)
 
     def collect(self, drained_in: float | None, notes: list[str]) -> Evidence:
         from rq.job import Job
@@ -584,6 +604,7 @@ class Soak:
             scheduler_deaths=deaths,
             stock_workers=[pid for slot in self.fleet.neighbours for pid in slot.pids],
             rq_info_calls=self.rq_info_calls,
+            failure_callbacks=read_failure_callbacks(self.log),
             self_fenced=read_stops(
                 self.dir / "workers",
                 {

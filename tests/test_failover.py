@@ -19,7 +19,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import redis
 from redis_server import require_redis_server
+
+from rq_emq.election import SweeperElection
+from rq_emq.testing import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import failover as harness  # noqa: E402  (benchmarks/failover.py: the trial and its counts)
@@ -55,3 +59,110 @@ def test_a_failover_costs_at_most_reruns(tmp_path: Path, kind: str, worker_class
         assert trial.old_primary_clients == 0, trial
     assert trial.tracebacks == 0, trial
     assert trial.moved_lines == 2, trial  # once per worker
+
+
+class _MasterNow:
+    """What a Sentinel pool tells its connections: where the master is now."""
+
+    is_master = True
+    check_connection = False
+    service_name = "rq-emq-primary"
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+    def get_master_address(self) -> tuple[str, int]:
+        return ("127.0.0.1", self.port)
+
+
+def test_the_election_line_reconnects_to_the_master_sentinel_names_now(r: redis.Redis) -> None:
+    """Found by the Sentinel soak (``python -m soak --sentinel``): a standby's line wait
+    keeps its connection outside the pool, and after a failover broke it, redis-py 8's
+    ``send_command`` reopened it to the address it last used (the old master), skipping
+    the Sentinel lookup of ``SentinelManagedConnection.connect``: every later ``BLPOP`` ran
+    on the old master, whose election nobody else was in."""
+    from redis.sentinel import SentinelManagedConnection
+
+    live = int(r.connection_pool.connection_kwargs["port"])
+    gone = free_port()  # the old master's address: nothing listens there any more
+    line = SentinelManagedConnection(connection_pool=_MasterNow(live), host="127.0.0.1", port=gone)
+    election = SweeperElection(r, ["q"], idle_ms=3_000, name="standby")
+    election._line = line  # its socket closed by the failover watch, as after a switch
+    assert election._blpop(0.05) is False  # Redis's own timeout: the wait ran, on the live master
+    assert line.port == live
+    election.close()
+
+
+def test_the_worker_watches_rqs_scheduler_connection_too(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the Sentinel soak: ``rq worker --with-scheduler`` refreshes RQ's scheduler
+    locks from the worker process through a pool of RQ's own, which no failover watch
+    broke, so after ``SENTINEL FAILOVER`` it stayed on the old master until the demotion
+    (10 s). A lease worker puts that pool under its process's watch like its own."""
+    from redis.sentinel import Sentinel
+    from rq.scheduler import RQScheduler
+
+    from rq_emq import LeaseWorker, failover
+
+    monkeypatch.setattr(RQScheduler, "acquire_locks", lambda self, auto_start=False: set())
+    sentinel = Sentinel([("127.0.0.1", free_port())], socket_timeout=0.2)  # no sentinel answers ...
+    live = ("127.0.0.1", int(r.connection_pool.connection_kwargs["port"]))
+    monkeypatch.setattr(sentinel, "discover_master", lambda service: live)  # ... this one names r
+    client = sentinel.master_for("rq-emq-primary")
+    worker = LeaseWorker(["q"], connection=client)
+    worker._start_scheduler()
+    pool = worker.scheduler.connection.connection_pool
+    watches = [w for w in failover._watches.values() if pool in w.pools]
+    for w in failover._watches.values():
+        w.stop()
+    assert watches, "RQ's scheduler pool is under no failover watch"
+
+
+def test_an_unconfirmed_outbox_claim_is_given_back_at_once(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the Sentinel soak: a claim the drain may not act on (Sentinel does not yet
+    confirm the master: the first seconds after a failover, before the new master's run id
+    is known and a replica acknowledges) was left to lapse, which holds the job's Result
+    and failure callback for the whole claim, 90 s with RQ's default callback timeout. It
+    is made due again at once, so the next round (once Sentinel confirms) completes it."""
+    from rq_emq import failover
+    from rq_emq.keys import QueueKeys
+    from rq_emq.settings import LeaseSettings
+    from rq_emq.sweep import Sweeper
+
+    q = QueueKeys("q")
+    r.hset("rq:job:j1", mapping={"status": "failed", "emq_token": "outbox"})
+    r.zadd(q.outbox, {"j1": 0})
+    monkeypatch.setattr(failover, "claim_confirmed", lambda *args: False)
+    sweeper = Sweeper(r, ["q"], LeaseSettings(), name="s")
+    assert sweeper.drain_outbox("q") == 0  # not confirmed: no callback, no Result
+    now_ms = int(r.time()[0]) * 1000
+    assert r.zscore(q.outbox, "j1") <= now_ms  # due again now, not in 90 s
+    assert r.hget("rq:job:j1", "emq_token").startswith(b"outbox:")  # a claim the next one takes over
+
+
+def test_a_closed_sentinel_connection_reopens_to_the_master_sentinel_names_now(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the Sentinel soak: with redis-py 8, a command sent on a closed
+    Sentinel-managed connection (redis-py's own retry after the failover watch broke it,
+    RQ's pubsub thread) reopened it to the address it last used, the old master. In a
+    process whose client is under a failover watch, it reopens where Sentinel says."""
+    from redis.sentinel import Sentinel, SentinelManagedConnection
+
+    from rq_emq import failover
+
+    sentinel = Sentinel([("127.0.0.1", free_port())], socket_timeout=0.2)  # no sentinel answers
+    live = int(r.connection_pool.connection_kwargs["port"])
+    monkeypatch.setattr(sentinel, "discover_master", lambda service: ("127.0.0.1", live))
+    failover.watch(sentinel.master_for("rq-emq-primary"))
+    for w in failover._watches.values():
+        w.stop()
+    old = free_port()  # the old master's address: nothing listens there any more
+    connection = SentinelManagedConnection(connection_pool=_MasterNow(live), host="127.0.0.1", port=old)
+    connection.send_command("PING")
+    assert connection.read_response() in (b"PONG", "PONG", True)
+    assert connection.port == live
+    connection.disconnect()

@@ -789,3 +789,99 @@ def test_a_job_a_quitting_stock_neighbour_left_started_is_stock_rqs_loss_not_our
     assert evaluate(ev).passed, evaluate(ev).violations
     ours = evidence([run(1, 1.0, 2.0, "ok")], final=started, faults=[quit_])
     assert not evaluate(ours).passed
+
+
+# -- failure callbacks (every soak) and the failover checks (--sentinel, soak/failovercheck.py)
+
+
+def test_a_failure_callback_for_a_job_that_finished_fails_the_soak() -> None:
+    ev = evidence([run(1, 1.0, 2.0, "ok")])
+    ev.failure_callbacks = {"j": [2.5]}  # e.g. the outbox drain acting on a demoted master
+    verdict = evaluate(ev)
+    assert not verdict.passed and verdict.counts["spurious_failure_callbacks"] == 1
+
+
+def test_a_failure_callback_for_a_run_that_raised_before_its_retry_finished_is_no_finding() -> None:
+    ev = evidence([run(1, 1.0, 2.0, "raise"), run(1, 3.0, 4.0, "ok")], taken=2)
+    ev.failure_callbacks = {"j": [2.0]}  # RQ runs on_failure for the run that raised, then retries
+    verdict = evaluate(ev)
+    assert verdict.passed, verdict.violations
+    assert verdict.counts["failure_callbacks"] == 1 and verdict.counts["spurious_failure_callbacks"] == 0
+
+
+def _failover(at: float, switched_after: float | None, back: dict[str, float | None] | None = None) -> Fault:
+    fault = Fault("failover", at, detail="master :1 -> :2")
+    fault.switched_at = None if switched_after is None else at + switched_after
+    fault.rejoined = {"w": 0.2} if back is None else back
+    fault.ended = at + 2.0
+    return fault
+
+
+def _sentinel(ev: Evidence) -> Evidence:
+    ev.config.sentinel = True
+    return ev
+
+
+#: A failover at 10 s whose switch came at 11 s: its window closes at 11 + REJOIN_S (1) +
+#: the bound slack (1) + a lease (1.5) = 14.5 s.
+WINDOW_END = 14.5
+
+
+def test_a_rerun_of_a_run_begun_in_a_failover_window_is_explained_at_least_once() -> None:
+    # a take on the old master just before the window closed, discarded with it: the next
+    # take on the new master counts attempt 1 again, and Redis counted that one take only
+    runs = [run(1, WINDOW_END - 0.1), run(1, 16.0, 17.0, "ok", pid=OTHER_HORSE, ppid=OTHER_WORKER)]
+    verdict = evaluate(_sentinel(evidence(runs, faults=[_failover(10.0, 1.0)], taken=1)))
+    assert verdict.passed, verdict.violations
+    assert verdict.counts["failover"]["reruns_in_window"] == 1
+    assert verdict.counts["runs_in_failover_windows"] == 1
+
+
+def test_a_rerun_of_a_run_begun_after_the_failover_window_closed_is_a_duplicate() -> None:
+    runs = [run(1, WINDOW_END + 0.1), run(2, 18.0, 19.0, "ok", pid=OTHER_HORSE, ppid=OTHER_WORKER)]
+    verdict = evaluate(_sentinel(evidence(runs, faults=[_failover(10.0, 1.0)])))
+    assert not verdict.passed and verdict.counts["duplicates"] == 1
+
+
+def test_a_failover_whose_master_never_moved_explains_nothing_and_fails_the_soak() -> None:
+    runs = [run(1, 10.5), run(2, 18.0, 19.0, "ok", pid=OTHER_HORSE, ppid=OTHER_WORKER)]
+    verdict = evaluate(_sentinel(evidence(runs, faults=[_failover(10.0, None)])))
+    assert not verdict.passed
+    assert any("named no new master" in v for v in verdict.violations)
+
+
+def test_a_worker_back_on_the_new_master_within_the_bound_passes() -> None:
+    fault = _failover(10.0, 1.0, back={"w": 1.9})  # bound REJOIN_S 1 s + the 1 s slack
+    verdict = evaluate(_sentinel(evidence([run(1, 20.0, 21.0, "ok")], faults=[fault])))
+    assert verdict.passed, verdict.violations
+    assert verdict.counts["failover"]["rejoin_max_s"] == 1.9
+
+
+def test_a_worker_late_back_on_the_new_master_fails_the_soak() -> None:
+    fault = _failover(10.0, 1.0, back={"w": 2.1})
+    verdict = evaluate(_sentinel(evidence([run(1, 20.0, 21.0, "ok")], faults=[fault])))
+    assert not verdict.passed and any("after 2.10s" in v for v in verdict.violations)
+
+
+def test_a_worker_never_back_on_the_new_master_fails_the_soak() -> None:
+    fault = _failover(10.0, 1.0, back={"w": None})
+    verdict = evaluate(_sentinel(evidence([run(1, 20.0, 21.0, "ok")], faults=[fault])))
+    assert not verdict.passed and any("never back" in v for v in verdict.violations)
+
+
+def _crash_of(at: float, detail: str) -> Fault:
+    crash = Fault("crash", at, "w", OTHER_WORKER, detail=detail)
+    crash.ended = at
+    return crash
+
+
+def test_a_worker_whose_cli_could_not_reach_the_master_in_a_failover_window_is_no_crash() -> None:
+    faults = [_failover(10.0, 1.0), _crash_of(12.0, "exit status 1; never started")]
+    verdict = evaluate(_sentinel(evidence([run(1, 20.0, 21.0, "ok")], faults=faults)))
+    assert verdict.passed, verdict.violations
+
+
+def test_a_worker_that_started_and_then_died_in_a_failover_window_is_a_crash() -> None:
+    faults = [_failover(10.0, 1.0), _crash_of(12.0, "exit status 1")]
+    verdict = evaluate(_sentinel(evidence([run(1, 20.0, 21.0, "ok")], faults=faults)))
+    assert not verdict.passed and any("crashed" in v for v in verdict.violations)

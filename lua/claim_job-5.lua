@@ -31,7 +31,7 @@ local hash = redis.call('HGETALL', KEYS[2])
 if redis.call('LREM', KEYS[1], 1, job_id) == 0 then return {-1} end
 if #hash == 0 then return {0} end
 -- a stray duplicate entry of a job another lease runs (see leased_live): dropped, not run
-if leased_live(KEYS[2], KEYS[3]) then return {-2} end
+if leased_live(hash, KEYS[3]) then return {-2} end
 local attempts = grant_lease(KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, ARGV[2], ARGV[3],
   tonumber(ARGV[4]), hash)
 local reply = {1, attempts}

@@ -39,7 +39,7 @@ for i = 1, n do
     local job_key = job_prefix .. job_id
     local hash = redis.call('HGETALL', job_key)
     local lock_key = ARGV[4 + i] .. job_id .. ':lock'
-    if #hash > 0 and not leased_live(job_key, lock_key) then
+    if #hash > 0 and not leased_live(hash, lock_key) then
       local attempts = grant_lease(job_key, lock_key, leases_key, stats_key, job_id, token, worker,
         lease_ms, hash)
       redis.call('LPOP', queue_key)

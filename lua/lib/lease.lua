@@ -65,11 +65,15 @@ end
 -- and nothing but that lease's writes changed the job since (`untouched`). An entry of
 -- such a job in a queue list is a stray duplicate (a client's push retried after a Redis
 -- restart: redis-py retries a command whose reply the restart lost), never a second run.
-local function leased_live(job_key, lock_key)
-  local lock = redis.call('GET', lock_key)
-  if not lock then return false end
-  local found = lease_fields(job_key)
-  return found[1] == lock and untouched(found, 2)
+-- `hash` is the job's HGETALL, which the taking scripts read anyway: only a job whose hash
+-- names a lease token costs a command more (the lock's GET), a plain queued job none.
+local function leased_live(hash, lock_key)
+  local owner = (hash_field(hash, 'emq_token'))
+  if not owner or owner:sub(1, 5) == 'done:' or owner:sub(1, 6) == 'outbox' then return false end
+  local found = {owner}
+  for i = 1, #SEEN do found[1 + i] = (hash_field(hash, SEEN[i])) end
+  for i = 1, #RECORDED do found[1 + #SEEN + i] = (hash_field(hash, RECORDED[i])) end
+  return untouched(found, 2) and redis.call('GET', lock_key) == owner
 end
 
 -- Forget what the lease recorded: the job is no lease's now (handed back, recovered).

@@ -114,15 +114,19 @@ def on_failure(job: Any, connection: Any, exc_type: Any, exc_value: Any, tb: Any
     append_line(str(job.args[0]), f"failure {job.id} {os.getpid()} {time.time():.6f}")
 
 
+def log_lines(path: str) -> list[str]:
+    """The side-effect log's lines; none before the first run wrote one."""
+    try:
+        with open(path) as log:
+            return log.read().splitlines()
+    except FileNotFoundError:
+        return []
+
+
 def read_failure_callbacks(path: str) -> dict[str, list[float]]:
     """Job id -> the times its failure callback ran."""
     calls: dict[str, list[float]] = {}
-    try:
-        with open(path) as log:
-            lines = log.read().splitlines()
-    except FileNotFoundError:
-        return calls
-    for line in lines:
+    for line in log_lines(path):
         parts = line.split()
         if len(parts) == 4 and parts[0] == "failure":
             calls.setdefault(parts[1], []).append(float(parts[3]))
@@ -150,12 +154,7 @@ def read_runs(path: str) -> dict[str, list[Run]]:
     """Runs per job id, in start order; a start with no end is a run that was cut short."""
     runs: dict[str, list[Run]] = {}
     open_runs: dict[tuple[str, int], Run] = {}
-    try:
-        with open(path) as log:
-            lines = log.read().splitlines()
-    except FileNotFoundError:
-        return runs
-    for line in lines:
+    for line in log_lines(path):
         parts = line.split()
         if len(parts) in (6, 7) and parts[0] == "start":
             _, job_id, pid, ppid, t, attempt = parts[:6]

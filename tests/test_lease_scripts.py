@@ -112,6 +112,12 @@ def test_claim_leases_a_job_moved_to_the_moving_list(r: redis.Redis) -> None:
     assert r.get(q.lock(job.id)).decode() == taken.token
     # a second claim of the same id finds nothing to claim
     assert taker(r).claim("q", job.id) is None
+    # nor once the job is back in its queue (handed back): its entry is the queue's, not a
+    # moving list's, and a claim that leased it there would leave it both leased and queued
+    scripts.load("return_job_to_queue")(r, q.returning(job.id), [job.id, taken.token, "rq:"])
+    assert r.lrange(q.rq_queue, 0, -1) == [job.id.encode()]
+    assert taker(r, "w2").claim("q", job.id) is None
+    assert not r.exists(q.lock(job.id)) and r.zscore(q.leases, job.id) is None
 
 
 def test_a_stray_duplicate_entry_of_a_job_in_flight_is_dropped_never_run_twice(r: redis.Redis) -> None:

@@ -82,9 +82,12 @@ def test_a_horse_cut_off_for_longer_than_its_lease_as_it_starts_hands_the_job_ba
 ) -> None:
     """Found by the long soak: the horse gave up preparing after a lease of trying, RQ
     failed the job with the ConnectionError, and a job that never ran was failed."""
-    short = {"RQ_EMQ_LEASE_MS": "1000", "RQ_EMQ_RENEW_INTERVAL_MS": "200", "RQ_EMQ_SWEEP_INTERVAL_MS": "250"}
-    # 1.6 s: past the horse's lease of trying
-    _horse_cut_off_as_it_starts(r, procs, proxy, str(tmp_path / "runs.log"), 1.6, **short)
+    # 1.6 leases: past the horse's lease of trying. The lease is 2 s (it was 1 s): the same
+    # ratio with twice the room for a host's scheduling delays, which at 1 s failed the job
+    # now and then in CI (an open finding: see the closing note of the stop that made this)
+    lease_s = 2.0
+    short = {"RQ_EMQ_LEASE_MS": "2000", "RQ_EMQ_RENEW_INTERVAL_MS": "300", "RQ_EMQ_SWEEP_INTERVAL_MS": "500"}
+    _horse_cut_off_as_it_starts(r, procs, proxy, str(tmp_path / "runs.log"), 1.6 * lease_s, **short)
 
 
 def test_a_finish_keeps_trying_for_as_long_as_the_lease_would_last(

@@ -58,7 +58,9 @@ def test_a_failover_costs_at_most_reruns(tmp_path: Path, kind: str, worker_class
     if kind == "failover":  # the old primary lives on, writable: nobody of ours may stay on it
         assert trial.old_primary_clients == 0, trial
     assert trial.tracebacks == 0, trial
-    assert trial.moved_lines == 2, trial  # once per worker
+    # at most once per worker (never a line per retry); a worker whose watch first looked
+    # after the switch never knew the old master, and has nothing to say (RQ 2.0, CI)
+    assert 1 <= trial.moved_lines <= 2, trial
 
 
 class _MasterNow:

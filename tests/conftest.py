@@ -18,7 +18,6 @@ import redis
 from procs import Processes
 from redis_server import ExternalRedis, RedisServer, require_redis_server
 
-
 #: Test processes per usable CPU under ``-n auto``. The suite mostly waits (on leases,
 #: sweeps, real worker processes starting): one process per CPU left half the CPU idle
 #: (470 s for the suite on 2 cores, 473 CPU-seconds), two per CPU fill it (322-370 s, 550

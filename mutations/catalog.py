@@ -882,6 +882,14 @@ CATALOG: list[Mutation] = [
         fast=False,
     ),
     _m(
+        "untrusted_horse_death_failed_by_rq",
+        "rq_emq/horse_crash.py",
+        "if not _trusted(lease):\n            # The horse fenced itself",
+        "if not _trusted(lease):\n            return  # The horse fenced itself",
+        [f"{HORSE}::test_a_horse_that_dies_after_its_worker_stopped_trusting_the_lease_is_left_to_the_sweep"],
+        "a horse that fenced itself before the lock manager marked its lease lost: RQ fails its job through the fence",
+    ),
+    _m(
         "soak_crash_bound_is_the_lease_bound",
         "soak/checks.py",
         'bound, what = cfg.crash_bound_s, "a horse crash: its worker recovers it at once"',
@@ -901,8 +909,8 @@ CATALOG: list[Mutation] = [
     _m(
         "crash_recovery_lets_rq_fail_the_job_too",
         "rq_emq/horse_crash.py",
-        "        raise _CrashHandled\n",
-        "        return\n",
+        "self._recover_crashed(job, lease, cause, rusage)\n        raise _CrashHandled\n",
+        "self._recover_crashed(job, lease, cause, rusage)\n        return\n",
         [f"{HORSE}::test_a_horse_that_dies_without_an_outcome_costs_one_attempt_and_the_job_runs_again"],
         "RQ's failure of a recovered job is still tried (and refused by the fence)",
     ),

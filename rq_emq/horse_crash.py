@@ -12,9 +12,9 @@ failure callback happen once), in one script fenced by the lease's token.
 Only a death the worker did not cause is a crash. RQ's deliberate kills keep RQ's
 meaning: ``send_stop_job_command`` (stopped), the job timeout's kill from the worker side,
 a cold shutdown (handed back, attempt refunded), our own lease-lost stop (the sweep
-decides) all go through ``kill_horse``, which this mixin notes; a lease this worker no
-longer trusts (lost, or past its local deadline: the horse fenced itself) is left to the
-sweep as before.
+decides) all go through ``kill_horse``, which this mixin notes. A horse that dies under a
+lease this worker no longer trusts (lost, or past its local deadline: the horse fenced
+itself) is left to the sweep, and RQ's failure of it is skipped too.
 """
 
 from __future__ import annotations
@@ -147,9 +147,21 @@ class HorseCrashMixin:
         me: Any = self
         lease = me.lock_manager.get(job.id) if me.lock_manager is not None else None
         cause = describe_exit(ret_val)
-        if cause is None or lease is None or self._horse_killed_by_worker or not _trusted(lease):
-            return  # RQ's own meaning, or a lease this worker gave up: the sweep decides
+        if cause is None or lease is None or self._horse_killed_by_worker:
+            return  # RQ's own meaning
         end_orphans(retpid)
+        if not _trusted(lease):
+            # The horse fenced itself (its local lease clock ran out), or its outcome had
+            # landed. RQ would now fail the job with "terminated unexpectedly", and its fence
+            # would let that through while the token lives on in Redis (the lease's margin
+            # past the local deadline): a job our own fence stopped, failed. The sweep decides.
+            lease.lost = True
+            logger.warning(
+                "job %s: %s after this worker stopped trusting its lease; left to the sweep",
+                *(job.id, cause),
+                extra={"job_id": job.id, "queue": lease.queue},
+            )
+            raise _CrashHandled
         self._recover_crashed(job, lease, cause, rusage)
         raise _CrashHandled
 

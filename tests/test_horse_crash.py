@@ -8,6 +8,7 @@ recovery script's own Redis time (``emq_crashes``)."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import signal
@@ -313,3 +314,34 @@ def test_a_horse_past_its_local_lease_deadline_is_no_crash_of_its_workers(
         worker.teardown()
     assert stat(r, "q", "crashed") == 0 and r.llen(QueueKeys("q").rq_queue) == 0
     assert status(r, job.id) == "started"  # untouched: its lease lapses and the sweep recovers it
+
+
+def test_a_horse_that_dies_after_its_worker_stopped_trusting_the_lease_is_left_to_the_sweep(
+    r: redis.Redis,
+) -> None:
+    """Past the local deadline the horse fences itself (a SIGKILL of its own), and it can
+    do so before the lock manager's thread has marked the lease lost, while the token
+    lives on in Redis for the lease's margin. RQ's failure of that horse's job got
+    through the fence then: a job our own fence stopped, failed (seen on RQ 2.12 in CI:
+    a job that never ran, failed). The job stays leased, for the sweep to recover."""
+    queue = Queue("q", connection=r)
+    worker = LeaseWorker([queue], connection=r, lease_ms=5_000)
+    try:
+        queue.enqueue("jobs.add", 1, 2)
+        taken = worker.dequeue_job_and_maintain_ttl(None)
+        assert taken is not None
+        job, queue = taken
+        takes_execution = "execution" in inspect.signature(rq.Worker.monitor_work_horse).parameters  # RQ 3
+        execution = (worker.prepare_execution(job),) if takes_execution else ()
+        lease = worker.lock_manager.get(job.id) if worker.lock_manager is not None else None
+        assert lease is not None
+        lease.valid_until = time.monotonic() - 0.001  # its local clock ran out just now
+        pid = os.fork()
+        if pid == 0:  # the horse, fencing itself
+            os.kill(os.getpid(), signal.SIGKILL)
+        worker._horse_pid = pid
+        worker.monitor_work_horse(job, queue, *execution)
+        assert r.hget(job_key(job.id), "status") != b"failed", r.hget(job_key(job.id), "exc_info")
+        assert r.exists(QueueKeys("q").lock(job.id))  # still its lease: the sweep recovers it
+    finally:
+        worker.teardown()

@@ -887,7 +887,7 @@ CATALOG: list[Mutation] = [
         "if not _trusted(lease):\n            # The horse fenced itself",
         "if not _trusted(lease):\n            return  # The horse fenced itself",
         [f"{HORSE}::test_a_horse_that_dies_after_its_worker_stopped_trusting_the_lease_is_left_to_the_sweep"],
-        "a horse that fenced itself before the lock manager marked its lease lost: RQ fails its job through the fence",
+        "a horse that fenced itself before its lease was marked lost: RQ fails its job through the fence",
     ),
     _m(
         "soak_crash_bound_is_the_lease_bound",

@@ -182,14 +182,24 @@ def test_a_simple_workers_job_that_cannot_be_interrupted_ends_its_process_before
 
 
 def _horse_exit(deadline: HorseDeadline, settle: bool) -> int:
-    """How a forked horse guarded by ``deadline`` ends (its wait status)."""
+    """How a forked horse guarded by ``deadline`` ends (its wait status) when its deadline
+    passes once it is guarding (and, with ``settle``, settled): its guard looks every 10 ms,
+    and it has 1 s (100 looks) to act before the horse would exit 7 by itself."""
+    ready_r, ready_w = os.pipe()
+    deadline.reset(time.monotonic() + 3600)
     pid = os.fork()
     if pid == 0:
+        os.close(ready_r)
         deadline.guard(0.01)
         if settle:
             deadline.settle()
-        time.sleep(0.5)
+        os.write(ready_w, b"1")
+        time.sleep(1.0)
         os._exit(7)
+    os.close(ready_w)
+    assert os.read(ready_r, 1) == b"1"  # however long the fork took on a loaded host
+    os.close(ready_r)
+    deadline.set(time.monotonic() - 0.001)  # the lease clock runs out now
     return os.waitpid(pid, 0)[1]
 
 
@@ -198,7 +208,6 @@ def test_a_horse_whose_outcome_has_landed_finishes_its_bookkeeping_past_the_dead
     dependents it marked ready) is no run of the job: its lease clock no longer ends it.
     The next run is fenced again."""
     deadline = HorseDeadline()
-    deadline.reset(time.monotonic() + 0.1)
     status_settled = _horse_exit(deadline, settle=True)
     assert os.WIFEXITED(status_settled) and os.WEXITSTATUS(status_settled) == 7
     assert deadline.settled  # the worker sees it too: its own expiry leaves the horse alone

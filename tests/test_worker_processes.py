@@ -51,14 +51,19 @@ def test_a_job_running_20_times_the_lease_is_never_reclaimed_and_finishes_once(
     procs.worker(redis_url, worker_class=worker_class, **FAST)  # whose sweep would take a lapsed lease
     q = QueueKeys("default")
     scores = []
-    while status(r, job.id) == "started":
-        state = lease_state(r, "default", job.id)
-        if status(r, job.id) != "started":
+    while True:
+        # one snapshot (MULTI): a job seen started has its lease and its pinned entry
+        with r.pipeline(transaction=True) as snapshot:
+            snapshot.hget(job_key(job.id), "status").zscore(q.leases, job.id).hget(
+                job_key(job.id), "emq_token"
+            )
+            snapshot.zrange(q.started, 0, -1, withscores=True)
+            job_status, indexed, token, entries = snapshot.execute()
+        if job_status != b"started":
             break
-        assert state["indexed"] and state["token"], state
-        members = started_members(r, "default")
-        assert len(members) == 1 and members[0].startswith(job.id)
-        scores.append(r.zscore(q.started, members[0]))
+        assert indexed is not None and token, (indexed, token)
+        assert len(entries) == 1 and entries[0][0].decode().startswith(job.id), entries
+        scores.append(entries[0][1])
         # stock cleanup (rq info, django-rq, a stock worker) must leave a leased job alone
         StartedJobRegistry("default", connection=r).cleanup()
         time.sleep(0.25)

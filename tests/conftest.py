@@ -37,6 +37,7 @@ LONG_TESTS = (
     "test_examples.py::test_each_line_of_the_crash_demos_narration",
     "test_fleet_sweep.py::",
     "test_failover.py::test_a_failover_costs_at_most_reruns",
+    "test_worker_processes.py::test_a_job_running_20_times",
 )
 
 

@@ -9,8 +9,11 @@ from procs import wait_for
 
 from rq_emq.keys import QueueKeys, job_key
 
-# Short settings so that a test sees many lease lifetimes in a few seconds.
-FAST = {"RQ_EMQ_LEASE_MS": "400", "RQ_EMQ_RENEW_INTERVAL_MS": "100", "RQ_EMQ_SWEEP_INTERVAL_MS": "100"}
+# Short settings so that a test sees many lease lifetimes in a few seconds. The lease is
+# 800 ms (trusted locally for about 720 ms past a renewal sent every 100 ms): at 400 ms a
+# worker beside two CPU burners and three other test processes went 452 ms without a
+# renewal landing, and its watchdog rightly ended the run (.ci/stress); twice the room.
+FAST = {"RQ_EMQ_LEASE_MS": "800", "RQ_EMQ_RENEW_INTERVAL_MS": "100", "RQ_EMQ_SWEEP_INTERVAL_MS": "100"}
 
 
 def status(r: redis.Redis, job_id: str) -> str | None:

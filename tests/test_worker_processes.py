@@ -45,7 +45,8 @@ def test_a_job_running_20_times_the_lease_is_never_reclaimed_and_finishes_once(
     fenced write, and stock cleanup leaves it alone. (It was two tests, this one and
     test_self_fencing's "a job twenty leases long runs once with a healthy redis".)"""
     log = str(tmp_path / "runs.log")
-    job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 8.0, job_timeout=60)  # 20 x 400 ms
+    twenty_leases_s = 20 * int(FAST["RQ_EMQ_LEASE_MS"]) / 1000
+    job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, twenty_leases_s, job_timeout=60)
     worker = procs.worker(redis_url, worker_class=worker_class, burst=True, **FAST)
     wait_for(lambda: runs(log), what="the job to start")
     procs.worker(redis_url, worker_class=worker_class, **FAST)  # whose sweep would take a lapsed lease

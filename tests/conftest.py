@@ -20,8 +20,8 @@ from redis_server import ExternalRedis, RedisServer, require_redis_server
 
 #: Test processes per usable CPU under ``-n auto``. The suite mostly waits (on leases,
 #: sweeps, real worker processes starting): one process per CPU left half the CPU idle
-#: (470 s for the suite on 2 cores, 473 CPU-seconds), two per CPU fill it (322-370 s, 550
-#: CPU-seconds). More than two gains nothing: the suite is then CPU-bound.
+#: (470 s for the suite on 2 cores, 473 CPU-seconds), two per CPU fill it (328 s with
+#: bytecode cached, 498 CPU-seconds). More than two gains little: it is then CPU-bound.
 PROCESSES_PER_CPU = 2
 
 #: Tests that take 15 s or more (the model-based tests, 10,000 dependents, a wheel built

@@ -147,6 +147,10 @@ class Waiting:
     def _read(b: _Blocked, moved: list[tuple[int, str]]) -> Exception | None:
         b.pending = False
         try:
+            if b.connection._sock is None:
+                # redis-py dropped it when its readiness check failed (a reset): a read now
+                # would hit its torn-down parser (AttributeError), not a connection error
+                raise RedisConnectionError("the wait's connection was closed while it waited")
             reply = b.connection.read_response()
         except (RedisConnectionError, RedisTimeoutError, OSError) as error:
             b.connection.disconnect()

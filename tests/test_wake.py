@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 import redis
 
 from rq_emq.keys import QueueKeys
@@ -140,3 +141,22 @@ def test_an_idle_worker_keeps_one_connection_per_queue_and_reuses_them(r: redis.
 def _url(r: redis.Redis) -> str:
     kwargs = r.connection_pool.connection_kwargs
     return f"redis://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+
+
+def test_a_wait_whose_connection_was_reset_raises_a_connection_error(r: redis.Redis) -> None:
+    """Seen under load across a Redis restart: a blocked wait's connection was reset, and
+    redis-py's readiness check (``can_read``) dropped the connection as it raised. The read
+    that followed hit redis-py's torn-down parser (AttributeError), which ended the worker.
+    It is connection trouble like any other, and the take retries it."""
+    from rq_emq.wake import QueueWait
+
+    waiting = QueueWait(r).start([QueueKeys("q0")], timeout=10)
+    connection = waiting._blocked[0].connection
+
+    def reset(timeout: float = 0) -> bool:  # what redis-py does on ECONNRESET in can_read
+        connection.disconnect()
+        raise redis.ConnectionError("Error while reading from Redis: (104, 'Connection reset by peer')")
+
+    connection.can_read = reset
+    with pytest.raises(redis.ConnectionError):
+        waiting.collect()

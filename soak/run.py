@@ -580,6 +580,10 @@ class Soak:
             "failed": [v.decode() for v in self.client.zrange(q.failed, 0, -1)],
             "leases": [v.decode() for v in self.client.zrange(q.leases, 0, -1)],
             "started": [v.decode().split(":")[0] for v in self.client.zrange(q.started, 0, -1)],
+            # RQ's list between a stock worker's BLMOVE and its start (ours never use it), and
+            # ours between an idle LeaseWorker's BLMOVE and its claim
+            "intermediate": [v.decode() for v in self.client.lrange(q.intermediate, 0, -1)],
+            "moving": [v.decode() for v in self.client.lrange(q.moving, 0, -1)],
         }
         stats = {k.decode(): int(v) for k, v in self.client.hgetall(q.stats).items()}
         deaths = sum(

@@ -91,6 +91,48 @@ def test_a_job_queued_twice_fails_the_soak() -> None:
     assert not verdict.passed and verdict.counts["queued_twice"] == 1
 
 
+def test_a_job_a_stock_neighbours_dequeue_left_in_rqs_intermediate_list_is_stock_rqs_loss() -> None:
+    """Only a stock worker's BLMOVE puts a job in RQ's intermediate list: one left there
+    (its dequeue's reply lost, or the worker gone before the start) is stock RQ's, which
+    fails it a minute later. The same job anywhere else, or with no stock neighbour in
+    the fleet, is lost."""
+    stranded = evidence([], final={"status": "queued"})
+    stranded.registries["intermediate"] = ["j"]
+    stranded.stock_workers = [OTHER_WORKER]
+    verdict = evaluate(stranded)
+    assert verdict.passed, verdict.violations
+    assert verdict.counts["lost"] == 0 and verdict.counts["stranded_by_stock_dequeue"] == 1
+    stranded.stock_workers = []
+    assert evaluate(stranded).counts["lost"] == 1
+    in_our_moving_list = evidence([], final={"status": "queued"})
+    in_our_moving_list.registries["moving"] = ["j"]
+    in_our_moving_list.stock_workers = [OTHER_WORKER]
+    verdict = evaluate(in_our_moving_list)
+    assert verdict.counts["lost"] == 1 and any("in moving" in v for v in verdict.violations)
+
+
+def test_a_job_queued_twice_after_a_stock_neighbours_run_is_stock_rqs_double_enqueue() -> None:
+    """Stock RQ, frozen while its horse raised, enqueues the job twice on resume (the
+    horse's Retry and the worker's "terminated unexpectedly"): the sample credits the stock
+    actor when the job's last run before it was the neighbour's; after our run it fails."""
+    line = "3.0 j twice in the queue"
+    by_stock = evidence([run(1, 1.0, 2.0, "raise", ppid=OTHER_WORKER)], queue_violations=[line])
+    by_stock.stock_workers = [OTHER_WORKER]
+    verdict = evaluate(by_stock)
+    assert verdict.counts["queued_twice"] == 0 and verdict.counts["queued_twice_by_stock"] == 1
+    assert not any("queue sample" in v for v in verdict.violations)
+    ours = evidence([run(1, 1.0, 2.0, "raise")], queue_violations=[line])
+    ours.stock_workers = [OTHER_WORKER]
+    verdict = evaluate(ours)
+    assert not verdict.passed and verdict.counts["queued_twice"] == 1
+    # a stock run that began after the sample does not explain it
+    later = evidence(
+        [run(1, 1.0, 2.0, "raise"), run(2, 4.0, 5.0, "ok", ppid=OTHER_WORKER)], queue_violations=[line]
+    )
+    later.stock_workers = [OTHER_WORKER]
+    assert evaluate(later).counts["queued_twice"] == 1
+
+
 def test_attempts_that_go_back_after_a_stall_fail_the_soak() -> None:
     runs = [run(2, 1.0), run(1, 5.0, 6.0, "ok", pid=OTHER_HORSE, ppid=OTHER_WORKER)]
     verdict = evaluate(evidence(runs, faults=[kill("kill_worker", 2.0)], taken=2))

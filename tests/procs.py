@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from soak.selffence import CLOCK_RAN_OUT
+
 TESTS_DIR = Path(__file__).resolve().parent
 RQ_BIN = str(Path(sys.executable).parent / "rq")
 
@@ -89,6 +91,19 @@ class Processes:
 
     def log(self, process: subprocess.Popen[bytes]) -> str:
         return Path(process.log_path).read_text(errors="replace")  # type: ignore[attr-defined]
+
+    def self_fenced_stops(self, job_id: str) -> int:
+        """How many runs of ``job_id`` a worker of this test stopped on its local lease
+        clock, by its own log line ("local lease clock ran out": no renewal landed for
+        lease - margin, on a host starved of CPU). Such a run is self-fencing doing its job,
+        and the sweep then runs the job once more: a test that counts runs under a
+        sub-second lease adds these, as the soak does (soak/selffence.py). A repeat without
+        the line still fails the test."""
+        return sum(
+            match.group(1) == job_id
+            for path in self.log_dir.glob("worker-*.log")
+            for match in CLOCK_RAN_OUT.finditer(path.read_text(errors="replace"))
+        )
 
     def stop_all(self) -> None:
         for process in self.started:

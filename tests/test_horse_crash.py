@@ -178,7 +178,7 @@ def test_a_horse_that_exits_cleanly_without_an_outcome_is_recovered_by_the_sweep
     job = Queue(connection=r).enqueue("crash_jobs.exit_cleanly_first", log)
     procs.worker(redis_url, **FAST)
     wait_status(r, job.id, "finished", timeout=20)
-    assert len(run_times(log)) == 2
+    assert len(run_times(log)) == 2 + procs.self_fenced_stops(job.id)
     assert stat(r, "default", "crashed") == 0 and stat(r, "default", "recovered") == 1
 
 
@@ -206,7 +206,7 @@ def test_a_job_timeout_is_rqs_timeout_failure_and_retry_applies(
     job = Queue(connection=r).enqueue("crash_jobs.sleep_then", log, 30, job_timeout=1, retry=Retry(max=1))
     worker = procs.worker(redis_url, burst=True, **FAST)
     assert worker.wait(timeout=30) == 0, procs.log(worker)
-    assert len(run_times(log)) == 2  # the run and its one Retry
+    assert len(run_times(log)) == 2 + procs.self_fenced_stops(job.id)  # the run and its one Retry
     assert status(r, job.id) == "failed"
     assert "JobTimeoutException" in (job.latest_result().exc_string or "")  # type: ignore[union-attr]
     assert stat(r, "default", "crashed") == 0

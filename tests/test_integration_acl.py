@@ -119,7 +119,7 @@ def run_everything(server: RedisServer, procs: Processes, tmp_path: Path) -> red
     for done in (later, delayed, child):
         wait_status(r, done.id, "finished", timeout=20)
     wait_status(r, retried.id, "failed", timeout=20)
-    assert len(runs(retry_log)) == 2
+    assert len(runs(retry_log)) == 2 + procs.self_fenced_stops(retried.id)
     os.kill(simple.pid, signal.SIGTERM)
     assert simple.wait(timeout=30) == 0, procs.log(simple)
 

@@ -70,7 +70,7 @@ def test_a_delayed_retry_that_the_job_raised_runs_again_and_finishes(
     wait_for(lambda: runs(log), timeout=30, what="the first run")
     wait_status(r, job.id, "scheduled", "queued", "started", "finished")
     wait_status(r, job.id, "finished", timeout=SCHEDULER_S)
-    assert len(runs(log)) == 2, procs.log(worker)
+    assert len(runs(log)) == 2 + procs.self_fenced_stops(job.id), procs.log(worker)
     fetched = Job.fetch(job.id, connection=r)
     assert fetched.retries_left == 1
     assert in_registries(queue, job.id) == {"finished"}
@@ -105,7 +105,7 @@ def test_a_returned_delayed_retry_runs_again_and_finishes(
     worker = procs.worker(redis_url, worker_class=worker_class, args=("--with-scheduler",), **FAST)
     wait_for(lambda: runs(log), timeout=30, what="the first run")
     wait_status(r, job.id, "finished", timeout=SCHEDULER_S)
-    assert len(runs(log)) == 2, procs.log(worker)
+    assert len(runs(log)) == 2 + procs.self_fenced_stops(job.id), procs.log(worker)
     assert in_registries(queue, job.id) == {"finished"}
 
 
@@ -118,7 +118,7 @@ def test_a_retry_without_interval_is_enqueued_again_and_finishes(
     job = queue.enqueue("feature_jobs.fail_first_run", log, retry=Retry(max=2))
     procs.worker(redis_url, worker_class=worker_class, **FAST)
     wait_status(r, job.id, "finished")
-    assert len(runs(log)) == 2
+    assert len(runs(log)) == 2 + procs.self_fenced_stops(job.id)
     assert Job.fetch(job.id, connection=r).retries_left == 1
     assert in_registries(queue, job.id) == {"finished"}
 
@@ -137,7 +137,7 @@ def test_a_delayed_retry_of_a_rate_limited_job_is_scheduled_then_finishes(
     procs.worker(redis_url, args=("--with-scheduler",), **FAST)
     wait_for(lambda: "scheduled" in in_registries(queue, job.id), what="the retry in the scheduled registry")
     wait_status(r, job.id, "finished", timeout=SCHEDULER_S)
-    assert len(runs(log)) == 2
+    assert len(runs(log)) == 2 + procs.self_fenced_stops(job.id)
     assert in_registries(queue, job.id) == {"finished"}
 
 

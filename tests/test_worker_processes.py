@@ -171,7 +171,7 @@ def test_rq_semantics_hold_under_the_lease_worker(
     assert ok.latest_result().return_value == 5  # type: ignore[union-attr]
     assert dependent.latest_result().return_value == 2  # type: ignore[union-attr]
     assert status(r, failing.id) == "failed" and "bad input" in (failing.latest_result().exc_string or "")  # type: ignore[union-attr]
-    assert status(r, retried.id) == "failed" and len(runs(log)) == 3
+    assert status(r, retried.id) == "failed" and len(runs(log)) == 3 + procs.self_fenced_stops(retried.id)
     assert status(r, timed_out.id) == "failed"
     assert "JobTimeoutException" in (timed_out.latest_result().exc_string or "")  # type: ignore[union-attr]
     assert r.zcard(QueueKeys("default").leases) == 0

@@ -87,15 +87,25 @@ def sleep_first_run_and_record(log: str, seconds: float) -> str:
     return "done"
 
 
-def ticking_run(log: str, seconds: float) -> str:
+def _this_runs_length(log: str, seconds: float, later_s: float | None) -> float:
+    """``seconds`` for the job's first run; ``later_s`` (when given) for a run after one
+    (the rerun after a recovery, whose length no test measures: it only has to finish)."""
+    if later_s is not None and any(line.startswith("start ") for line in runs(log)):
+        return later_s
+    return seconds
+
+
+def ticking_run(log: str, seconds: float, later_s: float | None = None) -> str:
     """A run that leaves a trace while it lives: ``start``, then a ``tick`` every 20 ms,
     then ``end``, each line with the pid and ``time.monotonic()`` (CLOCK_MONOTONIC, one
-    clock for every process on the host). A killed run's last tick is when it was last alive."""
+    clock for every process on the host). A killed run's last tick is when it was last
+    alive. A run after the first lasts ``later_s`` when given."""
 
     def line(tag: str) -> None:
         with open(log, "a") as out:
             out.write(f"{tag} {os.getpid()} {time.monotonic():.6f}\n")
 
+    seconds = _this_runs_length(log, seconds, later_s)
     line("start")
     until = time.monotonic() + seconds
     while time.monotonic() < until:
@@ -118,13 +128,13 @@ def run_spans(log: str) -> dict[int, tuple[float, float]]:
     return spans
 
 
-def uninterruptible_run(log: str, seconds: float) -> str:
+def uninterruptible_run(log: str, seconds: float, later_s: float | None = None) -> str:
     """A :func:`ticking_run` that no Python exception can interrupt (as if stuck in C code):
     it blocks SIGUSR1, the signal a ``SimpleLeaseWorker`` interrupts its job with."""
     import signal
 
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
-    return ticking_run(log, seconds)
+    return ticking_run(log, seconds, later_s)
 
 
 #: A child process that ticks into a log under its run's pid, as a job's ffmpeg or script
@@ -143,17 +153,21 @@ while time.monotonic() < until:
 """
 
 
-def run_with_child(log: str, seconds: float, how: str = "group", uninterruptible: bool = False) -> str:
+def run_with_child(
+    log: str, seconds: float, how: str = "group", uninterruptible: bool = False, later_s: float | None = None
+) -> str:
     """A :func:`ticking_run` that first starts a child process ticking into the same log
     under this run's pid for ``seconds``, and waits on it as ``subprocess.run`` does. The
     child stays in this run's process group (``how="group"``), starts a session of its own
     (``"session"``), or is a daemon (``"orphan"``: its parent exits at once, it runs on in
     a session of its own, and the run sleeps while it ticks). ``uninterruptible``: no
-    Python exception can interrupt the run (see :func:`uninterruptible_run`)."""
+    Python exception can interrupt the run (see :func:`uninterruptible_run`). A run after
+    the first lasts ``later_s`` when given."""
     import signal
     import subprocess
     import sys
 
+    seconds = _this_runs_length(log, seconds, later_s)
     if uninterruptible:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
     me = str(os.getpid())

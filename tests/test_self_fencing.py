@@ -29,6 +29,8 @@ pytestmark = pytest.mark.slow
 # the sweep recovers no sooner than 1 s + 250 ms grace past it
 LEASE = {"RQ_EMQ_LEASE_MS": "1000", "RQ_EMQ_RENEW_INTERVAL_MS": "200", "RQ_EMQ_SWEEP_INTERVAL_MS": "250"}
 RUN_S = 4.0
+#: a rerun after a recovery only has to finish
+LATER_S = 0.3
 
 
 @pytest.fixture
@@ -65,7 +67,7 @@ def test_a_frozen_workers_horse_fences_itself_before_the_job_runs_elsewhere(
     r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path
 ) -> None:
     log = str(tmp_path / "runs.log")
-    job = Queue(connection=r).enqueue("jobs.ticking_run", log, RUN_S, job_timeout=60)
+    job = Queue(connection=r).enqueue("jobs.ticking_run", log, RUN_S, later_s=LATER_S, job_timeout=60)
     frozen = procs.worker(redis_url, **LEASE)
     horse = _first_run_pid(log)
     os.kill(frozen.pid, signal.SIGSTOP)  # the worker alone: its horse is in a group of its own
@@ -91,7 +93,7 @@ def test_a_worker_cut_off_from_redis_stops_its_run_before_the_job_runs_elsewhere
     """``blackhole``: renewals hang on connections that stay open (the client waits on its
     socket timeout); ``reset``: a long partition, every connection refused."""
     log = str(tmp_path / "runs.log")
-    job = Queue(connection=r).enqueue("jobs.ticking_run", log, RUN_S, job_timeout=60)
+    job = Queue(connection=r).enqueue("jobs.ticking_run", log, RUN_S, later_s=LATER_S, job_timeout=60)
     cut_off = procs.worker(proxy.url, worker_class=worker_class, **LEASE)
     first = _first_run_pid(log)
     time.sleep(0.3)
@@ -168,7 +170,7 @@ def test_a_simple_workers_job_that_cannot_be_interrupted_ends_its_process_before
     r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, proxy: TcpProxy
 ) -> None:
     log = str(tmp_path / "runs.log")
-    job = Queue(connection=r).enqueue("jobs.uninterruptible_run", log, RUN_S, job_timeout=60)
+    job = Queue(connection=r).enqueue("jobs.uninterruptible_run", log, RUN_S, later_s=LATER_S, job_timeout=60)
     cut_off = procs.worker(proxy.url, worker_class="rq_emq.SimpleLeaseWorker", **LEASE)
     first = _first_run_pid(log)
     time.sleep(0.3)

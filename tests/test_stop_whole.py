@@ -38,6 +38,8 @@ pytestmark = pytest.mark.slow
 LEASE = {"RQ_EMQ_LEASE_MS": "1000", "RQ_EMQ_RENEW_INTERVAL_MS": "200", "RQ_EMQ_SWEEP_INTERVAL_MS": "250"}
 SETTINGS = LeaseSettings(lease_ms=1000, renew_interval_ms=200, sweep_interval_ms=250)
 RUN_S = 4.0
+#: a rerun after a recovery only has to finish
+LATER_S = 0.3
 #: ~2**28 backtracking steps: several seconds in C code holding the GIL, many leases long
 GIL_LETTERS = 28
 #: where the job's child runs: in the run's process group, in a session of its own, or as
@@ -88,7 +90,11 @@ def _recovered_elsewhere(r: redis.Redis, procs: Processes, redis_url: str, log: 
 
 
 def _enqueue_with_child(r: redis.Redis, log: str, how: str) -> str:
-    return str(Queue(connection=r).enqueue("jobs.run_with_child", log, RUN_S, how, job_timeout=60).id)
+    return str(
+        Queue(connection=r)
+        .enqueue("jobs.run_with_child", log, RUN_S, how, later_s=LATER_S, job_timeout=60)
+        .id
+    )
 
 
 @CHILDREN
@@ -164,7 +170,9 @@ def test_a_simple_workers_self_kill_ends_its_jobs_child_processes(
     r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, proxy: TcpProxy, how: str
 ) -> None:
     log = str(tmp_path / "runs.log")
-    job = Queue(connection=r).enqueue("jobs.run_with_child", log, RUN_S, how, True, job_timeout=60)
+    job = Queue(connection=r).enqueue(
+        "jobs.run_with_child", log, RUN_S, how, True, later_s=LATER_S, job_timeout=60
+    )
     cut_off = procs.worker(proxy.url, worker_class="rq_emq.SimpleLeaseWorker", **LEASE)
     first, child = _first_run(log)
     proxy.cut("reset")

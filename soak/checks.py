@@ -207,8 +207,8 @@ def evaluate(ev: Any) -> Verdict:
             continue
         if state["status"] not in ("finished", "failed"):
             lost.append(job_id)
-            places = ("queued", "started", "leases", "intermediate", "moving")
-            where = [name for name in places if job_id in ev.registries.get(name, [])]
+            locations = ("queued", "started", "leases", "intermediate", "moving")
+            where = [name for name in locations if job_id in ev.registries.get(name, [])]
             v.violations.append(
                 f"{job_id}: not finished after the drain: status {state['status']}, "
                 f"in {', '.join(where) or 'no queue or registry'}"

@@ -5,6 +5,7 @@ Producers keep ``queue.enqueue(...)``; operators run ``rq worker -w rq_emq.Lease
 
 from __future__ import annotations
 
+from ._version import __version__
 from .compose import lease_worker
 from .dequeue import META_MAX_ATTEMPTS
 from .events import LeaseEvent, subscribe, unsubscribe
@@ -21,8 +22,6 @@ from .registries import (
 from .settings import MAX_ATTEMPTS_LIMIT, LeaseSettings, SettingsError, job_max_attempts
 from .startup import StartupError
 from .worker import LeaseJobInterrupted, LeaseMixin, LeaseWorker, SimpleLeaseWorker
-
-__version__ = "0.1.0"
 
 
 def max_attempts(n: int, meta: dict | None = None) -> dict:

@@ -25,7 +25,8 @@ from redis.exceptions import RedisError
 from rq.job import Job
 from rq.queue import Queue
 
-from . import __version__, cli_output, inspection, metrics, rollback, scripts
+from . import cli_output, inspection, metrics, rollback, scripts
+from ._version import __version__
 from .cli_connect import BadInput, Target, connect, load_class, load_serializer, redact, select_queues
 from .keys import QueueKeys
 from .settings import ENV_PREFIX

@@ -27,7 +27,7 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 from redis import Redis
 from rq.defaults import DEFAULT_RESULT_TTL
@@ -39,10 +39,29 @@ from . import compat
 from .blips import BLIPS, through_blips
 from .direct_writes import guarding_direct_writes
 from .fencing import Fence, FencedSession, LeaseLost, fenced
-from .lease import LockManager
 from .settings import LeaseSettings
 
 logger = logging.getLogger("rq_emq.lease")
+
+
+class HeldLease(Protocol):
+    """What the job writes use of a held lease (:class:`rq_emq.lease.Lease`)."""
+
+    queue: str
+    execution: Any
+
+    @property
+    def fence(self) -> Fence: ...
+
+    def hand_back(self, client: Redis) -> bool: ...
+
+
+class HeldLeases(Protocol):
+    """The leases this process holds, by job id: the lock manager
+    (:class:`rq_emq.lease.LockManager`). A protocol, not the class: the lock manager hands
+    out fences, so the fence may not import it back."""
+
+    def get(self, job_id: str) -> HeldLease | None: ...
 
 
 class LeaseJobInterrupted(Exception):
@@ -53,7 +72,7 @@ class JobWritesMixin:
     """Guarded starts, fenced finishes, both through connection blips."""
 
     connection: Redis
-    lock_manager: LockManager | None
+    lock_manager: HeldLeases | None
     lease_settings: LeaseSettings
     #: The job whose own code runs now in this process (between its guarded start and its
     #: end): the only time a lost lease may interrupt it in place.

@@ -431,7 +431,7 @@ CATALOG: list[Mutation] = [
     # -- the sweeper election ---------------------------------------------------------------------
     _m(
         "every_worker_sweeps",
-        "rq_emq/run/worker.py",
+        "rq_emq/run/lease_mixin.py",
         "elect=True,",
         "elect=False,",
         ["tests/test_fleet_sweep.py::test_sweep_script_calls_of_an_idle_fleet_do_not_grow_with_its_size"],
@@ -917,7 +917,7 @@ CATALOG: list[Mutation] = [
     # -- a stopped run is stopped whole (issue 21) -------------------------------------------
     _m(
         "watchdog_never_started",
-        "rq_emq/run/worker.py",
+        "rq_emq/run/lease_mixin.py",
         "self._start_watchdog()  # forked before RQ's and our threads start",
         "pass",
         [

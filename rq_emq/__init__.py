@@ -22,8 +22,9 @@ from .recover.registries import (
 )
 from .run.compose import lease_worker
 from .run.dequeue import META_MAX_ATTEMPTS
+from .run.lease_mixin import LeaseMixin
 from .run.startup import StartupError
-from .run.worker import LeaseJobInterrupted, LeaseMixin, LeaseWorker, SimpleLeaseWorker
+from .run.worker import LeaseJobInterrupted, LeaseWorker, SimpleLeaseWorker
 from .settings import MAX_ATTEMPTS_LIMIT, LeaseSettings, SettingsError, job_max_attempts
 
 

@@ -37,8 +37,8 @@ from common import percentile, private_redis, table, wait_until, worker
 from rq import Queue
 from rq.defaults import DEFAULT_JOB_MONITORING_INTERVAL, DEFAULT_MAINTENANCE_TASK_INTERVAL, DEFAULT_WORKER_TTL
 
+from rq_emq.recover.sweep import Sweeper
 from rq_emq.settings import LeaseSettings
-from rq_emq.sweep import Sweeper
 
 QUEUE = "det"
 SHORT = LeaseSettings(lease_ms=2_000, renew_interval_ms=500, sweep_interval_ms=1_000)

@@ -35,7 +35,7 @@ from rq import Queue, Worker
 from rq.utils import now
 
 from rq_emq import LeaseWorker, scripts
-from rq_emq.take import Taker
+from rq_emq.intake.take import Taker
 
 QUEUE = "bench"
 IGNORED = ("cmdstat_config", "cmdstat_info", "cmdstat_slowlog")

@@ -22,8 +22,8 @@ from rq.registry import StartedJobRegistry
 
 from rq_emq import scripts
 from rq_emq.keys import QueueKeys
+from rq_emq.recover.sweep import Sweeper
 from rq_emq.settings import LeaseSettings
-from rq_emq.sweep import Sweeper
 
 Q = QueueKeys("bench")
 

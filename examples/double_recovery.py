@@ -10,7 +10,7 @@ write one after the other, the kindest order (no lost updates), and it is still 
 
 The atomic run leases the same number of jobs through rq-emq's own take scripts
 (``pop_job``, and a move to the intermediate list + ``claim_job``), lets the leases lapse
-as if the worker died, and runs two ``rq_emq.sweep.Sweeper`` instances (own connections)
+as if the worker died, and runs two ``rq_emq.recover.sweep.Sweeper`` instances (own connections)
 through every round together, past the fleet-wide rate limit. Check and move are one
 script, so Redis runs one sweeper's call before the other's: a round marks, a later round
 recovers each job once. Attempts are counted when a job is taken, so a recovered job
@@ -37,10 +37,10 @@ from collections.abc import Callable
 import redis
 from rq import Queue
 
+from rq_emq.intake.take import Taker
 from rq_emq.keys import QueueKeys, job_key
+from rq_emq.recover.sweep import Sweeper
 from rq_emq.settings import LeaseSettings
-from rq_emq.sweep import Sweeper
-from rq_emq.take import Taker
 from rq_emq.testing import RedisServer
 
 # Short leases so a "dead worker" is seen within a fraction of a second.

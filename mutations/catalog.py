@@ -129,7 +129,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "fence_refusal_not_raised",
-        "rq_emq/fencing.py",
+        "rq_emq/fence/fencing.py",
         "if outcome != 1:",
         "if False:",
         [f"{LEASES}::test_a_late_finish_by_a_worker_that_lost_its_lease_changes_nothing"],
@@ -137,7 +137,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "fence_later_batches_after_refusal_run",
-        "rq_emq/fencing.py",
+        "rq_emq/fence/fencing.py",
         "if session.refused:",
         "if False:",
         [f"{LEASES}::test_after_a_refused_transaction_the_rest_of_the_fenced_block_is_refused"],
@@ -145,7 +145,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "fence_scripted_batch_unchecked",
-        "rq_emq/fencing.py",
+        "rq_emq/fence/fencing.py",
         "if owner is None or (owner.decode() if isinstance(owner, bytes) else owner) != fence.token:",
         "if False:",
         [f"{LEASES}::test_a_finish_that_runs_a_script_of_its_own_is_checked_then_committed"],
@@ -195,7 +195,7 @@ CATALOG: list[Mutation] = [
     # -- the idle wait: one blocked BLMOVE per queue -------------------------------------------
     _m(
         "second_win_not_handed_back",
-        "rq_emq/take.py",
+        "rq_emq/intake/take.py",
         "                    self._wait.hand_back(queues[index], job_id)",
         "                    pass",
         [f"{WAKE}::test_two_queues_handing_over_a_job_at_once_claim_the_first_and_hand_back_the_other"],
@@ -203,7 +203,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "later_queue_claimed_first",
-        "rq_emq/wake.py",
+        "rq_emq/intake/wake.py",
         "        return sorted(moved)",
         "        return sorted(moved, reverse=True)",
         [f"{WAKE}::test_two_queues_handing_over_a_job_at_once_claim_the_first_and_hand_back_the_other"],
@@ -211,7 +211,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "other_waits_not_unblocked",
-        "rq_emq/wake.py",
+        "rq_emq/intake/wake.py",
         '                    control.send_command("CLIENT", "UNBLOCK", client_id)',
         "                    pass",
         [f"{WAKE}::test_an_idle_taker_blocks_on_every_queue_and_wakes_on_a_push_to_any"],
@@ -219,7 +219,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "stop_in_the_wait_strands_the_moved_job",
-        "rq_emq/take.py",
+        "rq_emq/intake/take.py",
         "                if not waiting.done:  # the wait was interrupted (a stop, a broken connection)",
         "                if False:",
         [f"{WAKE}::test_a_stop_during_the_wait_hands_back_a_job_moved_meanwhile"],
@@ -227,7 +227,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "refused_waits_keep_their_connections",
-        "rq_emq/wake.py",
+        "rq_emq/intake/wake.py",
         "                    if not _refused_for_clients(error):",
         "                    if True:",
         [
@@ -238,7 +238,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "lost_lease_renewed_again",
-        "rq_emq/lease.py",
+        "rq_emq/hold/lease.py",
         "return [lease for lease in self._leases.values() if not (lease.lost or lease.settled)]",
         "return list(self._leases.values())",
         [f"{LEASES}::test_a_lease_found_lost_is_not_renewed_or_reported_again"],
@@ -264,7 +264,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "grace_ignores_renew_interval",
-        "rq_emq/sweep.py",
+        "rq_emq/recover/sweep.py",
         "return max(self.window_ms, self.settings.renew_interval_ms * 5 // 4)",
         "return self.window_ms",
         [f"{SWEEP}::test_a_mark_stands_at_least_one_renew_interval_when_sweeps_come_faster"],
@@ -272,7 +272,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "grace_four_times_longer",
-        "rq_emq/sweep.py",
+        "rq_emq/recover/sweep.py",
         "return max(self.window_ms, self.settings.renew_interval_ms * 5 // 4)",
         "return 4 * max(self.window_ms, self.settings.renew_interval_ms * 5 // 4)",
         [
@@ -291,7 +291,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "sweep_reads_rqs_intermediate_list",
-        "rq_emq/sweep.py",
+        "rq_emq/recover/sweep.py",
         "q.moving,\n            q.started,",
         "q.intermediate,\n            q.started,",
         [f"{SWEEP}::test_a_stock_workers_job_between_its_move_and_its_start_is_never_marked"],
@@ -299,7 +299,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "started_entry_not_pinned",
-        "rq_emq/registries.py",
+        "rq_emq/recover/registries.py",
         "        if not _held_here(execution.job_id):",
         "        if True:",
         ["tests/test_registries.py::test_no_stock_process_fails_a_leased_job_however_long_the_fleet_is_down"],
@@ -412,7 +412,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "outbox_commit_not_fenced",
-        "rq_emq/outbox.py",
+        "rq_emq/recover/outbox.py",
         'with fenced(self.client, Fence(queue, job_id, token, counter="outbox_completed", layout=layout)):',
         "if True:",
         [f"{SWEEP}::test_a_drainer_whose_claim_was_taken_over_writes_no_result"],
@@ -420,7 +420,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "take_unacknowledged_by_a_replica_runs",
-        "rq_emq/take.py",
+        "rq_emq/intake/take.py",
         "if confirm is None or confirm[1]:",
         "if True:",
         [
@@ -431,7 +431,7 @@ CATALOG: list[Mutation] = [
     # -- the sweeper election ---------------------------------------------------------------------
     _m(
         "every_worker_sweeps",
-        "rq_emq/worker.py",
+        "rq_emq/run/lease_mixin.py",
         "elect=True,",
         "elect=False,",
         ["tests/test_fleet_sweep.py::test_sweep_script_calls_of_an_idle_fleet_do_not_grow_with_its_size"],
@@ -440,7 +440,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "standby_checks_too_rarely",
-        "rq_emq/election.py",
+        "rq_emq/recover/election.py",
         "self.standby_ms = max(idle_ms * 2 // 3, 1)",
         "self.standby_ms = max(idle_ms * 20, 1)",
         [
@@ -475,7 +475,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "line_waits_far_too_long",
-        "rq_emq/election.py",
+        "rq_emq/recover/election.py",
         "LINE_LEASES = 2",
         "LINE_LEASES = 10",
         [f"{FLEET}::test_a_line_wait_that_times_out_checks_the_election_once"],
@@ -483,7 +483,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "line_wait_ignores_a_stop",
-        "rq_emq/election.py",
+        "rq_emq/recover/election.py",
         "while not connection.can_read(timeout=STOP_POLL_S):",
         "while not connection.can_read(timeout=timeout_s + LINE_MARGIN_S):",
         [f"{FLEET}::test_a_line_wait_ends_at_once_when_its_worker_stops"],
@@ -541,7 +541,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "clock_line_missing_at_the_runs_end",
-        "rq_emq/lease.py",
+        "rq_emq/hold/lease.py",
         "if lease.valid_until < time.monotonic():",
         "if False:",
         [f"{LEASES}::test_a_run_that_ended_past_its_local_deadline_leaves_the_clock_line_in_the_log"],
@@ -565,7 +565,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "idle_state_blip_ends_the_worker",
-        "rq_emq/dequeue.py",
+        "rq_emq/run/dequeue.py",
         "me._riding_out_blips(lambda: me.set_state(compat.WorkerStatus.IDLE))",
         "me.set_state(compat.WorkerStatus.IDLE)",
         ["tests/test_worker_direct.py::test_a_blip_as_the_worker_turns_idle_does_not_end_it"],
@@ -607,7 +607,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "fence_spent_on_a_read",
-        "rq_emq/fencing.py",
+        "rq_emq/fence/fencing.py",
         " or reads_only(commands):",
         ":",
         [f"{LIFE}::test_a_read_only_transaction_inside_the_finish_does_not_spend_the_fence"],
@@ -615,7 +615,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "long_commands_not_split",
-        "rq_emq/packing.py",
+        "rq_emq/fence/packing.py",
         "MAX_PACKED_ARGS = 1000",
         "MAX_PACKED_ARGS = 1_000_000",
         [f"{LIFE}::test_a_finish_with_a_command_longer_than_luas_unpack_limit_commits_whole"],
@@ -623,7 +623,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "later_batch_stands_in_for_a_failed_outcome",
-        "rq_emq/fencing.py",
+        "rq_emq/fence/fencing.py",
         "if session.error is not None:",
         "if False:",
         [f"{LIFE}::test_once_the_fenced_outcome_failed_no_later_transaction_of_the_block_releases_the_lease"],
@@ -631,7 +631,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "swallowed_outcome_error_not_retried",
-        "rq_emq/job_writes.py",
+        "rq_emq/fence/job_writes.py",
         "if session.error is not None and not session.committed:",
         "if False:",
         [
@@ -682,7 +682,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "job_hash_stamped_every_tick",
-        "rq_emq/lease.py",
+        "rq_emq/hold/lease.py",
         "stamp_jobs = time.monotonic() - self._job_heartbeat_at >= JOB_HEARTBEAT_EVERY_S",
         "stamp_jobs = True",
         [f"{LIFE}::test_renewals_stamp_rqs_job_heartbeat_only_at_rqs_pace"],
@@ -690,7 +690,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "stop_at_the_take_not_held_back",
-        "rq_emq/take.py",
+        "rq_emq/intake/take.py",
         "signal.signal(stop, lambda received, frame: caught.append(received))",
         "pass",
         [
@@ -701,7 +701,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "fired_watch_poisons_the_block",
-        "rq_emq/fencing.py",
+        "rq_emq/fence/fencing.py",
         "except (LeaseLost, WatchError):",
         "except LeaseLost:",
         [f"{LIFE}::test_a_watch_that_fires_inside_the_fenced_finish_lets_rqs_retry_commit"],
@@ -709,7 +709,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "start_does_not_record_rqs_status",
-        "rq_emq/packing.py",
+        "rq_emq/fence/packing.py",
         "extra = [word for field, value in written.items() for word in (SEEN_FIELDS[field], value)]",
         "extra = []",
         [f"{LIFE}::test_a_fenced_finish_records_the_jobs_own_max_attempts_with_its_start"],
@@ -742,7 +742,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "holders_direct_writes_unguarded",
-        "rq_emq/direct_writes.py",
+        "rq_emq/fence/direct_writes.py",
         "if fence is None or not writes_to(key, args):",
         "if True:",
         [
@@ -754,7 +754,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "a_canceled_run_keeps_no_result",
-        "rq_emq/job_writes.py",
+        "rq_emq/fence/job_writes.py",
         'if self._refused_as != "canceled":',
         "if True:",
         [
@@ -795,7 +795,7 @@ CATALOG: list[Mutation] = [
         "a sweeper with another job class drops every leased job from the lease index",
         fast=False,
     ),
-    # -- a horse that died without an outcome (recover_crashed_job, rq_emq/horse_crash.py) ----------
+    # -- a horse that died without an outcome (recover_crashed_job, rq_emq/recover/horse_crash.py) ----------
     _m(
         "crash_recovery_no_token_check",
         "lua/recover_crashed_job-10.lua",
@@ -865,7 +865,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "worker_sent_kill_is_a_crash",
-        "rq_emq/horse_crash.py",
+        "rq_emq/recover/horse_crash.py",
         "self._horse_killed_by_worker = True",
         "self._horse_killed_by_worker = False",
         [f"{HORSE}::test_a_horse_the_worker_killed_itself_keeps_rqs_meaning"],
@@ -874,7 +874,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "untrusted_lease_is_a_crash",
-        "rq_emq/horse_crash.py",
+        "rq_emq/recover/horse_crash.py",
         "return not (lease.lost or lease.settled or lease.expired) and time.monotonic() <= lease.valid_until",
         "return True",
         [f"{HORSE}::test_a_horse_past_its_local_lease_deadline_is_no_crash_of_its_workers"],
@@ -883,7 +883,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "untrusted_horse_death_failed_by_rq",
-        "rq_emq/horse_crash.py",
+        "rq_emq/recover/horse_crash.py",
         "if not _trusted(lease):\n            # The horse fenced itself",
         "if not _trusted(lease):\n            return  # The horse fenced itself",
         [f"{HORSE}::test_a_horse_that_dies_after_its_worker_stopped_trusting_the_lease_is_left_to_the_sweep"],
@@ -899,7 +899,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "crash_leaves_the_horses_children_running",
-        "rq_emq/horse_crash.py",
+        "rq_emq/recover/horse_crash.py",
         "        end_orphans(retpid)\n",
         "",
         [f"{HORSE}::test_the_dead_horses_child_processes_end_before_the_job_runs_again"],
@@ -908,7 +908,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "crash_recovery_lets_rq_fail_the_job_too",
-        "rq_emq/horse_crash.py",
+        "rq_emq/recover/horse_crash.py",
         "self._recover_crashed(job, lease, cause, rusage)\n        raise _CrashHandled\n",
         "self._recover_crashed(job, lease, cause, rusage)\n        return\n",
         [f"{HORSE}::test_a_horse_that_dies_without_an_outcome_costs_one_attempt_and_the_job_runs_again"],
@@ -917,7 +917,7 @@ CATALOG: list[Mutation] = [
     # -- a stopped run is stopped whole (issue 21) -------------------------------------------
     _m(
         "watchdog_never_started",
-        "rq_emq/worker.py",
+        "rq_emq/run/lease_mixin.py",
         "self._start_watchdog()  # forked before RQ's and our threads start",
         "pass",
         [
@@ -928,7 +928,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "watchdog_never_ends_a_run",
-        "rq_emq/watchdog.py",
+        "rq_emq/run/watchdog.py",
         "kill_tree(pid, group=group and pid != worker)",
         "set()",
         [
@@ -939,7 +939,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "watchdog_outlives_its_worker",
-        "rq_emq/watchdog.py",
+        "rq_emq/run/watchdog.py",
         "if os.getppid() != worker:  # the worker is gone: end its run and go",
         "if False:",
         [
@@ -950,7 +950,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "simple_worker_run_not_watched",
-        "rq_emq/run_guard.py",
+        "rq_emq/run/run_guard.py",
         "self._horse_deadline.reset(me._run_deadline(lease), pid=os.getpid())",
         "pass",
         [
@@ -961,7 +961,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "tree_ignores_other_sessions",
-        "rq_emq/process_tree.py",
+        "rq_emq/run/process_tree.py",
         "for child in children_of(todo.pop()):",
         "for child in list(children_of(todo.pop()))[:0]:",
         [f"{WHOLE}::test_kill_tree_ends_a_process_its_group_and_descendants_in_other_sessions"],
@@ -969,7 +969,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "stop_kills_only_the_group",
-        "rq_emq/run_guard.py",
+        "rq_emq/run/run_guard.py",
         "kill_tree(pid, group=True)",
         "pass",
         [f"{WHOLE}::test_rqs_stop_command_ends_the_jobs_child_processes[session]"],
@@ -978,7 +978,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "horse_not_a_subreaper",
-        "rq_emq/worker.py",
+        "rq_emq/run/worker.py",
         "become_subreaper()",
         "pass",
         [f"{WHOLE}::test_rqs_stop_command_ends_the_jobs_child_processes[orphan]"],
@@ -987,7 +987,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "horse_dies_with_worker_before_the_watchdog_looks",
-        "rq_emq/worker.py",
+        "rq_emq/run/worker.py",
         "if not self._watched:",
         "if True:",
         [f"{WHOLE}::test_a_horse_whose_watchdog_is_gone_still_ends_itself_whole[kill]"],
@@ -996,7 +996,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "horse_fence_ends_only_its_pid",
-        "rq_emq/horse_fence.py",
+        "rq_emq/run/horse_fence.py",
         "kill_tree(os.getpid(), group=os.getpgrp() == os.getpid())",
         "os.kill(os.getpid(), signal.SIGKILL)",
         [f"{WHOLE}::test_a_horse_whose_watchdog_is_gone_still_ends_itself_whole[freeze]"],
@@ -1005,7 +1005,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "horse_ignores_its_workers_death",
-        "rq_emq/horse_fence.py",
+        "rq_emq/run/horse_fence.py",
         'gone = bool(getattr(self, "_worker_pid", 0)) and os.getppid() != self._worker_pid',
         "gone = False",
         [f"{WHOLE}::test_a_horse_whose_watchdog_is_gone_still_ends_itself_whole[kill]"],

@@ -5,11 +5,13 @@ Producers keep ``queue.enqueue(...)``; operators run ``rq worker -w rq_emq.Lease
 
 from __future__ import annotations
 
-from .compose import lease_worker
-from .dequeue import META_MAX_ATTEMPTS
+from types import ModuleType
+
+from . import _moved
+from ._version import __version__
 from .events import LeaseEvent, subscribe, unsubscribe
-from .fencing import LeaseLost
-from .registries import (
+from .fence.fencing import LeaseLost
+from .recover.registries import (
     LeasedJobRegistry,
     LeaseQueue,
     LeaseQueueMixin,
@@ -18,11 +20,12 @@ from .registries import (
     lease_queue_class,
     patch_stock_started_registry,
 )
+from .run.compose import lease_worker
+from .run.dequeue import META_MAX_ATTEMPTS
+from .run.lease_mixin import LeaseMixin
+from .run.startup import StartupError
+from .run.worker import LeaseJobInterrupted, LeaseWorker, SimpleLeaseWorker
 from .settings import MAX_ATTEMPTS_LIMIT, LeaseSettings, SettingsError, job_max_attempts
-from .startup import StartupError
-from .worker import LeaseJobInterrupted, LeaseMixin, LeaseWorker, SimpleLeaseWorker
-
-__version__ = "0.1.0"
 
 
 def max_attempts(n: int, meta: dict | None = None) -> dict:
@@ -33,8 +36,16 @@ def max_attempts(n: int, meta: dict | None = None) -> dict:
     return {**(meta or {}), META_MAX_ATTEMPTS: n}
 
 
+_moved.install()  # rq_emq.<module> paths from before the rooms (issue 23), for one release
+
+
+def __getattr__(name: str) -> ModuleType:
+    """``rq_emq.sweep`` and the other moved modules by their old attribute name."""
+    return _moved.old_module(name)
+
+
 try:  # RQ 3's SpawnWorker; RQ 2 has none
-    from .spawn import SpawnLeaseWorker  # noqa: F401
+    from .run.spawn import SpawnLeaseWorker  # noqa: F401
 except ImportError:
     pass
 

@@ -5,7 +5,7 @@ members ``<job_id>:<execution_id>`` with a per-job ``rq:executions:<id>`` index,
 sweep uses to clean RQ's view of a recovered job) and the intermediate list behind its
 single-queue BLMOVE. RQ 1.x has neither.
 
-The horse-crash seams (:mod:`rq_emq.horse_crash`) need nothing here: every supported
+The horse-crash seams (:mod:`rq_emq.recover.horse_crash`) need nothing here: every supported
 release reaps the horse with ``os.wait4`` and calls ``handle_work_horse_killed(job, retpid,
 ret_val, rusage)`` just before failing its job; ``monitor_work_horse`` (RQ 3 adds the
 execution) and ``kill_horse`` (its default signal) differ only in what is passed through.

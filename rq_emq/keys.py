@@ -32,7 +32,7 @@ _PLAIN_QUEUE_PREFIX = "rq:queue:"
 
 
 #: The job-hash field that names the started-registry entry a lease worker pinned for the
-#: job's run (``<job_id>:<execution_id>``, :mod:`rq_emq.registries`), so that our scripts
+#: job's run (``<job_id>:<execution_id>``, :mod:`rq_emq.recover.registries`), so that our scripts
 #: find it even after RQ's execution records expired (a fleet down for hours).
 PINNED_FIELD = "emq_started"
 

@@ -61,7 +61,7 @@ class LeaseSettings:
     #: When renewal finds the lease lost while the job runs: True stops the job, False lets
     #: it finish (its outcome is still fenced and discarded).
     stop_on_lease_lost: bool = True
-    #: Unused since idle workers block on every queue at once (:mod:`rq_emq.wake`); still
+    #: Unused since idle workers block on every queue at once (:mod:`rq_emq.intake.wake`); still
     #: accepted (and checked) so that configurations setting it keep starting, with a
     #: warning at startup (:data:`UNUSED_SETTINGS`).
     idle_poll_ms: int = 200

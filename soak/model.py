@@ -80,7 +80,7 @@ class Config:
         """The promise when another worker was hit too (the sweeper and its deputy on one
         crashed host): a standby of the election's line takes over within hold + a line
         wait instead of hold + standby, so the job is back within that plus 2 sweeps."""
-        from rq_emq.election import LINE_LEASES
+        from rq_emq.recover.election import LINE_LEASES
 
         lease_s = self.lease_ms / 1000
         return 2 / 3 * lease_s + LINE_LEASES * lease_s + 2 * self.sweep_ms / 1000

@@ -2,7 +2,7 @@
 
 A holder whose renewals do not land for lease − margin (they time out in a Redis-wide
 stall, on fsync latency under ``appendfsync always``, on a starved host) stops its run on
-its local lease clock and logs one line saying so (``rq_emq/lease.py``: "job J on queue Q:
+its local lease clock and logs one line saying so (``rq_emq/hold/lease.py``: "job J on queue Q:
 local lease clock ran out ..."); the sweep then recovers the job and it runs again. That
 is self-fencing doing its job, not a duplicate. The soak reads those lines from each
 worker's log (one log per worker process) and counts such a repeat as a *self-fenced

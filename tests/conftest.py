@@ -95,7 +95,7 @@ def own_server() -> Iterator[RedisServer]:
 @pytest.fixture(autouse=True)
 def stock_started_registry() -> Iterator[None]:
     """Each test starts with RQ's own StartedJobRegistry (a lease queue patches it)."""
-    from rq_emq.registries import unpatch_stock_started_registry
+    from rq_emq.recover.registries import unpatch_stock_started_registry
 
     unpatch_stock_started_registry()
     yield

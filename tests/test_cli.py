@@ -20,12 +20,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from rq import Queue
 from test_sweep import stall
 
-from rq_emq.cli import main, redact
+from rq_emq.intake.take import Taker
 from rq_emq.keys import QueueKeys, job_key
-from rq_emq.prometheus import LeaseCollector
+from rq_emq.operate.cli import main, redact
+from rq_emq.operate.prometheus import LeaseCollector
+from rq_emq.recover.sweep import Sweeper
 from rq_emq.settings import LeaseSettings
-from rq_emq.sweep import Sweeper
-from rq_emq.take import Taker
 
 Q = QueueKeys("q")
 RQ_EMQ = str(Path(RQ_BIN).parent / "rq-emq")
@@ -557,6 +557,6 @@ def test_status_and_leases_cost_the_same_commands_whatever_the_number_in_flight(
 
 
 def test_the_collector_without_its_extra_names_the_extra_to_install() -> None:
-    code = "import sys; sys.modules['prometheus_client'] = None; import rq_emq.prometheus"
+    code = "import sys; sys.modules['prometheus_client'] = None; import rq_emq.operate.prometheus"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "pip install 'rq-emq[prometheus]'" in done.stderr

@@ -17,8 +17,8 @@ from rq import Queue
 from test_sweep import next_round, stall, sweeper
 
 from rq_emq import events
+from rq_emq.hold.lease import Lease, LockManager
 from rq_emq.keys import job_key
-from rq_emq.lease import Lease, LockManager
 from rq_emq.settings import LeaseSettings, SettingsError
 
 

@@ -22,7 +22,7 @@ import pytest
 import redis
 from redis_server import require_redis_server
 
-from rq_emq.election import SweeperElection
+from rq_emq.recover.election import SweeperElection
 from rq_emq.testing import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -131,8 +131,8 @@ def test_an_unconfirmed_outbox_claim_is_given_back_at_once(
     is made due again at once, so the next round (once Sentinel confirms) completes it."""
     from rq_emq import failover
     from rq_emq.keys import QueueKeys
+    from rq_emq.recover.sweep import Sweeper
     from rq_emq.settings import LeaseSettings
-    from rq_emq.sweep import Sweeper
 
     q = QueueKeys("q")
     r.hset("rq:job:j1", mapping={"status": "failed", "emq_token": "outbox"})

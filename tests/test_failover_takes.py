@@ -13,9 +13,9 @@ import redis
 from rq import Queue
 
 from rq_emq import failover
+from rq_emq.intake.take import Taker
 from rq_emq.keys import QueueKeys
 from rq_emq.settings import LeaseSettings
-from rq_emq.take import Taker
 
 Q = QueueKeys("default")
 

@@ -3,7 +3,7 @@ wakes one worker whatever the fleet size, jobs are taken in the worker's queue o
 no stop or crash of an idle worker strands a job in an intermediate list.
 
 Real processes, real signals, a real redis-server. The idle wait itself (one blocked
-``BLMOVE`` per queue, :mod:`rq_emq.wake`) is specified in ``test_wake.py``."""
+``BLMOVE`` per queue, :mod:`rq_emq.intake.wake`) is specified in ``test_wake.py``."""
 
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ from jobs import runs
 from procs import Processes, blocked_clients, wait_for
 from rq import Queue
 
-from rq_emq.election import SweeperElection
 from rq_emq.keys import QueueKeys, job_key, sweeper_deputy_key, sweeper_election_key, sweeper_line_key
+from rq_emq.recover.election import SweeperElection
 
 pytestmark = pytest.mark.slow
 Q = QueueKeys("default")

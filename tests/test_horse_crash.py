@@ -130,7 +130,7 @@ def test_a_crash_is_counted_in_status_metrics_and_events_and_its_history_shown_i
 ) -> None:
     from click.testing import CliRunner
 
-    from rq_emq.cli import main
+    from rq_emq.operate.cli import main
 
     def cli(*args: str) -> str:
         return CliRunner().invoke(main, [*args, "--url", redis_url], catch_exceptions=False).output

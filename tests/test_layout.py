@@ -89,3 +89,59 @@ def test_every_module_says_what_it_owns() -> None:
         if not ast.get_docstring(ast.parse(p.read_text()))
     ]
     assert silent == []
+
+
+#: The rooms from the bottom up (docs/architecture.md): a module imports only its own room
+#: and the rooms before it. ``shared`` is the package's top-level modules; run and operate
+#: share the top layer and never import each other (only the worker classes compose rooms,
+#: and a worker process never loads the operators' tools).
+LAYERS: list[set[str]] = [{"shared"}, {"fence"}, {"hold"}, {"intake"}, {"recover"}, {"run", "operate"}]
+
+
+def rooms() -> set[str]:
+    return {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+
+
+def room_of(module: str, folders: set[str]) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in folders else "shared"
+
+
+def upward_imports(graph: dict[str, set[str]], folders: set[str]) -> list[str]:
+    """Each import of a room that is not below the importer's own, as ``a -> b``. The
+    package root (the public API, which imports every room to re-export it) is no room."""
+    rank = {room: i for i, layer in enumerate(LAYERS) for room in layer}
+    found = []
+    for module, deps in sorted(graph.items()):
+        if module == "rq_emq":
+            continue
+        mine = room_of(module, folders)
+        for dep in sorted(deps):
+            theirs = room_of(dep, folders)
+            if theirs != mine and rank[theirs] >= rank[mine]:
+                found.append(f"{module} ({mine}) -> {dep} ({theirs})")
+    return found
+
+
+def test_every_room_has_its_layer() -> None:
+    assert set().union(*LAYERS) == rooms() | {"shared"}
+
+
+def test_no_room_imports_a_room_above_it_or_beside_it() -> None:
+    upward = upward_imports(import_graph(), rooms())
+    assert upward == [], "upward imports:\n" + "\n".join(upward)
+
+
+def test_the_layer_check_finds_upward_and_sideways_imports() -> None:
+    folders = {"fence", "hold", "intake", "recover", "run", "operate"}
+    graph = {
+        "rq_emq.hold.lease": {"rq_emq.fence.fencing", "rq_emq.keys", "rq_emq.recover.sweep"},
+        "rq_emq.operate.inspection": {"rq_emq.run.worker", "rq_emq.recover.horse_crash"},
+        "rq_emq.keys": {"rq_emq.hold.lease"},
+        "rq_emq": {"rq_emq.run.worker"},
+    }
+    assert upward_imports(graph, folders) == [
+        "rq_emq.hold.lease (hold) -> rq_emq.recover.sweep (recover)",
+        "rq_emq.keys (shared) -> rq_emq.hold.lease (hold)",
+        "rq_emq.operate.inspection (operate) -> rq_emq.run.worker (run)",
+    ]

@@ -12,13 +12,13 @@ from helpers import count_pipelines
 from rq import Queue
 from rq.job import Job
 
-from rq_emq import lease as lease_module
 from rq_emq import scripts
-from rq_emq.fencing import Fence, LeaseLost, fenced
+from rq_emq.fence.fencing import Fence, LeaseLost, fenced
+from rq_emq.hold import lease as lease_module
+from rq_emq.hold.lease import Lease, LockManager
+from rq_emq.intake.take import Taker
 from rq_emq.keys import QueueKeys, job_key
-from rq_emq.lease import Lease, LockManager
 from rq_emq.settings import LeaseSettings
-from rq_emq.take import Taker
 
 SETTINGS = LeaseSettings(lease_ms=2_000, renew_interval_ms=500)
 
@@ -156,7 +156,7 @@ def test_a_taker_back_from_the_wait_waits_at_once_and_a_busy_one_pops_straight_a
 ) -> None:
     """A trickle finds the queues empty after nearly every job: the BLMOVEs are the look.
     A wait answered at once means a backlog, which is taken with one script call a job."""
-    monkeypatch.setattr("rq_emq.take.AT_ONCE_S", 0.15)  # "at once" on a loaded machine too
+    monkeypatch.setattr("rq_emq.intake.take.AT_ONCE_S", 0.15)  # "at once" on a loaded machine too
     t = taker(r)
     scripts.load_all(r)
     queues = ["a", "b", "c"]

@@ -19,13 +19,13 @@ from rq.registry import FailedJobRegistry
 
 import rq_emq
 from rq_emq import scripts
-from rq_emq.fencing import Fence, LeaseLost, fenced
+from rq_emq.fence.fencing import Fence, LeaseLost, fenced
+from rq_emq.fence.packing import MAX_PACKED_ARGS
+from rq_emq.hold.lease import Lease, LockManager
+from rq_emq.intake.take import Taker
 from rq_emq.keys import QueueKeys, job_key
-from rq_emq.lease import Lease, LockManager
-from rq_emq.packing import MAX_PACKED_ARGS
+from rq_emq.recover.sweep import Sweeper
 from rq_emq.settings import MAX_INTERVAL_MS, LeaseSettings, SettingsError
-from rq_emq.sweep import Sweeper
-from rq_emq.take import Taker
 
 SETTINGS = LeaseSettings(lease_ms=1_000, renew_interval_ms=200, sweep_interval_ms=100, sweep_batch=50)
 Q = QueueKeys("q")

@@ -22,8 +22,8 @@ from procs import Processes, blocked_clients, wait_for
 from rq import Queue, SimpleWorker
 
 from rq_emq.keys import QueueKeys
+from rq_emq.recover.sweep import Sweeper
 from rq_emq.settings import LeaseSettings
-from rq_emq.sweep import Sweeper
 
 pytestmark = pytest.mark.slow
 

@@ -9,11 +9,11 @@ import redis
 from rq import Queue
 from rq.job import Job
 
-from rq_emq.horse_crash import read_crashes, recover_crashed
+from rq_emq.hold.lease import Lease
+from rq_emq.intake.take import Taker
 from rq_emq.keys import QueueKeys, job_key
-from rq_emq.lease import Lease
+from rq_emq.recover.horse_crash import read_crashes, recover_crashed
 from rq_emq.settings import LeaseSettings
-from rq_emq.take import Taker
 
 Q = QueueKeys("q")
 KILL = "work horse killed by signal 9 (SIGKILL; the OOM killer sends this)"

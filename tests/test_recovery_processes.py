@@ -19,8 +19,8 @@ from rq.job import Job
 
 import rq_emq
 from rq_emq.keys import QueueKeys, job_key
+from rq_emq.recover.sweep import Sweeper
 from rq_emq.settings import LeaseSettings
-from rq_emq.sweep import Sweeper
 from rq_emq.testing import RedisServer
 
 pytestmark = pytest.mark.slow

@@ -23,11 +23,11 @@ from rq.job import Job
 from rq.registry import BaseRegistry, FailedJobRegistry, StartedJobRegistry
 
 import rq_emq
-from rq_emq import registries
 from rq_emq.keys import PINNED_FIELD, QueueKeys
-from rq_emq.registries import LeaseQueue, LeaseStartedJobRegistry, lease_queue_class
+from rq_emq.recover import registries
+from rq_emq.recover.registries import LeaseQueue, LeaseStartedJobRegistry, lease_queue_class
+from rq_emq.recover.sweep import Sweeper
 from rq_emq.settings import LeaseSettings
-from rq_emq.sweep import Sweeper
 
 pytestmark = pytest.mark.slow
 Q = QueueKeys("default")
@@ -223,8 +223,8 @@ def test_rollback_leaves_a_live_lease_and_says_so(
 
 
 def test_rollback_puts_back_jobs_taken_or_moved_but_never_started(r: redis.Redis) -> None:
-    from rq_emq.rollback import release_to_rq
-    from rq_emq.take import Taker
+    from rq_emq.intake.take import Taker
+    from rq_emq.recover.rollback import release_to_rq
 
     queue = Queue(connection=r)
     taken_job, moved_job = queue.enqueue("jobs.noop"), queue.enqueue("jobs.noop")

@@ -18,8 +18,8 @@ from procs import Processes, pid_alive, wait_for
 from redis_server import RedisServer
 from rq import Queue
 
-from rq_emq.horse_fence import HorseDeadline
-from rq_emq.lease import Lease, LockManager, own_client
+from rq_emq.hold.lease import Lease, LockManager, own_client
+from rq_emq.run.horse_fence import HorseDeadline
 from rq_emq.settings import LeaseSettings
 from soak.proxy import TcpProxy
 

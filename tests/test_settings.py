@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rq_emq import LeaseSettings, LeaseWorker, SettingsError, SimpleLeaseWorker, StartupError, max_attempts
-from rq_emq.startup import worker_settings
+from rq_emq.run.startup import worker_settings
 
 
 def test_defaults() -> None:
@@ -166,7 +166,7 @@ def test_the_local_lease_clock_stops_a_job_before_any_sweep_may_recover_it(
 ) -> None:
     from redis import Redis
 
-    from rq_emq.sweep import Sweeper
+    from rq_emq.recover.sweep import Sweeper
 
     s = LeaseSettings(lease_ms=lease_ms, renew_interval_ms=renew_ms, sweep_interval_ms=sweep_ms)
     grace = Sweeper(Redis(), ["q"], s)  # never connects: only its grace is read

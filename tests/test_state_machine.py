@@ -41,12 +41,12 @@ from hypothesis.stateful import (
 )
 from rq import Queue
 
-from rq_emq.fencing import LeaseLost, fenced
+from rq_emq.fence.fencing import LeaseLost, fenced
+from rq_emq.hold.lease import Lease, LockManager
+from rq_emq.intake.take import Taker
 from rq_emq.keys import QueueKeys, job_key
-from rq_emq.lease import Lease, LockManager
+from rq_emq.recover.sweep import Sweeper
 from rq_emq.settings import LeaseSettings
-from rq_emq.sweep import Sweeper
-from rq_emq.take import Taker
 
 MAX_ATTEMPTS = 3
 # A renew interval far above the sweep interval: the grace is the renew interval's (1.25 s

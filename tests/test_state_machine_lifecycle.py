@@ -39,12 +39,12 @@ from rq.executions import Execution
 from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 
-from rq_emq.fencing import LeaseLost, fenced
+from rq_emq.fence.fencing import LeaseLost, fenced
+from rq_emq.hold.lease import Lease, LockManager
+from rq_emq.intake.take import Taker
 from rq_emq.keys import QueueKeys, job_key
-from rq_emq.lease import Lease, LockManager
+from rq_emq.recover.sweep import Sweeper
 from rq_emq.settings import LeaseSettings
-from rq_emq.sweep import Sweeper
-from rq_emq.take import Taker
 
 SETTINGS = LeaseSettings(lease_ms=60_000, renew_interval_ms=10, sweep_interval_ms=10, max_attempts=3)
 Q = QueueKeys("q")

@@ -27,7 +27,7 @@ from procs import Processes, pid_alive, wait_for
 from rq import Queue
 
 import rq_emq.compat
-from rq_emq.process_tree import kill_tree, tree
+from rq_emq.run.process_tree import kill_tree, tree
 from rq_emq.settings import LeaseSettings
 from soak.proxy import TcpProxy
 

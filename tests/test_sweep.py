@@ -15,11 +15,11 @@ from rq import Queue
 from rq.job import Job
 
 from rq_emq import LeaseWorker, scripts
+from rq_emq.hold.lease import Lease, LockManager
+from rq_emq.intake.take import Taker
 from rq_emq.keys import QueueKeys, job_key
-from rq_emq.lease import Lease, LockManager
+from rq_emq.recover.sweep import Sweeper
 from rq_emq.settings import LeaseSettings
-from rq_emq.sweep import Sweeper
-from rq_emq.take import Taker
 
 SETTINGS = LeaseSettings(lease_ms=1_000, renew_interval_ms=200, sweep_interval_ms=100, sweep_batch=50)
 Q = QueueKeys("q")
@@ -423,7 +423,7 @@ def test_a_sweeper_that_starts_sweeps_at_once_not_after_a_random_phase(
     r: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (job_id,) = stall(r)
-    monkeypatch.setattr("rq_emq.sweep.random.uniform", lambda low, high: high)  # the longest phase
+    monkeypatch.setattr("rq_emq.recover.sweep.random.uniform", lambda low, high: high)  # the longest phase
     s = Sweeper(r, ["q"], LeaseSettings(lease_ms=60_000, sweep_interval_ms=60_000))
     s.start()
     try:

@@ -12,9 +12,9 @@ import time
 import pytest
 import redis
 
+from rq_emq.intake.take import Taker
 from rq_emq.keys import QueueKeys
 from rq_emq.settings import LeaseSettings
-from rq_emq.take import Taker
 
 QUEUES = ["q0", "q1", "q2"]
 
@@ -148,7 +148,7 @@ def test_a_wait_whose_connection_was_reset_raises_a_connection_error(r: redis.Re
     redis-py's readiness check (``can_read``) dropped the connection as it raised. The read
     that followed hit redis-py's torn-down parser (AttributeError), which ended the worker.
     It is connection trouble like any other, and the take retries it."""
-    from rq_emq.wake import QueueWait
+    from rq_emq.intake.wake import QueueWait
 
     waiting = QueueWait(r).start([QueueKeys("q0")], timeout=10)
     connection = waiting._blocked[0].connection

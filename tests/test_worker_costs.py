@@ -51,7 +51,7 @@ def test_a_heartbeat_a_second_later_is_sent(r: redis.Redis, monkeypatch: pytest.
     r.config_resetstat()
     worker.heartbeat()
     clock = [1_000.0]
-    monkeypatch.setattr("rq_emq.heartbeats.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("rq_emq.hold.heartbeats.time.monotonic", lambda: clock[0])
     worker._last_heartbeat = (clock[0], worker.worker_ttl + 60)
     clock[0] += 1.01
     worker.heartbeat()
@@ -78,7 +78,7 @@ def test_the_beat_right_after_a_take_is_left_to_the_lock_manager_while_the_worke
 ) -> None:
     worker, size = registered_worker(r)
     clock = [1_000.0]
-    monkeypatch.setattr("rq_emq.heartbeats.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("rq_emq.hold.heartbeats.time.monotonic", lambda: clock[0])
     r.config_resetstat()
     worker.heartbeat()
     clock[0] += 30  # idle for a while, then a push wakes it
@@ -155,8 +155,8 @@ def test_redis_commands_per_job_are_no_more_than_stock_rqs(
 
 
 def test_the_starts_status_rides_in_rqs_own_hset_unless_anything_else_touches_the_job() -> None:
-    from rq_emq.fencing import Fence
-    from rq_emq.packing import split, start_record
+    from rq_emq.fence.fencing import Fence
+    from rq_emq.fence.packing import split, start_record
 
     fence = Fence("q", "j1", "t", max_attempts="5")
     start = [

@@ -149,7 +149,7 @@ class _SweeperWhoseThreadRecoversTheJob:
 
 
 def test_a_burst_worker_whose_waited_mark_was_recovered_meanwhile_takes_again_before_exiting() -> None:
-    from rq_emq.dequeue import DequeueMixin
+    from rq_emq.run.dequeue import DequeueMixin
 
     worker = type("W", (), {"sweeper": _SweeperWhoseThreadRecoversTheJob(), "_stop_requested": False})()
     assert DequeueMixin._recover_before_exit(worker) is True  # type: ignore[arg-type]

@@ -29,10 +29,10 @@ from rq.worker_pool import WorkerPool
 from worker_classes import CustomNamespaceJob, CustomNamespaceQueue
 
 from rq_emq import lease_worker
+from rq_emq.intake.take import Taker
 from rq_emq.keys import QueueKeys, sweeper_election_key
+from rq_emq.recover.sweep import Sweeper
 from rq_emq.settings import LeaseSettings
-from rq_emq.sweep import Sweeper
-from rq_emq.take import Taker
 
 pytestmark = pytest.mark.slow
 
@@ -280,8 +280,8 @@ def test_rqs_started_registry_cleanup_keeps_a_custom_namespace_queues_leased_ent
     still find a custom namespace queue's leases."""
     from rq.registry import StartedJobRegistry
 
-    from rq_emq import registries
-    from rq_emq.registries import lease_queue_class
+    from rq_emq.recover import registries
+    from rq_emq.recover.registries import lease_queue_class
 
     monkeypatch.setattr(registries, "_NAMESPACES", {})  # this process's namespaces: this test's only
 

@@ -1,0 +1,123 @@
+"""RQ's worker and execution heartbeats under leases: sent with the lease renewals, in
+the lock manager's round trip, and never repeated needlessly.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from redis import Redis
+from redis.client import Pipeline
+from rq.job import Job
+
+from ..settings import LeaseSettings
+from .lease import Lease
+
+#: A worker heartbeat sent alone within this many seconds of one with at least its TTL is
+#: skipped (see :meth:`HeartbeatMixin.heartbeat`).
+HEARTBEAT_REPEAT_S = 1.0
+
+
+class HeartbeatMixin:
+    """The heartbeat half of :class:`rq_emq.run.worker.LeaseMixin`."""
+
+    connection: Redis
+    lease_settings: LeaseSettings
+    _last_heartbeat: tuple[float, int]
+    _starting_run: bool
+    #: (monotonic, state) of the last worker state written alone.
+    _state_sent: tuple[float, str] = (-math.inf, "")
+    #: Monotonic time a job ended at: RQ's loop then beats alone and, a moment later, again
+    #: in its suspension check's transaction.
+    _job_ended_at: float = -math.inf
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
+        """RQ's worker heartbeat. RQ's loop sends one on its own three times per job (before
+        and after the take, after the job): its three commands share one round trip, and
+        one that would repeat, within a second, a heartbeat with at least its TTL is skipped
+        (the worker key's expiry moves by less than that second; its TTL is minutes).
+
+        The one RQ sends as a run starts (``prepare_job_execution``, three commands in the
+        start's transaction) is left out: the worker key's TTL is minutes when the job is
+        taken (RQ's loop beats right before and after the take), and from the take on the
+        lock manager beats with every renewal while the lease is held, as it does for the
+        rest of the run."""
+        if pipeline is not None:
+            if not self._starting_run:
+                super().heartbeat(timeout, pipeline=pipeline)  # type: ignore[misc]
+            return
+        me: Any = self
+        if time.monotonic() - self._job_ended_at < HEARTBEAT_REPEAT_S:
+            # RQ's loop beats right after a job and then again, in the same breath, in its
+            # `rq suspend` check's transaction (is_suspended): the first is left to the second
+            self._job_ended_at = -math.inf
+            return
+        ttl = timeout or me.worker_ttl + 60  # RQ's default
+        sent_at, sent_ttl = self._last_heartbeat
+        if time.monotonic() - sent_at < HEARTBEAT_REPEAT_S and ttl <= sent_ttl:
+            return
+        with self.connection.pipeline(transaction=False) as pipe:
+            super().heartbeat(ttl, pipeline=pipe)  # type: ignore[misc]
+            pipe.execute()
+        self._last_heartbeat = (time.monotonic(), ttl)
+
+    def job_ended(self) -> None:
+        """A job's run just ended (RQ's loop beats next, then checks for suspension)."""
+        self._job_ended_at = time.monotonic()
+
+    def suspension_checked(self) -> None:
+        """RQ's suspension check ran: unless a stop cut it short, it beat (the default
+        TTL) in its transaction, which the wait's own beat then need not repeat."""
+        me: Any = self
+        self._job_ended_at = -math.inf
+        if not me._stop_requested:
+            self._last_heartbeat = (time.monotonic(), me.worker_ttl + 60)
+
+    def heartbeat_after_take(self) -> None:
+        """RQ's beat right after a take. Skipped while the worker key's TTL from the last
+        beat outlasts the lock manager's first ticks by a minute: from the take on, the lock
+        manager beats with every renewal (a no-op job ends first, and RQ's loop beats again
+        as the next wait begins). In a fleet this is the beat that is never "within a
+        second" of the last one: the woken worker has usually been idle for seconds."""
+        sent_at, sent_ttl = self._last_heartbeat
+        left = sent_ttl - (time.monotonic() - sent_at)
+        if left > 60 + 2 * self.lease_settings.renew_interval_ms / 1000.0:
+            return
+        self.heartbeat()
+
+    def set_state(self, state: str, pipeline: Pipeline | None = None) -> None:
+        """RQ's worker state. RQ's loop writes "idle" twice in a row after each job (after
+        the job, then as its wait begins): a write alone of the state this worker wrote
+        alone less than a second ago, nothing else in between, is skipped."""
+        me: Any = self
+        sent_at, sent_state = self._state_sent
+        if pipeline is None and state == sent_state and time.monotonic() - sent_at < HEARTBEAT_REPEAT_S:
+            me._state = state  # RQ's own record of it, as its set_state keeps it
+            return
+        super().set_state(state, pipeline=pipeline)  # type: ignore[misc]
+        # a state written in a transaction may not land: the next one alone is sent
+        self._state_sent = (time.monotonic(), state) if pipeline is None else (-math.inf, "")
+
+    def get_heartbeat_ttl(self, job: Job, *args: Any, **kwargs: Any) -> int:
+        """Seconds RQ's started-registry entry stays valid: the lease plus a grace that lets
+        our sweep act before stock cleanup would; the lock manager refreshes it every tick."""
+        settings = self.lease_settings
+        return math.ceil((settings.lease_ms + settings.registry_grace_ms) / 1000)
+
+    def maintain_heartbeats(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing to do: the lock manager's tick sends these with the lease renewals."""
+
+    def _tick_heartbeats(self, pipe: Pipeline, leases: list[Lease]) -> None:
+        if not leases:
+            return
+        me: Any = self
+        me.heartbeat(me.job_monitoring_interval + 60, pipeline=pipe)
+
+    def _heartbeat_execution(self, lease: Lease, pipe: Pipeline) -> None:
+        """RQ's execution heartbeat for one lease's run (the lock manager applies it only
+        while the lease is held: a late tick must not re-create what a recovery removed)."""
+        if lease.execution is not None and lease.job is not None:
+            ttl = self.get_heartbeat_ttl(lease.job)
+            lease.execution.heartbeat(lease.job.started_job_registry, ttl, pipeline=pipe)

@@ -1,0 +1,374 @@
+"""The lock manager: one timer per process that renews every lease the process holds.
+
+Each tick is one round trip: a ``renew_leases`` EVALSHA per queue with leases (one per
+:data:`RENEW_BATCH` of them, so no single script runs long), plus the worker's and its
+executions' RQ heartbeats, all in one pipeline. Renewal is token
+checked in Lua, so nobody extends a lease they do not hold; leases reported lost are
+handed to the worker (which by default stops the job). Tick work a worker adds plugs in
+through ``on_tick`` (the worker's own heartbeat) and ``lease_writes`` (RQ's writes for
+one lease's run, its execution heartbeat: packed into ``renew_executions`` calls that
+apply them only while that lease is still held, so a late tick never re-creates what a
+recovery or the finish removed).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis import ConnectionPool, Redis
+from redis.client import Pipeline
+from rq.utils import now, utcformat
+
+from .. import events, scripts
+from ..blips import BLIPS
+from ..fence.fencing import Fence
+from ..keys import RQ_PREFIX, QueueKeys
+from .background import BackgroundLoop
+
+logger = logging.getLogger("rq_emq.lease")
+
+#: How often a renewal also stamps RQ's ``last_heartbeat`` on the job hash (seconds), as
+#: stock RQ's heartbeat does (``job_monitoring_interval``). Not every tick: RQ WATCHes the
+#: job hash while it checks a finished job's dependents, and a write every tick would make
+#: a parent whose check outlasts a tick retry its finish forever.
+JOB_HEARTBEAT_EVERY_S = 30.0
+
+#: Leases one ``renew_leases`` call renews; a tick holding more sends several calls in its
+#: one pipeline, which bounds how long each script keeps Redis busy (~1 ms per 100).
+RENEW_BATCH = 100
+
+
+def new_token(worker_name: str) -> str:
+    """A lease token: 128 random bits, then the holder's name for people reading Redis."""
+    return f"{secrets.token_hex(16)}:{worker_name}"
+
+
+@dataclass
+class Lease:
+    """One job this process holds: where it lives, the token that proves it, RQ objects."""
+
+    queue: str
+    job_id: str
+    token: str
+    job: Any = None
+    execution: Any = None
+    #: The job's own max attempts (from its meta), recorded with its start.
+    max_attempts: int | None = None
+    #: Renewal found the lease taken from us (recovered, or the job deleted).
+    lost: bool = field(default=False)
+    #: Renewal found the job already finished by us (a tick raced the finish).
+    settled: bool = field(default=False)
+    #: Local lease clock: monotonic time until which this holder trusts the lease (the
+    #: last successful renewal's or the take's send time + lease - margin). Past it the
+    #: job is stopped, whether or not Redis answers.
+    valid_until: float = field(default=math.inf)
+    #: The local clock ran out (the job was stopped for it).
+    expired: bool = field(default=False)
+    #: Where the job and its queue live (the worker's job and queue classes); None: RQ's
+    #: default layout for ``queue``.
+    layout: QueueKeys | None = None
+
+    @property
+    def keys(self) -> QueueKeys:
+        return self.layout if self.layout is not None else QueueKeys(self.queue)
+
+    @property
+    def fence(self) -> Fence:
+        own_max = "" if self.max_attempts is None else str(self.max_attempts)
+        # past its local deadline this holder no longer trusts the lease: a token that
+        # matches nothing makes every fenced write refused, so the lease lapses in Redis
+        # and the sweep recovers the job (attempt counted) instead of a failure written
+        token = f"expired:{self.token}" if self.expired else self.token
+        execution_id = getattr(self.execution, "id", None)
+        entry = f"{self.job_id}:{execution_id}" if execution_id else ""
+        return Fence(
+            self.queue, self.job_id, token, max_attempts=own_max, layout=self.layout, started_entry=entry
+        )
+
+    def hand_back(self, client: Redis) -> bool:
+        """Put the job back at the front of its queue, attempt refunded, if this lease
+        still owns it (``return_job_to_queue``); False when it was not ours any more."""
+        keys = self.keys.returning(self.job_id)
+        return bool(scripts.load("return_job_to_queue")(client, keys, [self.job_id, self.token, RQ_PREFIX]))
+
+
+class LockManager(BackgroundLoop):
+    """Renews, in one round trip per tick, every lease its process holds."""
+
+    def __init__(
+        self,
+        client: Redis,
+        lease_ms: int,
+        renew_interval_ms: int,
+        on_lost: Callable[[Lease], None],
+        on_tick: Callable[[Pipeline, list[Lease]], None] | None = None,
+        name: str = "rq-emq-lock-manager",
+        lease_writes: Callable[[Lease, Pipeline], None] | None = None,
+        margin_ms: int = 0,
+        check_interval_s: float | None = None,
+        on_expired: Callable[[Lease], None] | None = None,
+        on_renewed: Callable[[Lease], None] | None = None,
+    ) -> None:
+        """``on_renewed`` is told each time a lease's local deadline moves, and once when
+        its job's outcome is found committed (``settled``: the run needs no deadline)."""
+        self.client = client
+        self.lease_ms = lease_ms
+        self.renew_interval_ms = renew_interval_ms
+        self.on_lost = on_lost
+        self.on_tick = on_tick
+        self.lease_writes = lease_writes
+        #: Local lease clock: a lease is trusted for ``lease_ms - margin_ms`` past the send
+        #: of its last successful renewal; ``on_expired`` stops a job past that.
+        self.margin_ms = margin_ms
+        self.on_expired = on_expired
+        self.on_renewed = on_renewed
+        super().__init__(name)
+        self._clock = _LeaseClock(self, check_interval_s or renew_interval_ms / 4000.0, f"{name}:clock")
+        self._leases: dict[str, Lease] = {}
+        self._guard = threading.Lock()
+        self.ticks = 0
+        self._job_heartbeat_at = -math.inf  # monotonic time of the last tick that stamped jobs
+
+    def start(self) -> None:
+        super().start()
+        self._clock.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._clock.stop(timeout)
+        super().stop(timeout)
+
+    def deadline(self, sent_at: float) -> float:
+        """The local deadline of a lease granted or renewed by a call sent at ``sent_at``."""
+        return sent_at + (self.lease_ms - self.margin_ms) / 1000.0
+
+    def check_expiry(self) -> list[Lease]:
+        """Stop every held job whose local lease clock ran out; returns their leases. Runs
+        on its own thread, so a tick stuck on Redis (bounded by the client's socket
+        timeout) never delays it."""
+        now_m = time.monotonic()
+        expired = [lease for lease in self.held() if lease.valid_until < now_m]
+        for lease in expired:
+            lease.expired = True
+            lease.lost = True  # stop renewing: this holder no longer trusts the lease
+            logger.warning(
+                "job %s on queue %s: local lease clock ran out (no renewal landed for %d ms); stopping it",
+                lease.job_id,
+                lease.queue,
+                self.lease_ms - self.margin_ms,
+                extra={"job_id": lease.job_id, "queue": lease.queue},
+            )
+            events.emit("lease_lost", lease.queue, [lease.job_id], self.name)
+            if self.on_expired is not None:
+                self.on_expired(lease)
+        return expired
+
+    # -- the set of leases -------------------------------------------------------------
+    def add(self, lease: Lease) -> None:
+        with self._guard:
+            self._leases[lease.job_id] = lease
+
+    def get(self, job_id: str) -> Lease | None:
+        return self._leases.get(job_id)
+
+    def remove(self, job_id: str) -> Lease | None:
+        with self._guard:
+            lease = self._leases.pop(job_id, None)
+        if lease is not None and not (lease.expired or lease.lost or lease.settled):
+            if lease.valid_until < time.monotonic():
+                # the run ended (a horse that fenced itself on the same deadline) before
+                # check_expiry saw the clock run out: the same one line, so that whoever
+                # reads the log (the soak) sees why the job may run again
+                logger.warning(
+                    "job %s on queue %s: local lease clock ran out (no renewal landed for %d ms) "
+                    "by the end of its run",
+                    lease.job_id,
+                    lease.queue,
+                    self.lease_ms - self.margin_ms,
+                    extra={"job_id": lease.job_id, "queue": lease.queue},
+                )
+        return lease
+
+    def held(self) -> list[Lease]:
+        with self._guard:
+            return [lease for lease in self._leases.values() if not (lease.lost or lease.settled)]
+
+    # -- the timer -----------------------------------------------------------------------
+    def loop(self, stop: threading.Event) -> None:
+        interval = self.renew_interval_ms / 1000.0
+        down = False  # Redis went away: said once, not a traceback per tick (a failover)
+        while not stop.wait(interval):
+            try:
+                self.tick()
+                down = False
+            except BLIPS as error:
+                if not down:
+                    logger.warning(
+                        "lock manager: Redis unreachable (%s); retrying every %.1fs", error, interval
+                    )
+                down = True
+            except Exception:  # a tick must never kill the timer; the next one retries
+                logger.exception("lock manager tick failed; retrying in %.1fs", interval)
+
+    def tick(self) -> list[str]:
+        """Renew every held lease now; returns the ids of leases found lost."""
+        self.check_expiry()  # a lease past its local deadline is never renewed back to life
+        leases = self.held()
+        pipe = self.client.pipeline(transaction=False)
+        by_queue: dict[QueueKeys, list[Lease]] = {}
+        for lease in leases:
+            by_queue.setdefault(lease.keys, []).append(lease)
+        script = scripts.load("renew_leases")
+        stamp_jobs = time.monotonic() - self._job_heartbeat_at >= JOB_HEARTBEAT_EVERY_S
+        heartbeat = utcformat(now()) if stamp_jobs else ""
+        calls: list[tuple[scripts.LuaScript, str]] = []  # each script call and its queue, in pipeline order
+        for q, group in by_queue.items():
+            queue = q.queue
+            # several calls in the same round trip, so that no one script runs for long
+            for start in range(0, len(group), RENEW_BATCH):
+                args: list[Any] = [self.lease_ms, q.prefix, heartbeat, q.job_prefix]
+                for lease in group[start : start + RENEW_BATCH]:
+                    args += [lease.job_id, lease.token]
+                script.queue(pipe, [q.leases, q.stalled, q.stats], args)
+                calls.append((script, queue))
+        if self.lease_writes is not None:
+            calls += self._queue_lease_writes(pipe, by_queue)
+        if self.on_tick is not None:
+            self.on_tick(pipe, leases)
+        if not len(pipe):
+            return []
+        sent_at = time.monotonic()
+        replies = pipe.execute(raise_on_error=False)
+        self.ticks += 1
+        lost: list[str] = []
+        settled: list[str] = []
+        retry = False
+        renewed: list[Lease] = []
+        batches = iter(_batches(by_queue))
+        for (called, queue), reply in zip(calls, replies, strict=False):
+            batch = next(batches) if called is script else []
+            if scripts.is_noscript(reply):
+                called.load(self.client)
+                retry = True
+            elif isinstance(reply, Exception):
+                logger.error("%s on queue %s failed: %s", called.name, queue, reply)
+            elif called is script:
+                lost += _ids(reply[0])
+                settled += _ids(reply[1])
+                refused = set(_ids(reply[0]))
+                renewed += [lease for lease in batch if lease.job_id not in refused]
+        self._extend(renewed, sent_at)
+        if retry:
+            return self.tick()
+        if stamp_jobs:
+            self._job_heartbeat_at = time.monotonic()
+        for job_id in settled:
+            done = self.get(job_id)
+            if done is not None and not done.settled:
+                done.settled = True
+                if self.on_renewed is not None:
+                    self.on_renewed(done)  # its outcome is committed: no deadline any more
+        for job_id in lost:
+            held = self.get(job_id)
+            if held is None or held.lost:
+                continue
+            held.lost = True
+            logger.warning(
+                "job %s on queue %s: lease lost (renewal refused)",
+                job_id,
+                held.queue,
+                extra={"job_id": job_id, "queue": held.queue},
+            )
+            events.emit("lease_lost", held.queue, [job_id], self.name)
+            self.on_lost(held)
+        return lost
+
+    def _extend(self, renewed: list[Lease], sent_at: float) -> None:
+        """Move the local deadline of each lease this tick renewed: never back, and only
+        if the renewal was sent before the old deadline (else the job is being stopped)."""
+        deadline = self.deadline(sent_at)
+        for lease in renewed:
+            if lease.expired or sent_at > lease.valid_until or deadline <= lease.valid_until:
+                continue  # a renewal sent after the local deadline revives nothing
+            lease.valid_until = deadline
+            if self.on_renewed is not None:
+                self.on_renewed(lease)
+
+    def _queue_lease_writes(
+        self, pipe: Pipeline, by_queue: dict[QueueKeys, list[Lease]]
+    ) -> list[tuple[scripts.LuaScript, str]]:
+        """Queue each lease's writes (``lease_writes``) in ``renew_executions`` calls,
+        which run them only while that lease is still held."""
+        assert self.lease_writes is not None
+        script = scripts.load("renew_executions")
+        recorder = self.client.pipeline(transaction=False)  # records only; never sent
+        calls: list[tuple[scripts.LuaScript, str]] = []
+        for q, group in by_queue.items():
+            for start in range(0, len(group), RENEW_BATCH):
+                args: list[Any] = [q.job_prefix]
+                for lease in group[start : start + RENEW_BATCH]:
+                    self.lease_writes(lease, recorder)
+                    if recorder.command_stack:
+                        args += [lease.job_id, lease.token, *pack(recorder.command_stack)]
+                    recorder.reset()
+                if len(args) > 1:
+                    script.queue(pipe, [q.leases], args)
+                    calls.append((script, q.queue))
+        return calls
+
+
+class _LeaseClock(BackgroundLoop):
+    """The lock manager's second thread: checks local lease deadlines on its own schedule."""
+
+    def __init__(self, manager: LockManager, interval_s: float, name: str) -> None:
+        super().__init__(name)
+        self.manager = manager
+        self.interval_s = interval_s
+
+    def loop(self, stop: threading.Event) -> None:
+        while not stop.wait(self.interval_s):
+            try:
+                self.manager.check_expiry()
+            except Exception:  # the clock must keep running
+                logger.exception("lease clock check failed")
+
+
+def _batches(by_queue: dict[QueueKeys, list[Lease]]) -> list[list[Lease]]:
+    """The leases of each ``renew_leases`` call, in the order :meth:`LockManager.tick` queues them."""
+    return [
+        group[i : i + RENEW_BATCH] for group in by_queue.values() for i in range(0, len(group), RENEW_BATCH)
+    ]
+
+
+def pack(commands: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> list[Any]:
+    """A pipeline's queued commands as Lua's ``run_packed`` reads them: their number, then
+    per command its argument count and arguments (a name of several words split)."""
+    packed: list[Any] = [len(commands)]
+    for args, _options in commands:
+        name = args[0]
+        words = [*(name.split() if isinstance(name, str) else [name]), *args[1:]]
+        packed += [len(words), *words]
+    return packed
+
+
+def _ids(values: list[Any]) -> list[str]:
+    return [v.decode() if isinstance(v, bytes) else str(v) for v in values]
+
+
+def own_client(connection: Redis, timeout_s: float | None = None) -> Redis:
+    """A client with its own pool, so the lock manager's thread shares no connection
+    (nor pool lock) with the main thread or a forked horse. With ``timeout_s`` its socket
+    and connect timeouts are that short (RQ's own are minutes), so no renewal or sweep
+    call hangs past a tick."""
+    pool = connection.connection_pool
+    kwargs = dict(pool.connection_kwargs)
+    if timeout_s is not None:
+        kwargs["socket_timeout"] = timeout_s
+        kwargs["socket_connect_timeout"] = timeout_s
+    return Redis(connection_pool=ConnectionPool(connection_class=pool.connection_class, **kwargs))

@@ -1,0 +1,145 @@
+"""How the ``rq-emq`` commands reach Redis and read their input: RQ's connection
+conventions (``--url``, ``-c settings``, ``REDIS_URL``), the lease settings, the queues
+named (and which of them nobody knows), the jobs' serializer. Bad input raises
+:class:`BadInput` (exit 2) naming it; an unreachable Redis exits 1 naming the URL,
+password redacted.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import click
+from redis import Redis
+from redis.exceptions import RedisError
+from rq.cli.helpers import get_redis_from_config, read_config_file
+
+from ..settings import ENV_PREFIX, LeaseSettings, SettingsError
+from . import cli_output, inspection
+
+DEFAULT_URL = "redis://localhost:6379/0"
+CONNECTION_SETTINGS = ("REDIS_URL", "SENTINEL", "REDIS_HOST", "REDIS_PORT", "REDIS_DB", "REDIS_PASSWORD")
+
+
+class BadInput(click.ClickException):
+    """Input the operator must fix: exits 2, like a usage error."""
+
+    exit_code = 2
+
+
+def redact(url: str) -> str:
+    """``url`` with its password replaced by ``***``."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        netloc = parts.netloc.rsplit("@", 1)[1]
+        user = f"{parts.username}:" if parts.username else ":"
+        return urlunsplit(parts._replace(netloc=f"{user}***@{netloc}"))
+    except ValueError:
+        return "<unparsable Redis URL>"
+
+
+@dataclass
+class Target:
+    """A reachable Redis and the settings to read it with."""
+
+    client: Redis
+    describe: str  # the URL (password redacted) or host:port, for messages
+    settings: LeaseSettings
+
+
+def connect(url: str | None, config: str | None, overrides: dict[str, Any] | None = None) -> Target:
+    """Connect as ``rq`` does: ``--url`` (or RQ_REDIS_URL), else the ``-c`` module's
+    REDIS_URL / SENTINEL / REDIS_HOST..., else ``REDIS_URL``, else localhost. Lease settings:
+    options, then RQ_EMQ_* environment variables, then RQ_EMQ_* in the ``-c`` module."""
+    module: dict[str, Any] = {}
+    if config:
+        if "." not in sys.path:
+            sys.path.append(".")  # as rq's default --path
+        importlib.invalidate_caches()  # a module written a moment ago (tests, scripts)
+        try:
+            module = read_config_file(config)
+        except Exception as error:  # an import runs arbitrary code: any failure is bad input
+            raise BadInput(f"cannot import settings module {config!r} (-c/--config): {error}") from None
+    environ = {k: str(v) for k, v in module.items() if k.startswith(ENV_PREFIX)} | dict(os.environ)
+    try:
+        settings = LeaseSettings.resolve(overrides, environ=environ)
+    except SettingsError as error:
+        raise BadInput(f"invalid setting: {error}") from None
+    if url:
+        module["REDIS_URL"] = url
+    elif not any(module.get(name) is not None for name in CONNECTION_SETTINGS):
+        module["REDIS_URL"] = os.environ.get("REDIS_URL") or DEFAULT_URL
+    describe = redact(module["REDIS_URL"]) if module.get("REDIS_URL") else "the Redis named in " + str(config)
+    try:
+        client: Redis = get_redis_from_config(module)
+    except ValueError as error:
+        raise BadInput(f"invalid Redis setting in {config or 'the URL'} ({describe}): {error}") from None
+    try:
+        client.ping()
+    except RedisError as error:
+        raise click.ClickException(f"cannot reach Redis at {describe}: {error}") from None
+    return Target(client, describe, settings)
+
+
+def select_queues(
+    target: Target,
+    options: tuple[str, ...],
+    args: tuple[str, ...],
+    must_exist: bool = True,
+    queue_class: Any = None,
+) -> list[str]:
+    """Queues named (``--queues`` values are lists, split on commas and spaces; a positional
+    argument is one name, whatever it holds), else every queue RQ knows. A name neither RQ
+    nor our keys know exits 2, or only warns (``must_exist=False``)."""
+    listed = (part for item in options for part in item.replace(",", " ").split())
+    names = list(dict.fromkeys([*listed, *args]))
+    if not names:
+        return inspection.known_queues(target.client, queue_class)
+    unknown = inspection.unknown_queues(target.client, names, queue_class)
+    if unknown:
+        message = (
+            f"unknown queue(s): {', '.join(map(cli_output.printable, unknown))} "
+            f"(not in rq:queues and no rq-emq keys) at {target.describe}"
+        )
+        if must_exist:
+            raise BadInput(message)
+        click.echo(f"warning: {message}; sweeping them anyway", err=True)
+    return names
+
+
+def load_class(path: str | None, option: str, base: type) -> Any:
+    """The class named by ``--job-class`` / ``--queue-class`` (None: ``base``, RQ's)."""
+    if not path:
+        return base
+    if "." not in sys.path:
+        sys.path.append(".")  # as rq's default --path
+    from rq.utils import import_attribute
+
+    try:
+        found = import_attribute(path)
+    except Exception as error:  # an import runs arbitrary code: any failure is bad input
+        raise BadInput(f"invalid {option} {path!r}: {error}") from None
+    if not (isinstance(found, type) and issubclass(found, base)):
+        raise BadInput(f"invalid {option} {path!r}: not a subclass of {base.__module__}.{base.__name__}")
+    return found
+
+
+def load_serializer(path: str | None) -> Any:
+    """The serializer named by ``--serializer`` (None: RQ's default), resolved by RQ."""
+    if not path:
+        return None
+    if "." not in sys.path:
+        sys.path.append(".")  # as rq's default --path
+    from rq.serializers import resolve_serializer
+
+    try:
+        return resolve_serializer(path)
+    except Exception as error:  # an import runs arbitrary code: any failure is bad input
+        raise BadInput(f"invalid --serializer {path!r}: {error}") from None

@@ -1,0 +1,200 @@
+"""The self-fencing horse: the local lease deadline of the job a horse runs, in memory
+the worker shares with it, and the thread in the horse that ends it past that deadline.
+
+A horse must not depend on its worker being scheduled: a worker that is SIGSTOPped,
+swapped out or cut off from Redis stops moving the deadline, and the horse ends itself
+when it passes, before the sweep may hand the job to another worker.
+
+The same memory tells the worker's watchdog (:mod:`rq_emq.run.watchdog`), a process of its
+own, which run to end and when: it does not depend on the horse's thread getting the GIL
+(a job in C code holds it) nor on the worker being scheduled. The horse's thread stays as
+a second line (a watchdog killed on its own).
+
+A horse frozen together with its worker (SIGSTOP of both) is ended by the watchdog while
+frozen; frozen with its watchdog too (a paused container), it must not run on after it is
+resumed past its deadline: its SIGCONT handler checks the deadline before the job's next
+Python instruction, and the thread covers freezes that send no SIGCONT (a cgroup
+freezer, a VM pause) within one check interval.
+
+Every end this module makes is of the whole run: the horse's group and descendants
+(:func:`rq_emq.run.process_tree.kill_tree`).
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import signal
+import struct
+import threading
+import time
+
+if __package__:
+    from .process_tree import kill_tree, libc
+else:  # imported by the watchdog's own interpreter (rq_emq/run/watchdog.py run as a script)
+    from process_tree import kill_tree, libc  # type: ignore[no-redef]
+
+# bytes 0-7 the deadline (double), 8 settled, 16-23 the pid of the run (int64; 0: none)
+_SIZE = 24
+
+
+class HorseDeadline:
+    """The local lease deadline of the job a horse runs, in memory shared by the worker
+    and its horse (an anonymous shared ``mmap`` made before the fork). The worker writes it
+    after each renewal; a thread in the horse SIGKILLs the horse once ``time.monotonic()``
+    (CLOCK_MONOTONIC, one clock for every process on a host) has passed it."""
+
+    def __init__(self, path: str | None = None, fd: int | None = None) -> None:
+        """Anonymous memory, shared with a forked horse; or, with ``path``, a file's
+        (``shared_file``), which a horse started as a new program maps too; or, with
+        ``fd``, that file's (``in_memfd``: the worker's, which its watchdog maps).
+        Bytes 0-7 hold the deadline, which the worker writes; byte 8 is set by the horse
+        once its outcome has landed; bytes 16-23 the pid of the run (the horse, or a
+        ``SimpleLeaseWorker`` itself), which the watchdog ends past the deadline."""
+        self.path = path
+        self.fd = fd
+        if path is None and fd is None:
+            self._memory = mmap.mmap(-1, _SIZE)  # MAP_SHARED | MAP_ANONYMOUS: survives the fork shared
+            self.reset(math.inf)
+            return
+        opened = os.open(path, os.O_RDWR) if path is not None else fd
+        assert opened is not None
+        try:
+            self._memory = mmap.mmap(opened, _SIZE)  # MAP_SHARED: every process mapping the file sees writes
+        finally:
+            if path is not None:
+                os.close(opened)
+
+    @classmethod
+    def in_memfd(cls) -> HorseDeadline:
+        """A deadline in an anonymous in-memory file (``memfd``): shared with forked horses
+        like anonymous memory, and with the worker's watchdog, a program of its own, by its
+        descriptor. Where there is no ``memfd`` (not Linux), a ``shared_file``."""
+        try:
+            fd = os.memfd_create("rq-emq-run-deadline", os.MFD_CLOEXEC)
+        except (AttributeError, OSError):
+            return cls.shared_file()
+        os.ftruncate(fd, _SIZE)
+        deadline = cls(fd=fd)
+        deadline.reset(math.inf)
+        return deadline
+
+    def open_fd(self) -> int:
+        """A new descriptor of this memory's file, to hand a program that maps it too."""
+        if self.path is not None:
+            return os.open(self.path, os.O_RDWR)
+        if self.fd is None:
+            raise ValueError("anonymous memory has no descriptor")
+        return os.dup(self.fd)
+
+    @classmethod
+    def shared_file(cls) -> HorseDeadline:
+        """A deadline in a new file (in memory where /dev/shm exists), for a spawned horse."""
+        import tempfile  # here: the watchdog's interpreter imports this module, and never needs it
+
+        where = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        fd, path = tempfile.mkstemp(prefix="rq-emq-horse-deadline-", dir=where)
+        try:
+            os.ftruncate(fd, _SIZE)
+        finally:
+            os.close(fd)
+        deadline = cls(path)
+        deadline.reset(math.inf)
+        return deadline
+
+    def remove(self) -> None:
+        """Delete a ``shared_file``'s file (the worker, as it stops)."""
+        if self.path is not None:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+    def reset(self, deadline: float, pid: int = 0) -> None:
+        """Before each run: a new deadline, not settled (and the run's pid, once known).
+        The pid is written last, so a reader that sees it sees its deadline."""
+        self.pid = 0
+        self._memory[8] = 0
+        self.set(deadline)
+        self.pid = pid
+
+    def clear(self) -> None:
+        """The run has ended (its process reaped): nothing to end any more."""
+        self.pid = 0
+        self.set(math.inf)
+
+    @property
+    def pid(self) -> int:
+        return int(struct.unpack("q", self._memory[16:24])[0])
+
+    @pid.setter
+    def pid(self, pid: int) -> None:
+        self._memory[16:24] = struct.pack("q", pid)
+
+    def set(self, deadline: float) -> None:
+        self._memory[0:8] = struct.pack("d", deadline)
+
+    def settle(self) -> None:
+        """The run's outcome is committed: what the horse does after it (RQ enqueuing the
+        dependents, its bookkeeping) is no run of the job, and must not be cut short."""
+        self._memory[8] = 1
+
+    @property
+    def settled(self) -> bool:
+        return self._memory[8] == 1
+
+    def get(self) -> float:
+        if self.settled:
+            return math.inf
+        # read until two reads agree: a read torn by a concurrent write is never acted on
+        while True:
+            first = self._memory[0:8]
+            if self._memory[0:8] == first:
+                return float(struct.unpack("d", first)[0])
+
+    def guard(self, interval_s: float, worker_pid: int = 0) -> None:
+        """In the horse (its main thread): start the thread that ends it past the
+        deadline (or, given ``worker_pid``, once that worker is gone), and check the
+        deadline the moment the horse is resumed from a stop. The thread runs until the
+        horse exits; a kill in the fenced finish writes nothing half-done."""
+        self._worker_pid = worker_pid
+        # Python runs a signal's handler in the main thread before that thread's next
+        # instruction (a sleep is interrupted for it): a resumed horse past its deadline
+        # ends before any more of the job's code runs, however the scheduler orders its
+        # threads after the resume (the thread alone left up to a check interval)
+        signal.signal(signal.SIGCONT, self._on_resume)
+        thread = threading.Thread(
+            target=self._watch, args=(interval_s,), name="rq-emq-horse-fence", daemon=True
+        )
+        thread.start()
+
+    def check(self) -> None:
+        """End this process and its whole tree (SIGKILL) if the deadline has passed, or
+        its worker is gone (a horse without ``PDEATHSIG``: the watchdog ends it then, and
+        this covers a watchdog gone with the worker)."""
+        gone = bool(getattr(self, "_worker_pid", 0)) and os.getppid() != self._worker_pid
+        if time.monotonic() > self.get() or (gone and not self.settled):
+            kill_tree(os.getpid(), group=os.getpgrp() == os.getpid())
+
+    def _on_resume(self, signum: int, frame: object) -> None:
+        self.check()
+
+    def _watch(self, interval_s: float) -> None:
+        while True:
+            self.check()
+            time.sleep(interval_s)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL this horse when its worker dies, so a lapsed lease means that
+    nobody works on the job any more (RQ puts the horse in its own process group)."""
+    try:
+        libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except AttributeError:  # not Linux (no prctl): the worker's cold stop still kills it
+        return
+    if os.getppid() != parent_pid:  # the worker died before prctl took effect
+        os._exit(1)

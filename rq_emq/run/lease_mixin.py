@@ -1,0 +1,293 @@
+"""``LeaseMixin``: the lease behaviour both worker kinds share, put before RQ's worker class.
+
+It composes the rooms at RQ's seams: the take (:class:`rq_emq.run.dequeue.DequeueMixin`),
+the lock manager and RQ's heartbeats (:mod:`rq_emq.hold`), the fenced job writes
+(:mod:`rq_emq.fence.job_writes`), the run guard and its watchdog
+(:mod:`rq_emq.run.run_guard`) and the sweeper (:mod:`rq_emq.recover.sweep`): starting them
+with the worker, and on every stop ending the run whole and handing back what it still
+holds. The worker classes themselves are in :mod:`rq_emq.run.worker`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from rq.job import Job
+from rq.queue import Queue
+
+from .. import compat, failover, scripts
+from ..blips import BLIPS, wait_for_redis
+from ..fence import fencing
+from ..fence.fencing import LeaseLost
+from ..fence.job_writes import JobWritesMixin
+from ..hold.heartbeats import HeartbeatMixin
+from ..hold.lease import Lease, LockManager, own_client
+from ..intake.take import Taker
+from ..recover.registries import pin_started_entries_of, prepare_registries
+from ..recover.sweep import Sweeper
+from ..settings import LeaseSettings
+from .dequeue import DequeueMixin
+from .run_guard import RunGuard
+from .startup import check_redis, worker_settings
+from .worker_check import check_worker_class
+
+logger = logging.getLogger("rq_emq.lease")
+
+
+class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
+    """The lease behaviour shared by both worker kinds (put before the RQ worker class)."""
+
+    _is_lease_worker = True  # rq_emq.run.worker_check tells lease classes from RQ's by it
+
+    # Settings as class attributes; None means "environment variable, else default".
+    lease_ms: int | None = None
+    renew_interval_ms: int | None = None
+    sweep_interval_ms: int | None = None
+    sweep_batch: int | None = None
+    max_attempts: int | None = None
+    stop_on_lease_lost: bool | None = None
+    idle_poll_ms: int | None = None
+    event_hooks: str | None = None
+
+    connection: Redis
+    name: str
+    queues: list[Queue]
+    log: logging.Logger
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        names = LeaseSettings.names()
+        overrides = {name: kwargs.pop(name) for name in names if name in kwargs}
+        defaults = {name: getattr(type(self), name, None) for name in names}
+        self.lease_settings = worker_settings(overrides, defaults)
+        check_worker_class(self)
+        super().__init__(*args, **kwargs)
+        # the queue class it was given (--queue-class) stays as given, as in RQ's workers: a
+        # leased run's started entry is pinned, so no queue class is needed to keep stock
+        # cleanup off it; this process's stock registries get the lease-aware cleanup too
+        me: Any = self
+        prepare_registries(me.queues)
+        self.lock_manager: LockManager | None = None
+        self.sweeper: Sweeper | None = None
+        self._taker: Taker | None = None
+        self._last_heartbeat: tuple[float, int] = (-math.inf, 0)  # (monotonic, TTL) of the last sent alone
+        self._burst = False
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def work(self, *args: Any, **kwargs: Any) -> bool:
+        self._burst = bool(kwargs.get("burst", args[0] if args else False))
+        return bool(super().work(*args, **kwargs))  # type: ignore[misc]
+
+    def _start_scheduler(self, *args: Any, **kwargs: Any) -> None:
+        super()._start_scheduler(*args, **kwargs)  # type: ignore[misc]
+        scheduler: Any = getattr(self, "scheduler", None)
+        if scheduler is not None:
+            # RQ's scheduler locks (``--with-scheduler``) go through a pool of RQ's own, in
+            # this process: without the watch it stayed on a demoted master until the
+            # demotion broke it (found by the Sentinel soak)
+            failover.watch(scheduler.connection)
+
+    def bootstrap(self, *args: Any, **kwargs: Any) -> None:
+        check_redis(self.connection)  # before RQ registers the worker: a refusal leaves no trace
+        self._start_watchdog()  # forked before RQ's and our threads start
+        try:
+            super().bootstrap(*args, **kwargs)  # type: ignore[misc]
+        except BLIPS as error:
+            self._finish_rq_bootstrap(error)
+        self._riding_out_blips(self._start_leasing, until_done=True)
+        settings = self.lease_settings
+        me: Any = self
+        assert self.lock_manager is not None
+        self.sweeper = Sweeper(
+            self.lock_manager.client,
+            [q.name for q in self.queues],
+            settings,
+            name=f"rq-emq-sweeper:{self.name}",
+            job_class=me.job_class,
+            serializer=me.serializer,
+            elect=True,  # one sweeper per queue set across the fleet; the others stand by
+            queue_class=me.queue_class,
+        )
+        self._riding_out_blips(self.sweeper.record_job_prefix, until_done=True)
+        self.sweeper.start()
+
+    def _finish_rq_bootstrap(self, error: Exception) -> None:
+        """Redis went away after the startup check, within RQ's bootstrap (its birth,
+        pubsub and state writes): found by a restart test, where it ended `rq worker`. Wait
+        for Redis and do what is missing; each step is safe to repeat."""
+        me: Any = self
+        while True:
+            me.log.error("Worker %s: could not reach Redis as it started: %s; waiting for it", me.name, error)
+            wait_for_redis(self.connection, stop=lambda: bool(me._stop_requested))
+            try:
+                if not self.connection.exists(me.key):  # a restarted Redis forgot the birth
+                    me.register_birth()
+                if getattr(me, "pubsub_thread", None) is None:
+                    me.subscribe()
+                me.set_state(compat.WorkerStatus.STARTED)
+                return
+            except BLIPS as again:
+                error = again
+
+    def _start_leasing(self) -> None:
+        """What a take needs: the scripts, a taker and a running lock manager. Done by
+        ``bootstrap``, or on first use when a tool calls RQ's methods without ``work()``."""
+        if self._taker is not None and self.lock_manager is not None:
+            return
+        # work every horse would otherwise repeat per job, done once before any fork
+        compat.resolve_driver_info_once(self.connection.connection_pool)
+        compat.resolve_server_version_once(self.connection)
+        fencing.prepare(self.connection)
+        scripts.load_all(self.connection)
+        settings = self.lease_settings
+        self._taker = Taker(self.connection, self.name, settings)
+        self.lock_manager = self._new_lock_manager(own_client(self.connection, settings.redis_timeout_s))
+        self.lock_manager.start()
+        # a Sentinel failover breaks these connections at once, and they reconnect to the
+        # master Sentinel names now (not to the old one, writable until its demotion)
+        failover.watch(self.connection)
+        failover.watch(self.lock_manager.client)
+        manager = self.lock_manager
+        # RQ's started-registry entries of our leased runs never fall due (registries.py)
+        pin_started_entries_of(lambda job_id: manager.get(job_id) is not None)
+
+    def _new_lock_manager(self, client: Redis) -> LockManager:
+        settings = self.lease_settings
+        return LockManager(
+            client,
+            settings.lease_ms,
+            settings.renew_interval_ms,
+            on_lost=self._on_lease_lost,
+            on_tick=self._tick_heartbeats,
+            name=f"rq-emq-lock-manager:{self.name}",
+            lease_writes=self._heartbeat_execution,
+            margin_ms=settings.lease_margin_ms,
+            check_interval_s=settings.lease_check_interval_s,
+            on_expired=self._on_lease_expired,
+            on_renewed=self._on_lease_renewed,
+        )
+
+    def teardown(self) -> None:
+        if not self.is_horse:  # type: ignore[attr-defined]
+            # a stop between the take and the job's start: nothing ran, hand it back now
+            self._hand_back_leases(unstarted_only=True)
+            for timer in (self.sweeper, self.lock_manager):
+                if timer is not None:
+                    timer.stop()
+            if self._taker is not None:
+                self._taker.close()
+            self._stop_watchdog()
+        super().teardown()  # type: ignore[misc]
+
+    def check_for_suspension(self, burst: bool) -> None:
+        """RQ's `rq suspend` check, run by its work loop before each take."""
+        parent: Any = super()
+        self._riding_out_blips(lambda: parent.check_for_suspension(burst))
+        self.suspension_checked()
+
+    def run_maintenance_tasks(self) -> None:
+        """RQ's registry maintenance, run by its work loop between takes."""
+        parent: Any = super()
+        self._riding_out_blips(parent.run_maintenance_tasks)
+
+    def _riding_out_blips(self, step: Callable[[], Any], until_done: bool = False) -> None:
+        """A step of RQ's work loop outside its dequeue: a Redis blip there (a restart, a
+        reset) ended `rq worker` (found by the soak). A LeaseWorker waits for Redis and
+        goes on, as RQ's own dequeue does; the step runs again on the next loop (or, with
+        ``until_done``, at once, until it succeeds or a stop is requested)."""
+        me: Any = self
+        while True:
+            try:
+                step()
+                return
+            except BLIPS as error:
+                me.log.error("Worker %s: could not reach Redis: %s; waiting for it", me.name, error)
+                wait_for_redis(self.connection, stop=lambda: bool(me._stop_requested))
+                if not until_done or me._stop_requested:
+                    return
+
+    # -- run -----------------------------------------------------------------------------
+    def execute_job(self, job: Job, queue: Queue) -> Any:
+        try:
+            return super().execute_job(job, queue)  # type: ignore[misc]
+        except LeaseLost:
+            return None  # its execution record was refused: the job is someone else's now
+        except (RedisConnectionError, RedisTimeoutError) as error:
+            # RQ's work loop quits on this; a worker that lost Redis for a moment around a
+            # job waits for it instead, as RQ does while it dequeues. Whatever outcome this
+            # worker could not write, the lease it no longer renews hands to the sweep.
+            logger.error(
+                "job %s: Redis unreachable as it ended (%s); waiting for Redis",
+                job.id,
+                error,
+                extra={"job_id": job.id, "queue": queue.name},
+            )
+            me: Any = self
+            wait_for_redis(self.connection, stop=lambda: bool(me._stop_requested))
+            return None
+        finally:
+            self._run_ended()
+            if self.lock_manager is not None:
+                self.lock_manager.remove(job.id)
+            self.job_ended()
+
+    def _on_lease_lost(self, lease: Lease) -> None:
+        if self.lease_settings.stop_on_lease_lost:
+            logger.warning(
+                "job %s on queue %s: stopping it, its lease is lost",
+                lease.job_id,
+                lease.queue,
+                extra={"job_id": lease.job_id, "queue": lease.queue},
+            )
+            self._stop_lost_job(lease)
+
+    def _on_lease_expired(self, lease: Lease) -> None:
+        """The local lease clock ran out: stop the job now, whatever Redis says (or does
+        not say), so that it has stopped before the sweep may hand it to someone else.
+        With ``stop_on_lease_lost`` off the job runs on (that setting gives up the
+        no-overlap guarantee; its outcome is still fenced)."""
+        if self.lease_settings.stop_on_lease_lost:
+            self._stop_lost_job(lease)
+
+    def _on_lease_renewed(self, lease: Lease) -> None:
+        """A renewal moved the lease's local deadline (fork mode tells its horse)."""
+
+    def _stop_lost_job(self, lease: Lease) -> None:
+        raise NotImplementedError
+
+    # -- stop now --------------------------------------------------------------------------
+    def request_force_stop(self, signum: int, frame: FrameType | None) -> None:
+        if not compat.is_repeated_stop_signal(self):
+            self._stop_running_job()
+            self._hand_back_leases()
+        super().request_force_stop(signum, frame)  # type: ignore[misc]
+
+    def _stop_running_job(self) -> None:
+        """Fork mode kills the horse first; in simple mode the job is in this very thread."""
+
+    def _hand_back_leases(self, unstarted_only: bool = False) -> None:
+        if self.lock_manager is None:
+            return
+        for lease in self.lock_manager.held():
+            if unstarted_only and lease.execution is not None:
+                continue  # it may be running: its lease lapses and the sweep recovers it
+            try:
+                returned = lease.hand_back(self.connection)
+            except Exception:
+                logger.exception("job %s: could not hand it back to queue %s", lease.job_id, lease.queue)
+                continue
+            # Stop renewing, but keep the lease so RQ's own finish of this job is fenced out.
+            lease.lost = True
+            if returned:
+                logger.warning(
+                    "job %s handed back to the front of queue %s (the worker is stopping)",
+                    lease.job_id,
+                    lease.queue,
+                    extra={"job_id": lease.job_id, "queue": lease.queue},
+                )

@@ -1,0 +1,180 @@
+"""What ties a worker's runs to its watchdog, and ends them whole.
+
+A run is a horse and its descendants (``LeaseWorker``, ``SpawnLeaseWorker``) or the worker
+process itself (``SimpleLeaseWorker``). The worker tells the memory it shares with its
+watchdog (:class:`rq_emq.run.horse_fence.HorseDeadline`) which process the run is and when its
+lease deadline falls; the watchdog (:mod:`rq_emq.run.watchdog`) ends it past that, and every
+stop the worker makes ends the run's whole tree (:mod:`rq_emq.run.process_tree`).
+
+- :class:`RunGuard` (in ``LeaseMixin``): the shared memory, the watchdog's life, a run's end.
+- :class:`HorseRunGuard` (``LeaseWorker``): a horse's pid and deadline, its tree kill.
+- :class:`SimpleRunGuard` (``SimpleLeaseWorker``): the worker as the run, its self-kill.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+from typing import Any
+
+from rq.job import Job
+
+from ..hold.lease import Lease
+from .horse_fence import HorseDeadline
+from .process_tree import kill_tree
+from .watchdog import Watchdog
+
+logger = logging.getLogger("rq_emq.lease")
+
+
+class RunGuard:
+    """The shared deadline memory and the watchdog process of one worker."""
+
+    _horse_deadline: HorseDeadline | None = None
+    _watchdog: Watchdog | None = None
+    #: the run is a horse leading its own process group (else: the worker itself)
+    _run_is_horse = True
+
+    def _new_run_deadline(self) -> HorseDeadline:
+        return HorseDeadline.in_memfd()  # shared with forked horses and the watchdog
+
+    def _start_watchdog(self) -> None:
+        """The process that ends a run past its deadline (:mod:`rq_emq.run.watchdog`); with
+        ``stop_on_lease_lost`` off runs are never stopped, and none is started."""
+        me: Any = self
+        if not me.lease_settings.stop_on_lease_lost or not hasattr(signal, "sigtimedwait"):
+            return  # never stopped, or not Linux (the horse's thread fences it alone there)
+        if self._horse_deadline is None:
+            self._horse_deadline = self._new_run_deadline()
+        if self._watchdog is None:
+            self._watchdog = Watchdog(self._horse_deadline, group=self._run_is_horse)
+        if not self._watchdog.alive:  # killed on its own: a new one for the next run
+            self._watchdog.start()
+
+    def _stop_watchdog(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.stop()
+
+    def _run_ended(self) -> None:
+        """The run's process is gone: nothing for the watchdog to end any more."""
+        if self._horse_deadline is not None:
+            self._horse_deadline.clear()
+
+    def _run_deadline(self, lease: Lease) -> float:
+        """When the watchdog ends this lease's run (monotonic): its local deadline."""
+        return math.inf if lease.settled else lease.valid_until
+
+
+class HorseRunGuard:
+    """Put before ``LeaseMixin``: a horse's part in the guard."""
+
+    _horse_deadline: HorseDeadline | None
+    _watchdog: Watchdog | None
+    _watched = False  # the horse's worker runs a watchdog (copied into the horse by the fork)
+
+    def _horse_forking(self, deadline: float) -> None:
+        """In the worker, before the fork: the run's deadline, its pid not known yet."""
+        me: Any = self
+        if self._watchdog is not None:
+            me._start_watchdog()
+        self._watched = self._watchdog is not None and self._watchdog.alive
+        if self._horse_deadline is not None:
+            self._horse_deadline.reset(deadline)
+
+    def _horse_forked(self) -> None:
+        """In the worker, after the fork: the run's pid, and the watchdog told."""
+        me: Any = self
+        if self._horse_deadline is not None:
+            self._horse_deadline.pid = me.horse_pid
+        if self._watchdog is not None:
+            self._watchdog.poke()
+
+    def _run_ended(self) -> None:
+        deadline = self._horse_deadline
+        if deadline is not None and deadline.pid and not deadline.settled:
+            # a horse that ended with no outcome (killed from outside: the OOM killer) may
+            # leave children in its group; the group's id is never reused while one lives
+            try:
+                os.killpg(deadline.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        super()._run_ended()  # type: ignore[misc]
+
+    def kill_horse(self, sig: signal.Signals = signal.SIGKILL) -> None:
+        """With SIGKILL (every stop: ours, RQ's stop command, a cold stop) the horse's
+        whole tree, its own sessions included, instead of RQ's ``killpg``; other signals
+        as RQ sends them."""
+        me: Any = self
+        if sig != signal.SIGKILL:
+            super().kill_horse(sig)  # type: ignore[misc]
+            return
+        # the pid read once: RQ's own kill reads it again, and a horse reaped meanwhile by
+        # the main thread (pid 0) made it killpg(getpgid(0)), the worker's own group (the
+        # soak found it: a lease clock stop racing the horse's end)
+        pid = me.horse_pid
+        if pid:
+            kill_tree(pid, group=True)
+            me.log.info("Worker %s: killed horse pid %s and its processes", me.name, pid)
+
+
+class SimpleRunGuard:
+    """Put before ``LeaseMixin``: a ``SimpleLeaseWorker``'s run is the worker itself."""
+
+    _horse_deadline: HorseDeadline | None
+    _watchdog: Watchdog | None
+    _run_is_horse = False
+    _watched_job_id: str | None = None
+
+    def _watch_run(self, job: Job) -> None:
+        """The watchdog ends this process (and its descendants) one check interval after
+        the self-kill's moment, even if no thread of it can run at all."""
+        me: Any = self
+        if self._watchdog is not None:
+            me._start_watchdog()  # again, if it was killed on its own
+        lease = me.lock_manager.get(job.id) if me.lock_manager is not None else None
+        self._watched_job_id = job.id
+        if self._horse_deadline is not None and lease is not None:
+            self._horse_deadline.reset(me._run_deadline(lease), pid=os.getpid())
+            if self._watchdog is not None:
+                self._watchdog.poke()
+
+    def handle_execution_ended(self, job: Job, *args: Any, **kwargs: Any) -> Any:
+        # the job's own code has ended (success or failure): what follows is the outcome's
+        # fenced writes, which may wait out a blip; the self-kill spares them too
+        self._watched_job_id = None
+        if self._horse_deadline is not None:
+            self._horse_deadline.clear()
+        return super().handle_execution_ended(job, *args, **kwargs)  # type: ignore[misc]
+
+    def _self_kill_delay_s(self) -> float:
+        settings: Any = getattr(self, "lease_settings")  # noqa: B009
+        return float(settings.lease_margin_ms + settings.renew_interval_ms) / 2000.0
+
+    def _run_deadline(self, lease: Lease) -> float:
+        # one check interval after the self-kill's moment: a worker whose threads run ends
+        # itself first, with the log line that names the job
+        me: Any = self
+        check_s = me.lease_settings.lease_check_interval_s
+        return float(super()._run_deadline(lease)) + self._self_kill_delay_s() + check_s  # type: ignore[misc]
+
+    def _on_lease_renewed(self, lease: Lease) -> None:
+        if self._horse_deadline is not None and lease.job_id == self._watched_job_id:
+            self._horse_deadline.set(self._run_deadline(lease))
+
+    def _outcome_committed(self) -> None:
+        super()._outcome_committed()  # type: ignore[misc]
+        if self._horse_deadline is not None:
+            self._horse_deadline.settle()
+
+    def _end_this_run(self, job_id: str) -> None:
+        """The self-kill: this process and its descendants (the job's own processes)."""
+        logger.critical(
+            "job %s did not stop when its local lease clock ran out; ending the worker process",
+            job_id,
+            extra={"job_id": job_id},
+        )
+        logging.shutdown()
+        spare = frozenset({self._watchdog.pid}) if self._watchdog is not None else frozenset()
+        kill_tree(os.getpid(), spare=spare)

@@ -1,0 +1,131 @@
+"""Leases for RQ 3's ``SpawnWorker``, whose horse is a new interpreter, not a fork.
+
+A forked horse inherits what fences it: its lease (in the lock manager's memory), the
+pid of the worker it must die with, and the local lease deadline in memory shared with
+the worker. A horse started with ``posix_spawn`` inherits none of it, only the
+environment. So the worker hands it over there, just before the spawn:
+
+- ``RQ_EMQ_HORSE_LEASE``: the lease token of the job (the horse's start and outcome are
+  then fenced, as a forked horse's are);
+- ``RQ_EMQ_HORSE_PARENT``: the worker's pid (the horse asks Linux to SIGKILL it when the
+  worker dies, and exits at once if the worker is already gone);
+- ``RQ_EMQ_HORSE_DEADLINE``: a small file (in ``/dev/shm``) that the worker, its watchdog
+  and each horse map, holding the local lease deadline the horse ends itself at;
+- ``RQ_EMQ_HORSE_WATCHED``: ``1`` when the worker's watchdog runs (it, not ``PDEATHSIG``,
+  ends the horse whole as the worker dies).
+
+The horse rebuilds its lease from those in :meth:`SpawnLeaseMixin.main_work_horse`, before
+RQ's code runs the job. Nothing of it is written to Redis.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from rq.job import Job
+from rq.queue import Queue
+
+from .. import compat
+from ..fence import fencing
+from ..hold.lease import Lease
+from ..keys import QueueKeys
+from ..recover.registries import given_queue_class
+from ..settings import job_max_attempts
+from .dequeue import META_MAX_ATTEMPTS
+from .horse_fence import HorseDeadline
+from .worker import LeaseWorker
+
+ENV_LEASE = "RQ_EMQ_HORSE_LEASE"
+ENV_PARENT = "RQ_EMQ_HORSE_PARENT"
+ENV_DEADLINE = "RQ_EMQ_HORSE_DEADLINE"
+ENV_WATCHED = "RQ_EMQ_HORSE_WATCHED"
+
+
+class SpawnLeaseMixin:
+    """Put before :class:`rq_emq.LeaseWorker` in a ``SpawnWorker`` lease worker
+    (:func:`rq_emq.lease_worker` does)."""
+
+    _spawn_parts = True  # what a SpawnWorker class needs (rq_emq.run.worker_check)
+
+    _horse_deadline: HorseDeadline | None
+    _worker_pid: int
+    _watched: bool
+
+    def _new_run_deadline(self) -> HorseDeadline:
+        return HorseDeadline.shared_file()
+
+    def fork_work_horse(self, job: Job, queue: Queue) -> None:
+        me: Any = self
+        if self._horse_deadline is None:
+            self._horse_deadline = self._new_run_deadline()
+        lease = me.lock_manager.get(job.id) if me.lock_manager is not None else None
+        watchdog = me._watchdog
+        handed = {
+            ENV_LEASE: lease.token if lease is not None else "",
+            ENV_PARENT: str(os.getpid()),
+            ENV_DEADLINE: self._horse_deadline.path or "",
+            ENV_WATCHED: "1" if watchdog is not None and watchdog.alive else "",
+        }
+        os.environ.update(handed)  # RQ's SpawnWorker hands the horse this process's environment
+        try:
+            super().fork_work_horse(job, queue)  # type: ignore[misc]
+        finally:
+            for name in handed:
+                os.environ.pop(name, None)
+
+    def _dump_worker_config(self) -> bytes:
+        """RQ pickles the worker's classes for the horse by name: a queue class composed
+        with the lease registries (``--queue-class``) exists only in this process, so the
+        horse gets the user's own (its keys, all the horse needs, are the same)."""
+        me: Any = self
+        composed = me.queue_class
+        me.queue_class = given_queue_class(composed)
+        try:
+            return bytes(super()._dump_worker_config())  # type: ignore[misc]
+        finally:
+            me.queue_class = composed
+
+    def main_work_horse(self, job: Job, queue: Queue) -> None:
+        """In the spawned horse: the lease, the parent and the deadline, from the worker."""
+        if os.environ.get(ENV_PARENT):
+            self._worker_pid = int(os.environ[ENV_PARENT])
+            path = os.environ.get(ENV_DEADLINE)
+            self._horse_deadline = HorseDeadline(path) if path else None
+            self._watched = os.environ.get(ENV_WATCHED) == "1"
+            self._adopt_lease(job, queue, os.environ.get(ENV_LEASE, ""))
+        super().main_work_horse(job, queue)  # type: ignore[misc]
+
+    def _adopt_lease(self, job: Job, queue: Queue, token: str) -> None:
+        me: Any = self
+        if not token:
+            return
+        layout = QueueKeys.named(queue.name, type(queue), me.job_class)
+        lease = Lease(layout.queue, job.id, token, layout=layout)
+        wanted = job.meta.get(META_MAX_ATTEMPTS)
+        lease.max_attempts = job_max_attempts(wanted) if wanted is not None else None
+        # RQ hands the spawned horse its execution (re-fetched by id): the start's HSET then
+        # names the pinned started entry, as a forked horse's does
+        lease.execution = getattr(me, "execution", None)
+        fencing.prepare(me.connection)
+        # never started: it only holds the lease that fences this horse's writes, as the
+        # copy of the worker's lock manager does in a forked horse
+        manager = me._new_lock_manager(me.connection)
+        manager.add(lease)
+        me.lock_manager = manager
+
+    def teardown(self) -> None:
+        super().teardown()  # type: ignore[misc]
+        me: Any = self
+        if self._horse_deadline is not None and not me.is_horse:
+            self._horse_deadline.remove()
+            # a worker may work() again (RQ's own tests do): a new file, and a watchdog on it
+            self._horse_deadline = None
+            me._watchdog = None
+
+
+_SpawnWorker = compat.spawn_worker_class()
+if _SpawnWorker is not None:
+
+    class SpawnLeaseWorker(SpawnLeaseMixin, LeaseWorker, _SpawnWorker):  # type: ignore[misc,valid-type]
+        """RQ's ``SpawnWorker`` (RQ 3) with leases: ``rq worker -w rq_emq.SpawnLeaseWorker``."""

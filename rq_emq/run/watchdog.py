@@ -1,0 +1,190 @@
+"""The watchdog: one small process per worker that ends a run past its local lease
+deadline, whatever the worker and the run are doing.
+
+The lease clock and the horse's fence are Python threads: a job holding the GIL in C
+code (a regex backtracking, a long NumPy call) starves them, and a SIGSTOPped worker runs
+none of its own. The watchdog is a process of its own, started by the worker as it starts:
+this file run by a fresh interpreter (``python -I -S``: the standard library and this
+module's two neighbours, nothing of the worker's; about 5 MB of memory of its own),
+mapping the memory of :class:`rq_emq.run.horse_fence.HorseDeadline` that the worker hands it
+by descriptor: the run's pid, its deadline, whether its outcome has landed. It sleeps
+until the deadline (a ``sigtimedwait``, on ``CLOCK_MONOTONIC`` as the deadline is), reads
+it again (a renewal moves it later), and once it has passed ends the run whole
+(:func:`rq_emq.run.process_tree.kill_tree`): the horse's group and descendants, or, for a
+``SimpleLeaseWorker``, the worker process and its descendants. It wakes once per deadline
+while a run lives and never while the worker is idle; it holds no Redis connection (it
+inherits no descriptor but stdio and the memory's).
+
+It dies with its worker (``PDEATHSIG``), and as it goes it ends a forked horse whole: a
+horse whose worker runs a watchdog gets no ``PDEATHSIG`` of its own, so that the watchdog
+still finds the horse's descendants (the kernel would re-parent them as it ended the
+horse). It ignores SIGINT and SIGTERM: a warm stop (Ctrl+C, systemd's SIGTERM to the whole
+group) lets the running job finish, and the job stays guarded until then.
+
+Signals it waits for: ``POKE`` (a new run, re-read now) and ``GONE`` (its worker died).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+if __package__:
+    from .horse_fence import _PR_SET_PDEATHSIG, HorseDeadline
+    from .process_tree import kill_tree, libc
+else:  # the watchdog's own interpreter: this file as a script, its neighbours by path
+    sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+    from horse_fence import _PR_SET_PDEATHSIG, HorseDeadline  # type: ignore[no-redef]
+    from process_tree import kill_tree, libc  # type: ignore[no-redef]
+
+POKE = signal.SIGUSR2
+GONE = signal.SIGHUP
+#: blocked from the start: a poke, a hangup or a Ctrl+C in its first instants must not end it
+_BLOCKED = {POKE, GONE, signal.SIGINT, signal.SIGTERM}
+
+
+class Watchdog:
+    """The worker's handle on its watchdog process."""
+
+    def __init__(self, deadline: HorseDeadline, group: bool) -> None:
+        """``group``: the runs lead process groups of their own (horses); else the run is
+        the worker process itself (``SimpleLeaseWorker``)."""
+        self.deadline = deadline
+        self.group = group
+        self.pid = 0
+        self._process: Any = None  # its subprocess.Popen
+
+    def start(self) -> None:
+        import subprocess  # the worker's; the watchdog's own interpreter never loads it
+
+        fd = self.deadline.open_fd()
+        args = [str(fd), str(os.getpid()), "1" if self.group else "0"]
+        # the signal mask survives the exec: blocked until the watchdog waits for them
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-I", "-S", os.path.abspath(__file__), *args],
+                pass_fds=(fd,),
+                stdin=subprocess.DEVNULL,
+            )
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            os.close(fd)
+        self.pid = self._process.pid
+
+    def poke(self) -> None:
+        """Tell the watchdog a run began: it re-reads the shared memory now."""
+        if self.pid:
+            try:
+                os.kill(self.pid, POKE)
+            except ProcessLookupError:
+                pass
+
+    @property
+    def alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def stop(self) -> None:
+        """As the worker stops (no run in flight any more)."""
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait()
+            self._process = None
+            self.pid = 0
+
+
+def main(argv: list[str]) -> None:
+    """The watchdog process: ``<memory fd> <worker pid> <1: runs are horses>``."""
+    fd, worker, group = int(argv[0]), int(argv[1]), argv[2] == "1"
+    for ignored in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(ignored, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    _run(HorseDeadline(fd=fd), worker, group)
+
+
+def _run(deadline: HorseDeadline, worker: int, group: bool) -> None:
+    """From the start until its worker is gone."""
+    try:
+        libc().prctl(_PR_SET_PDEATHSIG, GONE, 0, 0, 0)
+    except AttributeError:
+        pass
+    ended = 0  # the pid of the last run ended, so it is ended once
+    while True:
+        if os.getppid() != worker:  # the worker is gone: end its run and go
+            pid = deadline.pid
+            if group and pid and _leads_group(pid):
+                killed = kill_tree(pid, group=True)
+                _say(f"worker {worker} is gone: ended its horse pid {pid} ({len(killed)} processes)")
+            elif group and pid:
+                # the horse died with its worker (killed together): what is left of its
+                # group (a pgid is never reused while a member lives)
+                _killpg(pid)
+            return
+        pid, due = _read(deadline)
+        wait: float | None = None
+        if pid and pid != ended and math.isfinite(due):
+            wait = due - time.monotonic()
+            if wait <= 0:
+                if _is_run(pid, worker):
+                    killed = kill_tree(pid, group=group and pid != worker)
+                    _say(
+                        f"run {pid} past its deadline by {-1000 * wait:.0f} ms: ended {len(killed)} processes"
+                    )
+                ended = pid
+                continue
+        if wait is None:
+            signal.sigwaitinfo({POKE, GONE})
+        else:
+            signal.sigtimedwait({POKE, GONE}, wait)
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _say(what: str) -> None:
+    """One line on the worker's stderr (no logging here: its locks may be held by a
+    thread of the worker that the fork did not copy)."""
+    try:
+        os.write(2, f"rq-emq watchdog {os.getpid()}: {what}\n".encode())
+    except OSError:
+        pass
+
+
+def _read(deadline: HorseDeadline) -> tuple[int, float]:
+    """The run's pid and deadline, read so that both belong to one run."""
+    while True:
+        pid = deadline.pid
+        due = deadline.get()
+        if deadline.pid == pid:
+            return pid, due
+
+
+def _is_run(pid: int, worker: int) -> bool:
+    """``pid`` is the worker itself or its child (never a pid reused since the run ended)."""
+    return pid == worker or _stat(pid)[0] == worker
+
+
+def _leads_group(pid: int) -> bool:
+    return _stat(pid)[1] == pid
+
+
+def _stat(pid: int) -> tuple[int, int]:
+    """(parent pid, process group) of ``pid``; (0, 0) once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return int(fields[1]), int(fields[2])
+    except (OSError, IndexError, ValueError):
+        return 0, 0
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

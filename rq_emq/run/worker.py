@@ -1,0 +1,163 @@
+"""``LeaseWorker`` and ``SimpleLeaseWorker``: RQ workers whose every in-flight job holds a lease.
+
+Operators switch with ``rq worker -w rq_emq.LeaseWorker`` (forking) or
+``-w rq_emq.SimpleLeaseWorker`` (no fork). The overrides sit at RQ's seams and stay thin:
+
+- taking a job is one atomic lease grant (:mod:`rq_emq.intake.take`);
+- one lock-manager timer per process renews the leases and sends RQ's worker and
+  execution heartbeats in the same round trip (:mod:`rq_emq.hold.lease`), so RQ's started
+  registry entry never falls due while the lease lives, and a late tick never re-creates
+  an execution record that a recovery removed;
+- finishing (success, failure, ``Retry``, stop, timeout) keeps RQ's code and is fenced
+  (:mod:`rq_emq.fence.fencing`);
+- a lost lease stops the job; a horse dies with its worker; a cold stop hands the job back;
+  a horse that dies on its own (OOM kill, segfault) is a stall, recovered at once;
+- every stop ends the run whole (:mod:`rq_emq.run.process_tree`), and a watchdog process ends a
+  run past its lease deadline whatever the worker and the run do (:mod:`rq_emq.run.watchdog`).
+
+The behaviour both kinds share is :class:`rq_emq.run.lease_mixin.LeaseMixin`; this module
+owns what differs between a forking and an in-process worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import threading
+from types import FrameType
+from typing import Any
+
+from rq import SimpleWorker, Worker
+from rq.exceptions import InvalidJobOperation
+from rq.job import Job
+from rq.queue import Queue
+
+from .. import compat
+from ..fence.job_writes import LeaseJobInterrupted
+from ..hold.lease import Lease
+from ..recover.horse_crash import HorseCrashMixin
+from .horse_fence import die_with_parent
+from .lease_mixin import LeaseMixin
+from .process_tree import become_subreaper, libc
+from .run_guard import HorseRunGuard, SimpleRunGuard
+
+logger = logging.getLogger("rq_emq.lease")
+
+
+class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, Worker):
+    """A forking RQ worker whose jobs hold lock leases (``rq worker -w rq_emq.LeaseWorker``);
+    a horse that dies without an outcome is recovered at once (:mod:`rq_emq.recover.horse_crash`)."""
+
+    _fork_parts = True  # the horse parts a forking class needs (rq_emq.run.worker_check)
+
+    _horse_job_id: str | None = None
+
+    def main_work_horse(self, job: Job, queue: Queue) -> None:
+        # orphans of the job's processes stay this horse's, so a stop finds them
+        become_subreaper()
+        if not self._watched:
+            # no watchdog to end the whole run as the worker dies: the horse alone, then
+            die_with_parent(self._worker_pid)
+        if self._horse_deadline is not None and self.lease_settings.stop_on_lease_lost:
+            self._horse_deadline.pid = os.getpid()  # the worker may be frozen before it writes it
+            self._horse_deadline.guard(
+                self.lease_settings.lease_check_interval_s, self._worker_pid if self._watched else 0
+            )
+        super().main_work_horse(job, queue)
+
+    def fork_work_horse(self, job: Job, queue: Queue) -> None:
+        self._worker_pid = os.getpid()
+        libc()
+        # the horse fences itself on the local lease deadline, which it reads from memory
+        # shared with this worker and its watchdog: a frozen or dead worker, or a job
+        # holding the GIL, cannot keep it running
+        if self._horse_deadline is None:
+            self._horse_deadline = self._new_run_deadline()
+        lease = self.lock_manager.get(job.id) if self.lock_manager is not None else None
+        self._horse_job_id = job.id
+        self._horse_forking(lease.valid_until if lease is not None else math.inf)
+        super().fork_work_horse(job, queue)
+        self._horse_forked()
+
+    def _on_lease_renewed(self, lease: Lease) -> None:
+        if self._horse_deadline is not None and lease.job_id == self._horse_job_id:
+            # once the outcome is committed the horse's remaining work (RQ enqueuing the
+            # dependents, its bookkeeping) is no run of the job: nothing may recover it
+            self._horse_deadline.set(self._run_deadline(lease))
+
+    def monitor_work_horse(self, job: Job, queue: Queue, *args: Any) -> None:
+        try:
+            super().monitor_work_horse(job, queue, *args)
+        except InvalidJobOperation:  # RQ < 2.1 trips on a job deleted while it ran
+            logger.warning(
+                "job %s was deleted while it ran", job.id, extra={"job_id": job.id, "queue": queue.name}
+            )
+
+    def _outcome_committed(self) -> None:
+        if self.is_horse and self._horse_deadline is not None:
+            self._horse_deadline.settle()
+
+    def _stop_lost_job(self, lease: Lease) -> None:
+        if self._horse_deadline is not None and self._horse_deadline.settled:
+            return  # the horse's outcome has landed; RQ's bookkeeping after it runs on
+        if self.horse_pid:
+            self.kill_horse(signal.SIGKILL)
+
+    def _stop_running_job(self) -> None:
+        if self.horse_pid:
+            self.kill_horse(signal.SIGKILL)
+            self.wait_for_horse()
+
+
+class SimpleLeaseWorker(SimpleRunGuard, LeaseMixin, SimpleWorker):
+    """A non-forking RQ worker whose jobs hold lock leases; a thread renews while jobs run."""
+
+    _in_process_parts = True  # what an in-process class needs (rq_emq.run.worker_check)
+
+    #: Delivered to the main thread to interrupt a job whose lease was lost.
+    interrupt_signal = signal.SIGUSR1
+
+    def execute_job(self, job: Job, queue: Queue) -> Any:
+        previous = signal.signal(self.interrupt_signal, self._interrupt_lost_job)
+        self._interrupt_job_id: str | None = None
+        self._interrupt_job = job
+        self._watch_run(job)
+        try:
+            return super().execute_job(job, queue)
+        finally:
+            signal.signal(self.interrupt_signal, previous)
+
+    def _stop_lost_job(self, lease: Lease) -> None:
+        self._interrupt_job_id = lease.job_id
+        signal.pthread_kill(threading.main_thread().ident or 0, self.interrupt_signal)
+
+    def _on_lease_expired(self, lease: Lease) -> None:
+        """Interrupt the job; if its code does not give way (stuck in C code, where no
+        Python exception lands) within half the margin and half a renew interval, end the
+        whole process: a run that cannot be stopped must not outlive its lease while
+        another worker runs the job (the sweep's grace is at least 1.25 renew intervals, so
+        this exit still lands before any recovery)."""
+        super()._on_lease_expired(lease)
+        if not self.lease_settings.stop_on_lease_lost:
+            return
+        timer = threading.Timer(self._self_kill_delay_s(), self._exit_if_still_running, args=(lease.job_id,))
+        timer.daemon = True
+        timer.start()
+
+    def _exit_if_still_running(self, job_id: str) -> None:
+        if self._running_job_id == job_id:
+            self._end_this_run(job_id)
+
+    def _interrupt_lost_job(self, signum: int, frame: FrameType | None) -> None:
+        job_id, self._interrupt_job_id = self._interrupt_job_id, None
+        # only the job's own code is interrupted: once it has ended (its outcome is being
+        # written, or RQ's bookkeeping runs) the interrupt would hit RQ's code instead
+        if job_id is not None and job_id == self._running_job_id:
+            # a lost lease is no failure (the sweep decides what becomes of the job, and it
+            # may finish elsewhere, as after a failover): RQ's failure path that this
+            # exception enters must not run the job's failure callback, as a forking
+            # worker's SIGKILLed horse runs none
+            compat.drop_failure_callback(self._interrupt_job)
+            raise LeaseJobInterrupted(f"job {job_id}: lease lost, job stopped")

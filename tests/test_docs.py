@@ -55,10 +55,10 @@ def test_ci_runs_both_quickstart_lines_before_the_matrix() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert "<!-- quickstart:$1 -->" in ci
     demo, test = (
-        ci.index("stage quickstart-demo run_quickstart demo"),
+        ci.index("stage_bg quickstart-demo run_quickstart demo"),  # beside the quick-start suite
         ci.index("stage quickstart-test run_quickstart test"),
     )
-    assert demo < test < ci.index('stage tests-rq2-newest suite "${RQ_LINES[1]}"')
+    assert demo < test < ci.index('stage_bg tests-rq2-newest suite "${RQ_LINES[1]}"')
 
 
 def test_the_readme_is_read_in_minutes() -> None:

@@ -1,6 +1,6 @@
 """Workers through a Redis Sentinel failover: what each failover kind costs, ours beside stock.
 
-A primary, one replica and sentinels on loopback (rq_emq.testing_sentinel); ``--workers``
+A primary, one replica and sentinels on loopback (rq_emq.testing.sentinel); ``--workers``
 ``rq worker -w CLASS -c settings`` processes (``SENTINEL = {...}``) on ``--jobs`` jobs of
 1-2 s with a failure callback; ``--fault-at`` seconds after the first start, a
 ``SENTINEL FAILOVER`` (the old primary stays writable until Sentinel demotes it, up to
@@ -37,7 +37,7 @@ from pathlib import Path
 import redis
 from rq import Callback, Queue
 
-from rq_emq.testing_sentinel import SentinelGroup
+from rq_emq.testing.sentinel import SentinelGroup
 
 HERE = Path(__file__).resolve().parent
 RQ_BIN = str(Path(sys.executable).parent / "rq")

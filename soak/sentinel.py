@@ -1,5 +1,5 @@
 """The soak with Redis Sentinel (``python -m soak --sentinel``): a primary, one replica and
-three sentinels on private ports (:class:`rq_emq.testing_sentinel.SentinelGroup`); every
+three sentinels on private ports (:class:`rq_emq.testing.sentinel.SentinelGroup`); every
 worker finds the master as an operator's would, ``rq worker -c settings`` with
 ``SENTINEL = {...}``; and two faults that move the master, on a schedule:
 
@@ -29,7 +29,7 @@ from pathlib import Path
 import redis
 
 from rq_emq.testing import RedisServer
-from rq_emq.testing_sentinel import SERVICE, SentinelGroup
+from rq_emq.testing.sentinel import SERVICE, SentinelGroup
 
 from . import faults as F
 from .faults import Fault

@@ -105,7 +105,8 @@ def test_the_worker_watches_rqs_scheduler_connection_too(
     from redis.sentinel import Sentinel
     from rq.scheduler import RQScheduler
 
-    from rq_emq import LeaseWorker, failover
+    from rq_emq import LeaseWorker
+    from rq_emq.connection import failover
 
     monkeypatch.setattr(RQScheduler, "acquire_locks", lambda self, auto_start=False: set())
     sentinel = Sentinel([("127.0.0.1", free_port())], socket_timeout=0.2)  # no sentinel answers ...
@@ -129,7 +130,7 @@ def test_an_unconfirmed_outbox_claim_is_given_back_at_once(
     is known and a replica acknowledges) was left to lapse, which holds the job's Result
     and failure callback for the whole claim, 90 s with RQ's default callback timeout. It
     is made due again at once, so the next round (once Sentinel confirms) completes it."""
-    from rq_emq import failover
+    from rq_emq.connection import confirm
     from rq_emq.keys import QueueKeys
     from rq_emq.recover.sweep import Sweeper
     from rq_emq.settings import LeaseSettings
@@ -137,7 +138,7 @@ def test_an_unconfirmed_outbox_claim_is_given_back_at_once(
     q = QueueKeys("q")
     r.hset("rq:job:j1", mapping={"status": "failed", "emq_token": "outbox"})
     r.zadd(q.outbox, {"j1": 0})
-    monkeypatch.setattr(failover, "claim_confirmed", lambda *args: False)
+    monkeypatch.setattr(confirm, "claim_confirmed", lambda *args: False)
     sweeper = Sweeper(r, ["q"], LeaseSettings(), name="s")
     assert sweeper.drain_outbox("q") == 0  # not confirmed: no callback, no Result
     now_ms = int(r.time()[0]) * 1000
@@ -154,7 +155,7 @@ def test_a_closed_sentinel_connection_reopens_to_the_master_sentinel_names_now(
     process whose client is under a failover watch, it reopens where Sentinel says."""
     from redis.sentinel import Sentinel, SentinelManagedConnection
 
-    from rq_emq import failover
+    from rq_emq.connection import failover
 
     sentinel = Sentinel([("127.0.0.1", free_port())], socket_timeout=0.2)  # no sentinel answers
     live = int(r.connection_pool.connection_kwargs["port"])

@@ -92,10 +92,20 @@ def test_every_module_says_what_it_owns() -> None:
 
 
 #: The rooms from the bottom up (docs/architecture.md): a module imports only its own room
-#: and the rooms before it. ``shared`` is the package's top-level modules; run and operate
-#: share the top layer and never import each other (only the worker classes compose rooms,
-#: and a worker process never loads the operators' tools).
-LAYERS: list[set[str]] = [{"shared"}, {"fence"}, {"hold"}, {"intake"}, {"recover"}, {"run", "operate"}]
+#: and the rooms before it. ``shared`` is the package's top-level modules, and the
+#: connection room (every Redis connection's blips and Sentinel failovers) sits beside
+#: them: neither imports the other. Run and operate share the top layer and never import
+#: each other (only the worker classes compose rooms, and a worker process never loads the
+#: operators' tools); ``testing`` (private Redis servers for tests) is a tool room beside
+#: them that nothing of the package imports and that imports none of it.
+LAYERS: list[set[str]] = [
+    {"shared", "connection"},
+    {"fence"},
+    {"hold"},
+    {"intake"},
+    {"recover"},
+    {"run", "operate", "testing"},
+]
 
 
 def rooms() -> set[str]:

@@ -12,7 +12,7 @@ RQ's own code does the writing; this mixin wraps RQ's seams so that:
 - a job canceled while it ran keeps its cancel, and its run's Result is written as RQ
   writes it;
 - each of those steps is tried again through a Redis connection blip for as long as the
-  lease could still be alive (:mod:`rq_emq.blips`), which the fence makes safe.
+  lease could still be alive (:mod:`rq_emq.connection.blips`), which the fence makes safe.
 
 A worker or horse that was frozen or cut off past its lease and wakes after the job was
 recovered (and perhaps finished elsewhere) therefore writes nothing to it: a refused start
@@ -36,7 +36,7 @@ from rq.queue import Queue
 from rq.worker import Worker
 
 from .. import compat
-from ..blips import BLIPS, through_blips
+from ..connection.blips import BLIPS, through_blips
 from ..settings import LeaseSettings
 from .direct_writes import guarding_direct_writes
 from .fencing import Fence, FencedSession, LeaseLost, fenced

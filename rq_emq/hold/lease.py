@@ -27,7 +27,7 @@ from redis.client import Pipeline
 from rq.utils import now, utcformat
 
 from .. import events, scripts
-from ..blips import BLIPS
+from ..connection.blips import BLIPS
 from ..fence.fencing import Fence
 from ..keys import RQ_PREFIX, QueueKeys
 from .background import BackgroundLoop

@@ -13,8 +13,8 @@ where the sweep finds it. RQ's multi-queue ``BLPOP`` (which drops a job popped b
 worker that dies before recording it) is never used.
 
 Behind Sentinel, with a live replica, a take also waits for the replica to have it
-(:class:`rq_emq.failover.TakeConfirmation`): one the replica never saw was granted by a
-master being replaced, and is handed back instead of run.
+(:class:`rq_emq.connection.confirm.TakeConfirmation`): one the replica never saw was
+granted by a master being replaced, and is handed back instead of run.
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ from typing import Any
 
 from redis import Redis
 
-from .. import failover, scripts
+from .. import scripts
+from ..connection import failover
+from ..connection.confirm import TAKE_WAIT_MS, TakeConfirmation
 from ..hold.lease import new_token
 from ..keys import RQ_PREFIX, QueueKeys
 from ..settings import LeaseSettings
@@ -192,7 +194,7 @@ class Taker:
 
     def _granted(
         self, script: scripts.LuaScript, keys: list[str], args: list[Any]
-    ) -> tuple[Any, tuple[failover.TakeConfirmation, bool] | None]:
+    ) -> tuple[Any, tuple[TakeConfirmation, bool] | None]:
         """Run a take script; behind Sentinel with a live replica, in one pipeline with
         ``WAIT 1`` on the same connection, whose answer says whether a replica has it."""
         confirm = failover.take_confirmation(self.connection)
@@ -201,7 +203,7 @@ class Taker:
         for _ in range(2):
             pipe = self.connection.pipeline(transaction=False)
             script.queue(pipe, keys, args)
-            pipe.execute_command("WAIT", 1, failover.TAKE_WAIT_MS)
+            pipe.execute_command("WAIT", 1, TAKE_WAIT_MS)
             replies = pipe.execute(raise_on_error=False)
             if scripts.is_noscript(replies[0]):
                 script.load(self.connection)
@@ -213,7 +215,7 @@ class Taker:
         raise RuntimeError(f"{script.name}: the script would not load")
 
     def _kept(
-        self, confirm: tuple[failover.TakeConfirmation, bool] | None, q: QueueKeys, job_id: str, token: str
+        self, confirm: tuple[TakeConfirmation, bool] | None, q: QueueKeys, job_id: str, token: str
     ) -> bool:
         """Whether a granted take may run: always, unless no replica acknowledged it, in
         which case it goes back to the front of its queue, attempt refunded (on a master

@@ -35,7 +35,7 @@ from rq.queue import Queue
 from rq.utils import now, utcformat
 
 from .. import events, scripts
-from ..blips import BLIPS, through_blips
+from ..connection.blips import BLIPS, through_blips
 from ..hold.lease import Lease
 from ..keys import RQ_PREFIX
 from .sweep import DEFAULT_FAILURE_TTL

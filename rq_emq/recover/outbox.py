@@ -5,7 +5,7 @@ what Lua cannot do: RQ's ``Result`` and the job's failure callback. The drain cl
 entries (``claim_outbox``), runs each callback, then commits the Result with the outbox
 removal in one fenced step, so a Result is written once; dependents follow RQ's rules
 after it. A claim is acted on only if Sentinel confirms the master it was made on
-(:mod:`rq_emq.failover`): a failure callback is an outside effect, and a demoted or
+(:mod:`rq_emq.connection.confirm`): a failure callback is an outside effect, and a demoted or
 soon-demoted master's failures may be of jobs that finish on the new one.
 """
 
@@ -20,7 +20,8 @@ from rq.job import Job
 from rq.queue import Queue
 from rq.results import Result
 
-from .. import compat, failover, scripts
+from .. import compat, scripts
+from ..connection import confirm
 from ..fence.fencing import Fence, LeaseLost, fenced
 from ..hold.lease import new_token
 from ..keys import QueueKeys
@@ -84,7 +85,7 @@ class OutboxDrain:
 
     def _claim_outbox(self, q: QueueKeys, args: list[Any]) -> list[str]:
         """Claim due outbox entries, and keep them only if the claim was made on the
-        master Sentinel names now and replicated (rq_emq.failover): the drain runs failure
+        master Sentinel names now and replicated (rq_emq.connection.confirm): the drain runs failure
         callbacks, and a claim on a demoted or soon-demoted master is for a job that may
         finish on the new one. An unconfirmed claim lapses; the next drain tries again."""
         script = scripts.load("claim_outbox")
@@ -92,7 +93,7 @@ class OutboxDrain:
             pipe = self.client.pipeline(transaction=False)
             script.queue(pipe, [q.outbox], args)
             wait_ms = int(self.settings.redis_timeout_s * 1000) // 2
-            before = failover.claim_checks(self.client, pipe, wait_ms)
+            before = confirm.claim_checks(self.client, pipe, wait_ms)
             replies = pipe.execute(raise_on_error=False)
             if scripts.is_noscript(replies[0]):
                 script.load(self.client)
@@ -100,7 +101,7 @@ class OutboxDrain:
             if isinstance(replies[0], Exception):
                 raise replies[0]
             claimed = _ids(replies[0])
-            if claimed and not failover.claim_confirmed(self.client, before, replies[1:]):
+            if claimed and not confirm.claim_confirmed(self.client, before, replies[1:]):
                 if q.queue not in self._unconfirmed_logged:  # once per spell, not per round
                     self._unconfirmed_logged.add(q.queue)
                     logger.warning(

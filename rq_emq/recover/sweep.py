@@ -28,8 +28,9 @@ from rq.job import Job
 from rq.queue import Queue
 from rq.utils import now, utcformat
 
-from .. import events, failover, scripts
-from ..blips import BLIPS
+from .. import events, scripts
+from ..connection import failover
+from ..connection.blips import BLIPS
 from ..hold.background import BackgroundLoop
 from ..keys import RQ_PREFIX, QueueKeys
 from ..settings import LeaseSettings

@@ -22,7 +22,8 @@ from rq.logutils import blue, green
 from rq.queue import Queue
 from rq.utils import now
 
-from .. import compat, failover
+from .. import compat
+from ..connection import failover
 from ..fence.fencing import LeaseLost, fenced
 from ..hold.lease import Lease, LockManager
 from ..intake.take import Taken, Taker

@@ -22,8 +22,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq.job import Job
 from rq.queue import Queue
 
-from .. import compat, failover, scripts
-from ..blips import BLIPS, wait_for_redis
+from .. import compat, scripts
+from ..connection import failover
+from ..connection.blips import BLIPS, wait_for_redis
 from ..fence import fencing
 from ..fence.fencing import LeaseLost
 from ..fence.job_writes import JobWritesMixin

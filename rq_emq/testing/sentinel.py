@@ -16,7 +16,7 @@ from pathlib import Path
 import redis
 from redis.sentinel import Sentinel
 
-from .testing import RedisServer, find_redis_server, free_port
+from . import RedisServer, find_redis_server, free_port
 
 SERVICE = "rq-emq-primary"
 

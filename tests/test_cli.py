@@ -18,7 +18,7 @@ from procs import RQ_BIN, Processes, wait_for
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from rq import Queue
-from test_sweep import stall
+from stalls import stall
 
 from rq_emq.intake.take import Taker
 from rq_emq.keys import QueueKeys, job_key

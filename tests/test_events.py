@@ -14,7 +14,7 @@ from helpers import wait_status
 from jobs import runs
 from procs import Processes, wait_for
 from rq import Queue
-from test_sweep import next_round, stall, sweeper
+from stalls import next_round, stall, sweeper
 
 from rq_emq import events
 from rq_emq.hold.lease import Lease, LockManager

@@ -232,7 +232,7 @@ def test_a_stock_rq_worker_job_on_the_same_queue_is_never_touched(
 def test_the_reaper_dry_run_prints_stalled_jobs_and_where_they_would_land(
     r: redis.Redis, redis_url: str, tmp_path: Path
 ) -> None:
-    from test_sweep import stall
+    from stalls import stall
 
     ids = stall(r, 2)
     cmd = [sys.executable, "-m", "rq_emq.cli", "reaper", "--url", redis_url, "--queues", "q"]

@@ -17,7 +17,7 @@ import redis
 import rq
 from helpers import FAST, started_members, status, wait_status
 from jobs import runs
-from procs import RQ_BIN, Processes, pid_alive, wait_for
+from procs import RQ_BIN, TESTS_DIR, Processes, pid_alive, wait_for
 from rq import Queue, Retry
 from rq.job import Job
 from rq.registry import BaseRegistry, FailedJobRegistry, StartedJobRegistry
@@ -273,7 +273,7 @@ def rq_info(redis_url: str, *args: str) -> str:
         [RQ_BIN, "info", "--url", redis_url, *args, "default"],
         capture_output=True,
         timeout=60,
-        cwd=str(Path(__file__).parent),
+        cwd=str(TESTS_DIR),  # where the job modules are, as for the workers
     )
     assert done.returncode == 0, done.stderr.decode()
     return done.stdout.decode()
@@ -368,7 +368,7 @@ def test_a_lease_worker_keeps_the_queue_class_it_is_given(r: redis.Redis) -> Non
 def test_django_rq_with_the_lease_queue_class_keeps_a_dead_workers_leased_job(
     r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from test_integration_django_rq import DjangoRQViewer
+    from django_rq_viewer import DjangoRQViewer
 
     viewer = DjangoRQViewer(redis_url)
     from django.conf import settings

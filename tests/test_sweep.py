@@ -13,40 +13,14 @@ import pytest
 import redis
 from rq import Queue
 from rq.job import Job
+from stalls import SETTINGS, Q, next_round, stall, sweeper
 
 from rq_emq import LeaseWorker, scripts
 from rq_emq.hold.lease import Lease, LockManager
 from rq_emq.intake.take import Taker
-from rq_emq.keys import QueueKeys, job_key
+from rq_emq.keys import job_key
 from rq_emq.recover.sweep import Sweeper
 from rq_emq.settings import LeaseSettings
-
-SETTINGS = LeaseSettings(lease_ms=1_000, renew_interval_ms=200, sweep_interval_ms=100, sweep_batch=50)
-Q = QueueKeys("q")
-
-
-def sweeper(r: redis.Redis, **overrides: int) -> Sweeper:
-    return Sweeper(r, ["q"], LeaseSettings(**{**SETTINGS.__dict__, **overrides}))
-
-
-def stall(r: redis.Redis, n: int = 1, **enqueue: object) -> list[str]:
-    """Lease n jobs, then let their worker 'die': lock gone, deadline passed."""
-    queue = Queue("q", connection=r)
-    ids = []
-    for _ in range(n):
-        job = queue.enqueue("jobs.noop", **enqueue)  # type: ignore[arg-type]
-        taken = Taker(r, "dead-worker", SETTINGS).pop(["q"])
-        assert taken is not None
-        ids.append(job.id)
-    with r.pipeline() as pipe:
-        for job_id in ids:
-            pipe.delete(Q.lock(job_id)).zadd(Q.leases, {job_id: 0})
-        pipe.execute()
-    return ids
-
-
-def next_round(s: Sweeper) -> None:
-    time.sleep(s.grace_ms / 1000 + 0.01)
 
 
 def test_a_lapsed_lease_is_marked_first_and_recovered_only_by_a_later_round(r: redis.Redis) -> None:

@@ -1,4 +1,4 @@
-"""Jobs for benchmarks/failover.py and tests/test_failover.py: each run appends a line with
+"""Jobs for benchmarks/failover.py and tests/connection/test_failover.py: each run appends a line with
 its job id, worker tag and wall-clock time, so the harness can count runs, overlaps and
 each worker's first start after a failover; the failure callback leaves a line too."""
 

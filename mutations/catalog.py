@@ -11,19 +11,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-LEASES = "tests/test_lease_scripts.py"
-LIFE = "tests/test_lifecycle.py"
-LIFE_MODEL = "tests/test_state_machine_lifecycle.py::test_leases_hold_across_rqs_job_lifecycle"
-SWEEP = "tests/test_sweep.py"
-WAKE = "tests/test_wake.py"
-SOAK = "tests/test_soak_checks.py"
-SETTINGS_T = "tests/test_settings.py"
-MODEL = "tests/test_state_machine.py::test_the_lease_protocol_holds_its_invariants"
-OPTIONS = "tests/test_worker_options.py"
-FLEET = "tests/test_fleet_sweep.py"
-CRASH = "tests/test_recover_crashed_job.py"
-HORSE = "tests/test_horse_crash.py"
-WHOLE = "tests/test_stop_whole.py"
+LEASES = "tests/hold/test_lease_scripts.py"
+LIFE = "tests/lifecycle/test_lifecycle.py"
+LIFE_MODEL = "tests/lifecycle/test_state_machine_lifecycle.py::test_leases_hold_across_rqs_job_lifecycle"
+SWEEP = "tests/recover/test_sweep.py"
+WAKE = "tests/intake/test_wake.py"
+SOAK = "tests/tooling/test_soak_checks.py"
+SETTINGS_T = "tests/shared/test_settings.py"
+MODEL = "tests/lifecycle/test_state_machine.py::test_the_lease_protocol_holds_its_invariants"
+OPTIONS = "tests/run/test_worker_options.py"
+FLEET = "tests/recover/test_fleet_sweep.py"
+CRASH = "tests/recover/test_recover_crashed_job.py"
+HORSE = "tests/recover/test_horse_crash.py"
+WHOLE = "tests/run/test_stop_whole.py"
 
 
 @dataclass(frozen=True)
@@ -231,7 +231,7 @@ CATALOG: list[Mutation] = [
         "                    if not _refused_for_clients(error):",
         "                    if True:",
         [
-            "tests/test_fleet_processes.py::"
+            "tests/intake/test_fleet_processes.py::"
             "test_a_worker_refused_connections_for_its_waits_still_takes_jobs_within_a_small_budget"
         ],
         "a worker on many queues at Redis's client limit never takes a job and starves other clients",
@@ -276,7 +276,7 @@ CATALOG: list[Mutation] = [
         "return max(self.window_ms, self.settings.renew_interval_ms * 5 // 4)",
         "return 4 * max(self.window_ms, self.settings.renew_interval_ms * 5 // 4)",
         [
-            "tests/test_recovery_processes.py::"
+            "tests/recover/test_recovery_processes.py::"
             "test_a_killed_workers_job_is_back_within_lease_plus_two_sweeps_and_finished_by_the_survivor"
         ],
         "a dead worker's job comes back far later than lease + 2 sweep intervals",
@@ -302,7 +302,7 @@ CATALOG: list[Mutation] = [
         "rq_emq/recover/registries.py",
         "        if not _held_here(execution.job_id):",
         "        if True:",
-        ["tests/test_registries.py::test_no_stock_process_fails_a_leased_job_however_long_the_fleet_is_down"],
+        ["tests/recover/test_registries.py::test_no_stock_process_fails_a_leased_job_however_long_the_fleet_is_down"],
         "a stock process (rq info, a stock worker) fails a leased job once the fleet was down a while",
     ),
     _m(
@@ -310,7 +310,7 @@ CATALOG: list[Mutation] = [
         "lua/lib/lease.lua",
         "    redis.call('ZREM', started_key, pinned)\n    redis.call('HDEL', job_key, 'emq_started')",
         "    redis.call('HDEL', job_key, 'emq_started')",
-        ["tests/test_registries.py::test_no_stock_process_fails_a_leased_job_however_long_the_fleet_is_down"],
+        ["tests/recover/test_registries.py::test_no_stock_process_fails_a_leased_job_however_long_the_fleet_is_down"],
         "a recovered job stays listed as started forever once RQ's execution records expired",
     ),
     _m(
@@ -318,7 +318,7 @@ CATALOG: list[Mutation] = [
         "lua/release_leases_to_rq-6.lua",
         "  if redis.call('EXISTS', lock_key) == 1 then",
         "  if false then",
-        ["tests/test_registries.py::test_rollback_leaves_a_live_lease_and_says_so"],
+        ["tests/recover/test_registries.py::test_rollback_leaves_a_live_lease_and_says_so"],
         "a rollback run while a LeaseWorker still runs a job hands that job to stock cleanup",
     ),
     _m(
@@ -424,7 +424,7 @@ CATALOG: list[Mutation] = [
         "if confirm is None or confirm[1]:",
         "if True:",
         [
-            "tests/test_failover_takes.py::test_a_take_no_replica_acknowledged_goes_back_to_the_front_of_its_queue_unrun"
+            "tests/connection/test_failover_takes.py::test_a_take_no_replica_acknowledged_goes_back_to_the_front_of_its_queue_unrun"
         ],
         "after SENTINEL FAILOVER the old master's takes run beside the new master's: two runs overlap",
     ),
@@ -434,7 +434,7 @@ CATALOG: list[Mutation] = [
         "rq_emq/run/lease_mixin.py",
         "elect=True,",
         "elect=False,",
-        ["tests/test_fleet_sweep.py::test_sweep_script_calls_of_an_idle_fleet_do_not_grow_with_its_size"],
+        ["tests/recover/test_fleet_sweep.py::test_sweep_script_calls_of_an_idle_fleet_do_not_grow_with_its_size"],
         "every idle worker runs sweep rounds: Redis work grows with the fleet",
         fast=False,
     ),
@@ -444,7 +444,7 @@ CATALOG: list[Mutation] = [
         "self.standby_ms = max(idle_ms * 2 // 3, 1)",
         "self.standby_ms = max(idle_ms * 20, 1)",
         [
-            "tests/test_fleet_sweep.py::test_a_killed_sweepers_own_job_is_recovered_by_a_standby_within_the_bound"
+            "tests/recover/test_fleet_sweep.py::test_a_killed_sweepers_own_job_is_recovered_by_a_standby_within_the_bound"
         ],
         "a dead sweeper's job waits for the deputy far past lease + 2 sweep intervals",
         fast=False,
@@ -568,7 +568,7 @@ CATALOG: list[Mutation] = [
         "rq_emq/run/dequeue.py",
         "me._riding_out_blips(lambda: me.set_state(compat.WorkerStatus.IDLE))",
         "me.set_state(compat.WorkerStatus.IDLE)",
-        ["tests/test_worker_direct.py::test_a_blip_as_the_worker_turns_idle_does_not_end_it"],
+        ["tests/run/test_worker_direct.py::test_a_blip_as_the_worker_turns_idle_does_not_end_it"],
         "a CLIENT KILL as the worker turns idle ends rq worker",
     ),
     # -- RQ's lifecycle: what RQ ended stays ended (issue 10) ---------------------------------
@@ -635,7 +635,7 @@ CATALOG: list[Mutation] = [
         "if session.error is not None and not session.committed:",
         "if False:",
         [
-            "tests/test_connection_faults.py"
+            "tests/connection/test_connection_faults.py"
             "::test_a_failure_whose_outcome_meets_a_blip_is_written_once_not_dropped"
         ],
         "RQ 3 swallows a blip in its failure pipeline: the outcome is dropped and the job runs again",
@@ -694,7 +694,7 @@ CATALOG: list[Mutation] = [
         "signal.signal(stop, lambda received, frame: caught.append(received))",
         "pass",
         [
-            "tests/test_lifecycle_processes.py"
+            "tests/lifecycle/test_lifecycle_processes.py"
             "::test_a_warm_stop_right_after_the_take_hands_the_job_back_at_once"
         ],
         "a warm stop between the take and its record strands the leased job",
@@ -733,9 +733,9 @@ CATALOG: list[Mutation] = [
         "for i = 0, #SEEN - 1 do",
         "for i = 0, 0 do",
         [
-            "tests/test_rq_features_processes.py"
+            "tests/lifecycle/test_rq_features_processes.py"
             "::test_a_job_a_stock_worker_runs_after_its_lease_worker_died_is_not_recovered_under_it",
-            "tests/test_state_machine_lifecycle.py::test_the_models_stock_actors_replay_the_status_aba",
+            "tests/lifecycle/test_state_machine_lifecycle.py::test_the_models_stock_actors_replay_the_status_aba",
         ],
         "a LeaseWorker's sweep recovers a job a stock worker runs: two runs overlap",
         fast=False,
@@ -746,7 +746,7 @@ CATALOG: list[Mutation] = [
         "if fence is None or not writes_to(key, args):",
         "if True:",
         [
-            "tests/test_rq_features_processes.py"
+            "tests/lifecycle/test_rq_features_processes.py"
             "::test_a_delayed_retry_waits_in_the_scheduled_registry[rq_emq.SimpleLeaseWorker]"
         ],
         "RQ's own set_status(SCHEDULED) of a delayed Retry reads as RQ ending the job: the retry is lost",
@@ -758,7 +758,7 @@ CATALOG: list[Mutation] = [
         'if self._refused_as != "canceled":',
         "if True:",
         [
-            "tests/test_rq_features_processes.py"
+            "tests/lifecycle/test_rq_features_processes.py"
             "::test_a_job_canceled_while_it_runs_keeps_its_result_and_never_runs_again[rq_emq.SimpleLeaseWorker]"
         ],
         "a job canceled while it ran loses its run's Result (RQ keeps it)",
@@ -770,7 +770,7 @@ CATALOG: list[Mutation] = [
         "elseif ttl == 0 then",
         "elseif false then",
         [
-            "tests/test_rq_features_processes.py"
+            "tests/lifecycle/test_rq_features_processes.py"
             "::test_a_failure_ttl_0_job_failed_by_the_sweep_runs_its_failure_callback"
         ],
         "a job with failure_ttl=0 failed at max attempts never runs its on_failure callback",

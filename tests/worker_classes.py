@@ -138,7 +138,7 @@ class OldRedisLeaseWorker(LeaseWorker):
         super().bootstrap(*args, **kwargs)
 
 
-# -- Other RQ worker classes and namespaces (tests/test_worker_options.py) ----------------
+# -- Other RQ worker classes and namespaces (tests/run/test_worker_options.py) ----------------
 
 
 class CustomNamespaceJob(Job):

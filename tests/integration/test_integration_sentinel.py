@@ -6,7 +6,7 @@ and keep going through a failover to the replica.
 primary stays writable (its writes later discarded by its resync) until Sentinel demotes
 it, up to 10 s on. Here a lease longer than that window keeps the one job's run alive
 across it; what a failover may cost with short leases (reruns, never a lost job or a
-failure callback for a finished one) is tests/test_failover.py's, for both failover kinds."""
+failure callback for a finished one) is tests/connection/test_failover.py's, for both failover kinds."""
 
 from __future__ import annotations
 

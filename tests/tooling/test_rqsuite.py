@@ -13,7 +13,7 @@ from pathlib import Path
 from rqsuite.suite import HOOK
 from rqsuite.verdict import WHITE_BOX, judge, read_allowlist
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # tests/tooling/ -> the repository
 
 PROBE = """
 import redis, rq, rq.worker, rq.worker_pool, rq_emq

@@ -25,7 +25,8 @@ from redis_server import require_redis_server
 from rq_emq.recover.election import SweeperElection
 from rq_emq.testing import free_port
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+# tests/connection/ -> the repository
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import failover as harness  # noqa: E402  (benchmarks/failover.py: the trial and its counts)
 
 pytestmark = pytest.mark.slow

@@ -207,7 +207,7 @@ def test_without_client_unblock_an_idle_worker_on_several_queues_closes_its_wait
 
 def test_the_documented_acl_rule_is_the_tested_one() -> None:
     """docs/operating.md's ``ACL SETUSER`` line grants exactly what this file tests."""
-    doc = (Path(__file__).resolve().parent.parent / "docs" / "operating.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "operating.md").read_text()
     lines = [line for line in doc.splitlines() if line.startswith("ACL SETUSER rq-emq ")]
     assert len(lines) == 1, lines
     documented = lines[0].split()[3:]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "rq_emq"
+PACKAGE = Path(__file__).resolve().parents[2] / "rq_emq"  # tests/tooling/ -> the repository
 
 
 def module_name(path: Path, root: Path = PACKAGE.parent) -> str:

@@ -302,7 +302,9 @@ CATALOG: list[Mutation] = [
         "rq_emq/recover/registries.py",
         "        if not _held_here(execution.job_id):",
         "        if True:",
-        ["tests/recover/test_registries.py::test_no_stock_process_fails_a_leased_job_however_long_the_fleet_is_down"],
+        [
+            "tests/recover/test_registries.py::test_no_stock_process_fails_a_leased_job_however_long_the_fleet_is_down"
+        ],
         "a stock process (rq info, a stock worker) fails a leased job once the fleet was down a while",
     ),
     _m(
@@ -310,7 +312,9 @@ CATALOG: list[Mutation] = [
         "lua/lib/lease.lua",
         "    redis.call('ZREM', started_key, pinned)\n    redis.call('HDEL', job_key, 'emq_started')",
         "    redis.call('HDEL', job_key, 'emq_started')",
-        ["tests/recover/test_registries.py::test_no_stock_process_fails_a_leased_job_however_long_the_fleet_is_down"],
+        [
+            "tests/recover/test_registries.py::test_no_stock_process_fails_a_leased_job_however_long_the_fleet_is_down"
+        ],
         "a recovered job stays listed as started forever once RQ's execution records expired",
     ),
     _m(
@@ -434,7 +438,9 @@ CATALOG: list[Mutation] = [
         "rq_emq/run/lease_mixin.py",
         "elect=True,",
         "elect=False,",
-        ["tests/recover/test_fleet_sweep.py::test_sweep_script_calls_of_an_idle_fleet_do_not_grow_with_its_size"],
+        [
+            "tests/recover/test_fleet_sweep.py::test_sweep_script_calls_of_an_idle_fleet_do_not_grow_with_its_size"
+        ],
         "every idle worker runs sweep rounds: Redis work grows with the fleet",
         fast=False,
     ),

@@ -117,12 +117,17 @@ def run(url: str, options: argparse.Namespace) -> int:
             )
 
         def explain_wait() -> None:
-            # the only worker left is still running another job: say so, or the gap looks like a hang
+            # what the only worker left is doing, or a gap before the take looks like a hang
             busy_with = running_on("worker-b")
             if busy_with is not None and busy_with != victim:
                 say(
                     f"  it waits at the front of the queue: worker-b (the only worker left) "
                     f"is still running job {busy_with[:8]}, and takes it next"
+                )
+            else:
+                say(
+                    "  it waits at the front of the queue: worker-b (the only worker left) "
+                    "runs no job now, and takes it next"
                 )
 
         show()

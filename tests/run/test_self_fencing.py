@@ -180,7 +180,9 @@ def test_a_simple_workers_job_that_cannot_be_interrupted_ends_its_process_before
     proxy.heal()
     _recovered_elsewhere(r, procs, redis_url, log, job.id)
     _assert_no_overlap(log, first)
-    assert "did not stop when its local lease clock ran out" in procs.log(cut_off)
+    # ended by its own run guard, or first by its watchdog (a loaded host: the two race)
+    said = procs.log(cut_off)
+    assert "did not stop when its local lease clock ran out" in said or "past its deadline" in said, said
 
 
 def _horse_exit(deadline: HorseDeadline, settle: bool) -> int:

@@ -48,9 +48,11 @@ def narration(out: str) -> list[tuple[float, str]]:
 
 
 def test_each_line_of_the_crash_demos_narration_is_true_and_its_waits_explained(redis_url: str) -> None:
-    """The line where worker-b takes the job shows it started (not `queued`), and a wait
-    between the recovery and that take is explained when the survivor is busy. A killed
-    worker-a of an earlier run (its registration outlives it) does not stop the demo."""
+    """The line where worker-b takes the job shows it started (not `queued`), and a job
+    recovered into its queue is followed by what the survivor is doing (still running
+    another job, or none), so no wait before the take reads as a hang, however long a
+    loaded host makes it. A killed worker-a of an earlier run (its registration outlives
+    it) does not stop the demo."""
     client = redis.Redis.from_url(redis_url)
     client.hset("rq:worker:worker-a", mapping={"state": "busy", "queues": "demo"})
     client.expire("rq:worker:worker-a", 420)
@@ -77,8 +79,10 @@ def test_each_line_of_the_crash_demos_narration_is_true_and_its_waits_explained(
     taken = next(i for i, text in enumerate(texts) if text.startswith("worker-b started it"))
     assert "status=started, in flight=True" in texts[taken + 1] and "attempts=2" in texts[taken + 1]
     recovered = next(i for i, text in enumerate(texts) if text.startswith("recovered by the next sweep"))
-    if lines[taken][0] - lines[recovered][0] > 0.5:  # worker-b was busy: the gap must be explained
-        assert any("worker-b" in text and "still running" in text for text in texts[recovered:taken])
+    if "in queue=True" in texts[recovered + 1]:  # waiting for worker-b: the demo says why
+        assert any("worker-b" in text and "takes it next" in text for text in texts[recovered:taken]), (
+            done.stdout
+        )
 
 
 def test_double_recovery_naive_checkers_recover_every_job_twice_the_sweep_once(redis_url: str) -> None:

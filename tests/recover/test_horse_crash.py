@@ -204,9 +204,12 @@ def test_a_job_timeout_is_rqs_timeout_failure_and_retry_applies(
 ) -> None:
     log = str(tmp_path / "runs.log")
     job = Queue(connection=r).enqueue("crash_jobs.sleep_then", log, 30, job_timeout=1, retry=Retry(max=1))
-    worker = procs.worker(redis_url, burst=True, **FAST)
+    # RQ's timeout, not the lease, is under test: a lease far longer than a run (beside two
+    # CPU burners the whole host once starved past the 800 ms test lease, and the sweep
+    # recovered the job from a horse that its starved fence had not ended yet: .ci/stress)
+    worker = procs.worker(redis_url, burst=True, **SLOW_LEASE)
     assert worker.wait(timeout=30) == 0, procs.log(worker)
-    assert len(run_times(log)) == 2 + procs.self_fenced_stops(job.id)  # the run and its one Retry
+    assert len(run_times(log)) == 2  # the run and its one Retry
     assert status(r, job.id) == "failed"
     assert "JobTimeoutException" in (job.latest_result().exc_string or "")  # type: ignore[union-attr]
     assert stat(r, "default", "crashed") == 0

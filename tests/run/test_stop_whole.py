@@ -391,6 +391,9 @@ def test_a_watchdog_killed_on_its_own_is_started_again_for_the_next_job(
     wait_for(lambda: r.smembers("rq:workers"), timeout=15, what="the worker to register")
     first = _watchdog_of(worker.pid)
     os.kill(first, signal.SIGKILL)
+    # gone before the next job: a loaded host may still be tearing it down when the worker
+    # takes the job, and a watchdog found alive at the fork is not started again (.ci/stress)
+    wait_for(lambda: not pid_alive(first), timeout=10, what="the killed watchdog to be gone")
     log = str(tmp_path / "runs.log")
     job = Queue(connection=r).enqueue("jobs.ticking_run", log, 0.1)
     wait_for(lambda: status(r, job.id) == "finished", timeout=15, what="the job to finish")

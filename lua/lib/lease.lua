@@ -93,20 +93,26 @@ local function lease_state(job_key, token)
 end
 
 -- Grant job_id to the holder of `token`: lock with a PX expiry, deadline in the index,
--- one more attempt counted, the owner and the job's seen fields at the take recorded on
--- the job hash (the fence). `hash` is the job's hash as HGETALL gave it (the caller's
--- existence check); it is updated to match, so the caller can return it without
--- reading the job again. The max attempts is not written here: a job without its own
--- keeps "the configured default", which the sweep and `rq-emq leases` read as such.
+-- one more attempt counted, the next fencing token, the owner and the job's seen fields
+-- at the take recorded on the job hash (the fence). `hash` is the job's hash as HGETALL
+-- gave it (the caller's existence check); it is updated to match, so the caller can
+-- return it without reading the job again. The max attempts is not written here: a job
+-- without its own keeps "the configured default", which the sweep and `rq-emq leases`
+-- read as such.
+--
+-- The fencing token (`emq_fence`) goes up by one on every grant of the job and nothing
+-- else writes or removes it (a finish clears the attempts, never the token): an outside
+-- store that keeps the highest token it has seen refuses a holder that was replaced.
 local function grant_lease(job_key, lock_key, leases_key, stats_key, job_id, token, worker, lease_ms, hash)
   local now = now_ms()
   redis.call('SET', lock_key, token, 'PX', lease_ms)
   redis.call('ZADD', leases_key, now + lease_ms, job_id)
   -- one value only: hash_field's second return value is a position
   local attempts = (count_value((hash_field(hash, 'emq_attempts'))) or 0) + 1
+  local fencing_token = (count_value((hash_field(hash, 'emq_fence'))) or 0) + 1
   -- emq_lease_ms: the length its renewals keep too, so readers tell a lease's age from its deadline
   local fields = {'emq_attempts', tostring(attempts), 'emq_token', token, 'emq_worker', worker,
-    'emq_lease_ms', string.format('%d', lease_ms)}
+    'emq_lease_ms', string.format('%d', lease_ms), 'emq_fence', string.format('%d', fencing_token)}
   for i = 1, #SEEN do
     fields[#fields + 1] = RECORDED[i]
     fields[#fields + 1] = (hash_field(hash, SEEN[i])) or ''

@@ -74,6 +74,11 @@ class Lease:
     #: Where the job and its queue live (the worker's job and queue classes); None: RQ's
     #: default layout for ``queue``.
     layout: QueueKeys | None = None
+    #: The attempt this take counted (1 for a first run), and the job's fencing token for
+    #: this grant (``emq_fence``: one more on every grant of the job, never less): what
+    #: the job itself reads through ``rq_emq.current_lease()``. 0: not known.
+    attempt: int = 0
+    fencing_token: int = 0
 
     @property
     def keys(self) -> QueueKeys:

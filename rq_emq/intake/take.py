@@ -98,6 +98,13 @@ class Taken:
     #: clock (a grant is never older than its request).
     sent_at: float = 0.0
 
+    @property
+    def fencing_token(self) -> int:
+        """This grant's fencing token (``emq_fence``, written by the take itself); 0 when
+        the job hash holds none (a take by a version without it)."""
+        value = self.raw.get(b"emq_fence", b"")
+        return int(value) if value.isdigit() else 0
+
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)

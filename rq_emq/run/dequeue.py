@@ -133,6 +133,7 @@ class DequeueMixin:
         def record(taken: Taken) -> None:
             layout = layouts[taken.queue_index]
             lease = Lease(layout.queue, taken.job_id, taken.token, layout=layout)
+            lease.attempt, lease.fencing_token = taken.attempts, taken.fencing_token
             lease.valid_until = lock_manager.deadline(taken.sent_at or time.monotonic())
             lock_manager.add(lease)
             leases[taken.token] = lease

@@ -65,6 +65,30 @@ def test_a_job_hash_with_many_fields_is_taken_again_with_its_attempts_counted(r:
     assert r.hget(job_key(job.id), "emq_attempts") == b"3"
 
 
+def test_the_fencing_token_rises_on_every_grant_and_nothing_lowers_it(r: redis.Redis) -> None:
+    """``emq_fence`` is one more on each grant, by pop and by claim, after a hand-back
+    (whose attempt is refunded) and after a finish (which clears the attempts): the job's
+    tokens, in grant order, strictly increase."""
+    job = Queue("q", connection=r).enqueue("jobs.noop")
+    q = QueueKeys("q")
+    tokens = []
+    first = taker(r).pop(["q"])
+    assert first is not None
+    tokens.append(first.fencing_token)
+    scripts.load("return_job_to_queue")(r, q.returning(job.id), [job.id, first.token, "rq:"])
+    r.lmove(q.rq_queue, q.moving)
+    second = taker(r, "w2").claim("q", job.id)
+    assert second is not None
+    tokens.append(second.fencing_token)
+    Fence("q", job.id, second.token).release(r)  # a normal end: the attempts start over
+    assert r.hget(job_key(job.id), "emq_attempts") is None
+    r.lpush(q.rq_queue, job.id)
+    third = taker(r).pop(["q"])
+    assert third is not None and third.attempts == 1
+    tokens.append(third.fencing_token)
+    assert tokens == [1, 2, 3] and r.hget(job_key(job.id), "emq_fence") == b"3"
+
+
 def test_tokens_carry_128_random_bits_and_the_worker_name(r: redis.Redis) -> None:
     queue = Queue("q", connection=r)
     tokens = set()

@@ -24,6 +24,7 @@ FLEET = "tests/recover/test_fleet_sweep.py"
 CRASH = "tests/recover/test_recover_crashed_job.py"
 HORSE = "tests/recover/test_horse_crash.py"
 WHOLE = "tests/run/test_stop_whole.py"
+JOB_LEASE = "tests/run/test_job_lease.py"
 
 
 @dataclass(frozen=True)
@@ -1017,6 +1018,24 @@ CATALOG: list[Mutation] = [
         [f"{WHOLE}::test_a_horse_whose_watchdog_is_gone_still_ends_itself_whole[kill]"],
         "a horse without PDEATHSIG whose worker and watchdog died runs on until its deadline",
         fast=False,
+    ),
+    # -- the job's own lease (rq_emq.current_lease()) -----------------------------------------
+    _m(
+        "fencing_token_not_raised_by_a_grant",
+        "lua/lib/lease.lua",
+        "local fencing_token = (count_value((hash_field(hash, 'emq_fence'))) or 0) + 1",
+        "local fencing_token = 1",
+        [f"{LEASES}::test_the_fencing_token_rises_on_every_grant_and_nothing_lowers_it"],
+        "a replaced holder's fencing token equals its successor's: an outside store cannot refuse it",
+    ),
+    _m(
+        "fenced_pipeline_checks_only_its_first_execute",
+        "rq_emq/run/job_lease.py",
+        "        self._emq_session = JobWriteSession(self._emq_fence)\n",
+        "        self._emq_session = getattr(self, '_emq_session', None)"
+        " or JobWriteSession(self._emq_fence)\n",
+        [f"{JOB_LEASE}::test_a_fenced_pipeline_writes_while_the_lease_holds_and_nothing_once_it_is_lost"],
+        "a job's fenced pipeline, once committed, sends later writes unchecked after its lease is lost",
     ),
 ]
 

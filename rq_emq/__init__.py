@@ -22,6 +22,7 @@ from .recover.registries import (
 )
 from .run.compose import lease_worker
 from .run.dequeue import META_MAX_ATTEMPTS
+from .run.job_lease import JobLease, current_lease
 from .run.lease_mixin import LeaseMixin
 from .run.startup import StartupError
 from .run.worker import LeaseJobInterrupted, LeaseWorker, SimpleLeaseWorker
@@ -51,6 +52,7 @@ except ImportError:
 
 __all__ = [
     "META_MAX_ATTEMPTS",
+    "JobLease",
     "LeaseEvent",
     "LeaseJobInterrupted",
     "LeaseLost",
@@ -66,6 +68,7 @@ __all__ = [
     "SimpleLeaseWorker",
     "StalledJobRegistry",
     "__version__",
+    "current_lease",
     "lease_queue_class",
     "lease_worker",
     "max_attempts",

@@ -35,7 +35,7 @@ if __package__:
 else:  # imported by the watchdog's own interpreter (rq_emq/run/watchdog.py run as a script)
     from process_tree import kill_tree, libc  # type: ignore[no-redef]
 
-# bytes 0-7 the deadline (double), 8 settled, 16-23 the pid of the run (int64; 0: none)
+# bytes 0-7 the deadline (double), 8 settled, 9 stopping, 16-23 the pid of the run (int64; 0: none)
 _SIZE = 24
 
 
@@ -116,6 +116,7 @@ class HorseDeadline:
         The pid is written last, so a reader that sees it sees its deadline."""
         self.pid = 0
         self._memory[8] = 0
+        self._memory[9] = 0
         self.set(deadline)
         self.pid = pid
 
@@ -143,6 +144,15 @@ class HorseDeadline:
     @property
     def settled(self) -> bool:
         return self._memory[8] == 1
+
+    @property
+    def stopping(self) -> bool:
+        """The worker was asked to stop (a warm shutdown) while this run goes on: the job
+        may read it (``rq_emq.current_lease().stopping``) and end early."""
+        return self._memory[9] == 1
+
+    def request_stop(self) -> None:
+        self._memory[9] = 1
 
     def get(self) -> float:
         if self.settled:

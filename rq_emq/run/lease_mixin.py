@@ -35,6 +35,7 @@ from ..recover.registries import pin_started_entries_of, prepare_registries
 from ..recover.sweep import Sweeper
 from ..settings import LeaseSettings
 from .dequeue import DequeueMixin
+from .job_lease import JobLease, running
 from .run_guard import RunGuard
 from .startup import check_redis, worker_settings
 from .worker_check import check_worker_class
@@ -214,6 +215,25 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
                     return
 
     # -- run -----------------------------------------------------------------------------
+    def perform_job(self, job: Job, *args: Any, **kwargs: Any) -> Any:
+        """RQ's run of the job (in the horse, or in a ``SimpleLeaseWorker`` itself), with
+        its lease as ``rq_emq.current_lease()`` while the job runs."""
+        lease = self.lock_manager.get(job.id) if self.lock_manager is not None else None
+        if lease is None:
+            return super().perform_job(job, *args, **kwargs)
+        job_lease = JobLease(
+            lease, job.connection, lambda: self._held_until(lease), lambda: self._stop_asked(lease)
+        )
+        with running(job_lease):
+            return super().perform_job(job, *args, **kwargs)
+
+    perform_job.__signature__ = JobWritesMixin.perform_job.__signature__  # type: ignore[attr-defined]
+
+    def request_stop(self, signum: int, frame: FrameType | None) -> None:
+        """A warm shutdown: RQ's, and the running job told (``current_lease().stopping``)."""
+        self._tell_run_stopping()
+        super().request_stop(signum, frame)  # type: ignore[misc]
+
     def execute_job(self, job: Job, queue: Queue) -> Any:
         try:
             return super().execute_job(job, queue)  # type: ignore[misc]

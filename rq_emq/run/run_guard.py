@@ -23,6 +23,7 @@ from rq.job import Job
 
 from ..hold.lease import Lease
 from .horse_fence import HorseDeadline
+from .job_lease import lease_clock
 from .process_tree import kill_tree
 from .watchdog import Watchdog
 
@@ -66,6 +67,23 @@ class RunGuard:
         """When the watchdog ends this lease's run (monotonic): its local deadline."""
         return math.inf if lease.settled else lease.valid_until
 
+    # -- what the running job reads (rq_emq.current_lease()) -------------------------------
+    _stop_told = False
+
+    def _held_until(self, lease: Lease) -> float:
+        """The run's local lease deadline, as the process running the job sees it (here:
+        the worker itself, whose lock manager keeps ``lease``)."""
+        return lease_clock(lease)
+
+    def _stop_asked(self, lease: Lease) -> bool:
+        return self._stop_told
+
+    def _tell_run_stopping(self) -> None:
+        """The worker was asked to stop while a run may go on (a warm shutdown)."""
+        self._stop_told = True
+        if self._horse_deadline is not None:
+            self._horse_deadline.request_stop()
+
 
 class HorseRunGuard:
     """Put before ``LeaseMixin``: a horse's part in the guard."""
@@ -73,6 +91,16 @@ class HorseRunGuard:
     _horse_deadline: HorseDeadline | None
     _watchdog: Watchdog | None
     _watched = False  # the horse's worker runs a watchdog (copied into the horse by the fork)
+
+    def _held_until(self, lease: Lease) -> float:
+        """In the horse: the deadline its worker writes after each renewal (the horse's
+        copy of the lease is never renewed)."""
+        if self._horse_deadline is None:
+            return lease_clock(lease)
+        return self._horse_deadline.get()
+
+    def _stop_asked(self, lease: Lease) -> bool:
+        return self._horse_deadline is not None and self._horse_deadline.stopping
 
     def _horse_forking(self, deadline: float) -> None:
         """In the worker, before the fork: the run's deadline, its pid not known yet."""

@@ -12,7 +12,9 @@ environment. So the worker hands it over there, just before the spawn:
 - ``RQ_EMQ_HORSE_DEADLINE``: a small file (in ``/dev/shm``) that the worker, its watchdog
   and each horse map, holding the local lease deadline the horse ends itself at;
 - ``RQ_EMQ_HORSE_WATCHED``: ``1`` when the worker's watchdog runs (it, not ``PDEATHSIG``,
-  ends the horse whole as the worker dies).
+  ends the horse whole as the worker dies);
+- ``RQ_EMQ_HORSE_GRANT``: the take's attempt and fencing token (``<attempt>:<token>``),
+  which the job reads through ``rq_emq.current_lease()``.
 
 The horse rebuilds its lease from those in :meth:`SpawnLeaseMixin.main_work_horse`, before
 RQ's code runs the job. Nothing of it is written to Redis.
@@ -40,6 +42,7 @@ ENV_LEASE = "RQ_EMQ_HORSE_LEASE"
 ENV_PARENT = "RQ_EMQ_HORSE_PARENT"
 ENV_DEADLINE = "RQ_EMQ_HORSE_DEADLINE"
 ENV_WATCHED = "RQ_EMQ_HORSE_WATCHED"
+ENV_GRANT = "RQ_EMQ_HORSE_GRANT"
 
 
 class SpawnLeaseMixin:
@@ -66,6 +69,7 @@ class SpawnLeaseMixin:
             ENV_PARENT: str(os.getpid()),
             ENV_DEADLINE: self._horse_deadline.path or "",
             ENV_WATCHED: "1" if watchdog is not None and watchdog.alive else "",
+            ENV_GRANT: f"{lease.attempt}:{lease.fencing_token}" if lease is not None else "",
         }
         os.environ.update(handed)  # RQ's SpawnWorker hands the horse this process's environment
         try:
@@ -102,6 +106,9 @@ class SpawnLeaseMixin:
             return
         layout = QueueKeys.named(queue.name, type(queue), me.job_class)
         lease = Lease(layout.queue, job.id, token, layout=layout)
+        attempt, _, fencing_token = os.environ.get(ENV_GRANT, "").partition(":")
+        lease.attempt = int(attempt) if attempt.isdigit() else 0
+        lease.fencing_token = int(fencing_token) if fencing_token.isdigit() else 0
         wanted = job.meta.get(META_MAX_ATTEMPTS)
         lease.max_attempts = job_max_attempts(wanted) if wanted is not None else None
         # RQ hands the spawned horse its execution (re-fetched by id): the start's HSET then

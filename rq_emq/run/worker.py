@@ -81,6 +81,14 @@ class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, Worker):
         super().fork_work_horse(job, queue)
         self._horse_forked()
 
+    def _on_lease_lost(self, lease: Lease) -> None:
+        # the horse's job reads its lease as gone at once (current_lease().held), also
+        # where it runs on (stop_on_lease_lost off: no thread of the horse acts on it)
+        if self._horse_deadline is not None and lease.job_id == self._horse_job_id:
+            if not self._horse_deadline.settled:
+                self._horse_deadline.set(-math.inf)
+        super()._on_lease_lost(lease)
+
     def _on_lease_renewed(self, lease: Lease) -> None:
         if self._horse_deadline is not None and lease.job_id == self._horse_job_id:
             # once the outcome is committed the horse's remaining work (RQ enqueuing the

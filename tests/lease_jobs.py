@@ -1,0 +1,108 @@
+"""Job functions that read their own lease (``rq_emq.current_lease()``); workers import
+them (tests/ is on their PYTHONPATH). Each appends one JSON line per event to a log."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from rq import Retry
+
+import rq_emq
+
+
+def _write(log: str, **event: Any) -> None:
+    with open(log, "a") as out:
+        out.write(json.dumps({"pid": os.getpid(), **event}) + "\n")
+
+
+def events(log: str) -> list[dict[str, Any]]:
+    path = Path(log)
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _seen(log: str) -> dict[str, Any]:
+    lease = rq_emq.current_lease()
+    if lease is None:
+        return {"lease": None}
+    return {
+        "lease": repr(lease),
+        "job_id": lease.job_id,
+        "attempt": lease.attempt,
+        "fencing_token": lease.fencing_token,
+        "held": lease.held,
+        "stopping": lease.stopping,
+    }
+
+
+def record_lease(log: str) -> str:
+    _write(log, event="run", **_seen(log))
+    return "done"
+
+
+def record_lease_then_crash_first(log: str) -> str:
+    """The first run records its lease and dies as an OOM-killed horse does (SIGKILL)."""
+    first = not events(log)
+    _write(log, event="run", **_seen(log))
+    if first:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return "done"
+
+
+def record_lease_then_retry_first(log: str) -> str:
+    """The first run records its lease and raises; ``Retry`` runs it again."""
+    first = not events(log)
+    _write(log, event="run", **_seen(log))
+    if first:
+        raise RuntimeError("planned failure")
+    return "done"
+
+
+def record_lease_returning_retry_first(log: str) -> Any:
+    first = not events(log)
+    _write(log, event="run", **_seen(log))
+    return Retry(max=1) if first else "done"
+
+
+def fenced_writes_across_a_lost_lease(log: str, key: str, flag: str) -> str:
+    """Write through the fenced pipeline while the lease holds; once the test took the
+    lease away (it writes ``flag``), write again: refused in Redis, nothing written, even
+    before this holder's clock knows; then wait for ``held`` to turn false."""
+    lease = rq_emq.current_lease()
+    assert lease is not None
+    pipe = lease.fenced_pipeline()
+    pipe.set(f"{key}:before", lease.fencing_token).incr(f"{key}:count")
+    _write(log, event="before", replies=[str(reply) for reply in pipe.execute()])
+    deadline = time.monotonic() + 20
+    while not os.path.exists(flag) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    pipe.set(f"{key}:after", lease.fencing_token).incr(f"{key}:count")
+    try:
+        pipe.execute()
+        _write(log, event="after", outcome="written")
+    except rq_emq.LeaseLost:
+        _write(log, event="after", outcome="refused")
+    while lease.held and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        lease.raise_if_lost()
+        _write(log, event="lost", outcome="still held")
+    except rq_emq.LeaseLost:
+        _write(log, event="lost", outcome="raised", held=lease.held)
+    return "done"
+
+
+def until_stopping(log: str, seconds: float) -> str:
+    """Run until the worker is asked to stop (or ``seconds`` pass), then end early."""
+    _write(log, event="run", **_seen(log))
+    deadline = time.monotonic() + seconds
+    lease = rq_emq.current_lease()
+    assert lease is not None
+    while not lease.stopping and time.monotonic() < deadline:
+        time.sleep(0.02)
+    _write(log, event="end", stopping=lease.stopping)
+    return "stopped early" if lease.stopping else "ran out"

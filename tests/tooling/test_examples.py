@@ -116,3 +116,21 @@ def test_double_recovery_naive_checkers_recover_every_job_twice_the_sweep_once(r
     assert result["atomic_ok"] and result["naive_showed"]
     leftovers = redis.Redis.from_url(redis_url).keys("*double-recovery-*")
     assert leftovers == [], leftovers
+
+
+def test_the_fenced_effects_example_refuses_both_writes_of_the_stale_run(redis_url: str) -> None:
+    """examples/fenced_effects.py: the run that a freeze made stale writes nothing, in SQL
+    (its token is older than the one stored) nor in Redis (its fenced pipeline is refused);
+    the newer run's writes stand."""
+    done = subprocess.run(
+        [sys.executable, str(TESTS_DIR.parent / "examples" / "fenced_effects.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "REDIS_URL": redis_url},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "(fencing token 1): SQL update: 0 row(s)" in done.stdout
+    assert "(fencing token 1): Redis fenced pipeline: refused" in done.stdout
+    assert "(fencing token 2): Redis fenced pipeline: written" in done.stdout
+    assert "fence_token=2" in done.stdout and "charges=1" in done.stdout

@@ -7,9 +7,11 @@ Invariants (``--worker lease`` fails on any violation; ``--worker stock`` only c
    its planned exception, RQ's "work-horse terminated" after the soak killed its horse
    (stock), or rq-emq's "stalled on attempt n of n" at max attempts (or, after the soak
    killed its horses, "work horse killed by signal 9 ... on each of n attempts").
-2. **Nothing lost.** No job is left unfinished once the drain ends (all faults healed).
-3. **Never queued twice.** Sampled atomically during the run: no id twice in the queue,
-   none queued while leased; at the end each job sits in exactly one place.
+2. **Nothing lost.** No job is left unfinished once the drain ends (all faults healed);
+   one a stock neighbour's dequeue left in RQ's intermediate list is stock RQ's loss.
+3. **Never queued twice.** Sampled atomically during the run: no id twice in the queue
+   (but stock RQ's own double enqueue of its run's job), none queued while leased; at
+   the end each job sits in exactly one place.
 4. **Attempts equal starts.** ``emq_attempts`` counts takes since the job's last normal
    finish. Each run logs the value it sees as it starts; so runs after a stall continue
    the count (k, k+1, ...), a run after a committed finish (``Retry``) starts over at 1, a

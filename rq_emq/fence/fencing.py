@@ -152,7 +152,7 @@ class FencedSession:
         return error
 
 
-class _FencedPipelineMixin:
+class FencedPipelineMixin:
     """Turns a transaction's queued commands into one fenced ``finish_job`` call."""
 
     _emq_session: FencedSession
@@ -268,7 +268,7 @@ class _FencedPipelineMixin:
 
 @cache
 def fenced_class(base: type) -> type:
-    return type(f"Fenced{base.__name__}", (_FencedPipelineMixin, base), {})
+    return type(f"Fenced{base.__name__}", (FencedPipelineMixin, base), {})
 
 
 def prepare(connection: Redis) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 from redis import Redis
 from redis.client import Pipeline
 
-from ..fence.fencing import Fence, FencedSession, LeaseLost, _FencedPipelineMixin
+from ..fence.fencing import Fence, FencedPipelineMixin, FencedSession, LeaseLost
 from ..hold.lease import Lease
 
 
@@ -102,7 +102,7 @@ class JobLease:
         )
 
 
-class _JobFencedPipelineMixin(_FencedPipelineMixin):
+class _JobFencedPipelineMixin(FencedPipelineMixin):
     """Each ``execute()`` a fenced session of its own, never releasing the lease: the
     outcome fence checks only a block's first transaction, a job's pipeline every one."""
 

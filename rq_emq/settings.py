@@ -30,6 +30,9 @@ MAX_RENEW_INTERVAL_MS = MAX_INTERVAL_MS // 10
 #: :meth:`LeaseSettings.__post_init__`).
 FOLLOW = 0
 DEFAULT_LEASE_MS = 30_000
+#: The shortest shutdown timeout: the cold stop it turns into is RQ's second stop signal,
+#: which RQ ignores within a second of the first (a worker pool sends two).
+MIN_SHUTDOWN_TIMEOUT_MS = 1_000
 
 
 class SettingsError(ValueError):
@@ -68,6 +71,10 @@ class LeaseSettings:
     #: Lease event hooks to load at startup, ``package.module:function`` separated by commas
     #: (see :mod:`rq_emq.events`).
     event_hooks: str = ""
+    #: How long a warm stop (SIGTERM) waits for a running job before it stops the run and
+    #: hands the job back to the front of its queue, attempt refunded (milliseconds). 0:
+    #: RQ's warm stop, which waits for the job however long it takes.
+    shutdown_timeout_ms: int = 0
 
     def __post_init__(self) -> None:
         # what was set is checked before the unset intervals follow it, so an error names
@@ -87,6 +94,15 @@ class LeaseSettings:
                 "between renewals"
             )
         _require_hooks(self.event_hooks)
+        if 0 < self.shutdown_timeout_ms < MIN_SHUTDOWN_TIMEOUT_MS:
+            # RQ takes a second stop signal within a second of the first for the same one
+            raise SettingsError(
+                _msg(
+                    "shutdown_timeout_ms",
+                    f"must be 0 (wait for the job) or at least {MIN_SHUTDOWN_TIMEOUT_MS}",
+                    self.shutdown_timeout_ms,
+                )
+            )
 
     def _follow(self) -> None:
         """Fill the unset intervals from the set ones (already checked)."""
@@ -188,6 +204,7 @@ _BOUNDS = (
     ("sweep_batch", 1, 10_000),
     ("max_attempts", 1, MAX_ATTEMPTS_LIMIT),
     ("idle_poll_ms", 10, 60_000),
+    ("shutdown_timeout_ms", 0, MAX_INTERVAL_MS),
 )
 
 

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import signal
+import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -230,9 +233,35 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
     perform_job.__signature__ = JobWritesMixin.perform_job.__signature__  # type: ignore[attr-defined]
 
     def request_stop(self, signum: int, frame: FrameType | None) -> None:
-        """A warm shutdown: RQ's, and the running job told (``current_lease().stopping``)."""
+        """A warm shutdown: RQ's, and the running job told (``current_lease().stopping``);
+        with ``shutdown_timeout_ms`` set, a run still going then is stopped and its job
+        handed back (:meth:`_shutdown_timeout_passed`). RQ's own raises StopRequested
+        at once when no job runs."""
         self._tell_run_stopping()
         super().request_stop(signum, frame)  # type: ignore[misc]
+        timeout_ms = self.lease_settings.shutdown_timeout_ms
+        if timeout_ms and self._shutdown_timer is None:
+            self._shutdown_timer = threading.Timer(timeout_ms / 1000, self._shutdown_timeout_passed)
+            self._shutdown_timer.daemon = True
+            self._shutdown_timer.start()
+
+    _shutdown_timer: threading.Timer | None = None
+
+    def _shutdown_timeout_passed(self) -> None:
+        """The warm stop waited ``shutdown_timeout_ms``: it turns into RQ's cold stop, the
+        second stop signal, in the main thread (a Kubernetes pod leaves within its grace
+        period instead of being SIGKILLed mid-job). That stop ends the run whole and hands
+        its job back to the front of its queue, attempt refunded (:meth:`request_force_stop`)."""
+        logger.warning(
+            "a job still runs %d ms after the warm stop (shutdown_timeout_ms): stopping it and "
+            "handing it back to its queue",
+            self.lease_settings.shutdown_timeout_ms,
+        )
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def _cancel_shutdown_timeout(self) -> None:
+        if self._shutdown_timer is not None:
+            self._shutdown_timer.cancel()
 
     def execute_job(self, job: Job, queue: Queue) -> Any:
         try:
@@ -256,6 +285,7 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
             self._run_ended()
             if self.lock_manager is not None:
                 self.lock_manager.remove(job.id)
+            self._cancel_shutdown_timeout()  # the job ended in time: the warm stop goes on
             self.job_ended()
 
     def _on_lease_lost(self, lease: Lease) -> None:

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
 import redis
 import rq
-from helpers import FAST, status, wait_status
+from helpers import status, wait_status
+from jobs import run_spans
 from lease_jobs import events
 from procs import Processes, wait_for
 from rq import Queue, Retry
@@ -26,6 +28,10 @@ RQ_3 = int(rq.__version__.split(".")[0]) >= 3
 SPAWNING = ["rq_emq.SpawnLeaseWorker"] if RQ_3 else []
 FORKING = ["rq_emq.LeaseWorker", *SPAWNING]
 EVERY_CLASS = pytest.mark.parametrize("worker_class", [*FORKING, "rq_emq.SimpleLeaseWorker"])
+#: What these tests read is the job's view of its lease, not the lease's timing: a lease
+#: no starved host runs out (beside two CPU burners a spawned horse, a new interpreter,
+#: once took longer to start than the 800 ms test lease, and its run was stopped first)
+LEASE = {"RQ_EMQ_LEASE_MS": "4000", "RQ_EMQ_RENEW_INTERVAL_MS": "400", "RQ_EMQ_SWEEP_INTERVAL_MS": "700"}
 
 
 def runs_of(log: str) -> list[dict[str, object]]:
@@ -42,7 +48,7 @@ def test_a_job_reads_its_own_lease_attempt_and_fencing_token(
 ) -> None:
     log = str(tmp_path / "lease.log")
     job = Queue(connection=r).enqueue("lease_jobs.record_lease", log)
-    worker = procs.worker(redis_url, worker_class=worker_class, burst=True, **FAST)
+    worker = procs.worker(redis_url, worker_class=worker_class, burst=True, **LEASE)
     assert worker.wait(timeout=30) == 0, procs.log(worker)
     (seen,) = runs_of(log)
     assert seen["job_id"] == job.id and seen["attempt"] == 1 and seen["fencing_token"] == 1
@@ -57,7 +63,7 @@ def test_the_fencing_token_goes_up_across_a_crash_and_its_recovery(
 ) -> None:
     log = str(tmp_path / "lease.log")
     job = Queue(connection=r).enqueue("lease_jobs.record_lease_then_crash_first", log)
-    worker = procs.worker(redis_url, worker_class=worker_class, burst=True, **FAST)
+    worker = procs.worker(redis_url, worker_class=worker_class, burst=True, **LEASE)
     assert worker.wait(timeout=30) == 0, procs.log(worker)
     seen = runs_of(log)
     assert [run["attempt"] for run in seen] == [1, 2]
@@ -70,10 +76,10 @@ def test_the_fencing_token_goes_up_across_a_worker_killed_and_the_sweeps_recover
 ) -> None:
     log = str(tmp_path / "lease.log")
     job = Queue(connection=r).enqueue("lease_jobs.until_stopping", log, 30.0)
-    doomed = procs.worker(redis_url, **FAST)
+    doomed = procs.worker(redis_url, **LEASE)
     wait_for(lambda: runs_of(log), timeout=15, what="the first run")
     os.killpg(doomed.pid, signal.SIGKILL)  # the worker and its horse, with its watchdog
-    procs.worker(redis_url, **FAST)
+    procs.worker(redis_url, **LEASE)
     wait_for(lambda: len(runs_of(log)) == 2, timeout=20, what="the run after the sweep's recovery")
     assert [run["fencing_token"] for run in runs_of(log)] == [1, 2]
     assert [run["attempt"] for run in runs_of(log)] == [1, 2]
@@ -86,7 +92,7 @@ def test_the_fencing_token_goes_up_across_rqs_retry_while_the_attempts_start_ove
 ) -> None:
     log = str(tmp_path / "lease.log")
     job = Queue(connection=r).enqueue("lease_jobs.record_lease_then_retry_first", log, retry=Retry(max=1))
-    worker = procs.worker(redis_url, worker_class=worker_class, burst=True, **FAST)
+    worker = procs.worker(redis_url, worker_class=worker_class, burst=True, **LEASE)
     assert worker.wait(timeout=30) == 0, procs.log(worker)
     seen = runs_of(log)
     assert [run["fencing_token"] for run in seen] == [1, 2]
@@ -111,7 +117,7 @@ def test_a_fenced_pipeline_writes_while_the_lease_holds_and_nothing_once_it_is_l
     log, flag = str(tmp_path / "lease.log"), str(tmp_path / "taken")
     job = Queue(connection=r).enqueue("lease_jobs.fenced_writes_across_a_lost_lease", log, "effect", flag)
     worker = procs.worker(
-        redis_url, worker_class=worker_class, burst=True, RQ_EMQ_STOP_ON_LEASE_LOST="false", **FAST
+        redis_url, worker_class=worker_class, burst=True, RQ_EMQ_STOP_ON_LEASE_LOST="false", **LEASE
     )
     wait_for(lambda: any(e["event"] == "before" for e in events(log)), timeout=15, what="the first write")
     assert r.get("effect:before") == b"1" and r.get("effect:count") == b"1"
@@ -129,7 +135,7 @@ def test_a_warm_stop_tells_the_running_job_which_ends_early_and_finishes(
 ) -> None:
     log = str(tmp_path / "lease.log")
     job = Queue(connection=r).enqueue("lease_jobs.until_stopping", log, 20.0)
-    worker = procs.worker(redis_url, worker_class=worker_class, **FAST)
+    worker = procs.worker(redis_url, worker_class=worker_class, **LEASE)
     wait_for(lambda: runs_of(log), timeout=15, what="the job to start")
     assert runs_of(log)[0]["stopping"] is False
     os.kill(worker.pid, signal.SIGTERM)  # a warm shutdown: RQ lets the job finish
@@ -137,3 +143,48 @@ def test_a_warm_stop_tells_the_running_job_which_ends_early_and_finishes(
     assert events(log)[-1] == {"pid": events(log)[-1]["pid"], "event": "end", "stopping": True}
     wait_status(r, job.id, "finished")
     assert job.latest_result().return_value == "stopped early"  # type: ignore[union-attr]
+
+
+#: the shutdown timeout under test, and the slack past it for the cold stop it turns into
+#: (the run's tree ended, the job handed back, the worker's exit) on a loaded host
+SHUTDOWN_TIMEOUT_S = 1.5
+STOP_SLACK_S = 5.0
+
+
+@pytest.mark.parametrize("worker_class", ["rq_emq.LeaseWorker", "rq_emq.SimpleLeaseWorker"])
+def test_a_shutdown_timeout_stops_a_run_that_outlasts_it_and_hands_its_job_back_refunded(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path, worker_class: str
+) -> None:
+    """``shutdown_timeout_ms``: a warm stop waits that long for a job that ignores
+    ``stopping``, then stops the run and hands the job back to the front of its queue,
+    attempt refunded, and the worker exits (a pod leaving within its grace period)."""
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("jobs.ticking_run", log, 60.0, job_timeout=120)
+    timeout = {"RQ_EMQ_SHUTDOWN_TIMEOUT_MS": str(int(SHUTDOWN_TIMEOUT_S * 1000))}
+    worker = procs.worker(redis_url, worker_class=worker_class, **timeout, **LEASE)
+    wait_for(lambda: run_spans(log), timeout=15, what="the job to start")
+    sent = time.monotonic()
+    os.kill(worker.pid, signal.SIGTERM)
+    assert worker.wait(timeout=SHUTDOWN_TIMEOUT_S + STOP_SLACK_S) == 0, procs.log(worker)
+    took = time.monotonic() - sent
+    assert SHUTDOWN_TIMEOUT_S <= took < SHUTDOWN_TIMEOUT_S + STOP_SLACK_S, took
+    ticks = Path(log).read_text().count("tick")
+    time.sleep(0.3)  # 15 ticks of a run still going
+    assert Path(log).read_text().count("tick") == ticks  # the run was stopped with the worker
+    assert status(r, job.id) == "queued" and r.lrange("rq:queue:default", 0, -1) == [job.id.encode()]
+    assert r.hget(job_key(job.id), "emq_attempts") in (None, b"0")  # refunded: it did not stall
+    assert "shutdown_timeout_ms" in procs.log(worker)
+
+
+@pytest.mark.parametrize("worker_class", ["rq_emq.LeaseWorker", "rq_emq.SimpleLeaseWorker"])
+def test_a_job_that_ends_within_the_shutdown_timeout_finishes_and_the_worker_exits(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path, worker_class: str
+) -> None:
+    log = str(tmp_path / "lease.log")
+    job = Queue(connection=r).enqueue("lease_jobs.until_stopping", log, 20.0)
+    worker = procs.worker(redis_url, worker_class=worker_class, RQ_EMQ_SHUTDOWN_TIMEOUT_MS="10000", **LEASE)
+    wait_for(lambda: runs_of(log), timeout=15, what="the job to start")
+    os.kill(worker.pid, signal.SIGTERM)
+    assert worker.wait(timeout=15) == 0, procs.log(worker)
+    wait_status(r, job.id, "finished")
+    assert "shutdown_timeout_ms" not in procs.log(worker)  # no cold stop: the job ended in time

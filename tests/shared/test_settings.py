@@ -44,6 +44,8 @@ def test_environment_booleans_and_numbers_are_parsed() -> None:
         ({"sweep_batch": 10**6}, {}, "sweep_batch"),
         ({}, {"RQ_EMQ_STOP_ON_LEASE_LOST": "maybe"}, "stop_on_lease_lost"),
         ({"lease_msec": 1}, {}, "lease_msec"),
+        ({"shutdown_timeout_ms": 500}, {}, "shutdown_timeout_ms"),  # RQ ignores a 2nd signal within 1 s
+        ({}, {"RQ_EMQ_SHUTDOWN_TIMEOUT_MS": "-1"}, "RQ_EMQ_SHUTDOWN_TIMEOUT_MS"),
     ],
 )
 def test_bad_settings_name_the_setting(overrides: dict, environ: dict, named: str) -> None:
@@ -113,6 +115,15 @@ RANGES = [
     ("max_attempts", 1, 5, 1000),
     ("idle_poll_ms", 10, 500, 60_000),
 ]
+
+
+@pytest.mark.parametrize("value", [0, 1_000, 30_000, 86_400_000])
+def test_a_shutdown_timeout_is_0_or_from_a_second_to_a_day(value: int) -> None:
+    assert LeaseSettings.resolve({"shutdown_timeout_ms": value}, environ={}).shutdown_timeout_ms == value
+    environ = {"RQ_EMQ_SHUTDOWN_TIMEOUT_MS": str(value)}
+    assert LeaseSettings.resolve(environ=environ).shutdown_timeout_ms == value
+    with pytest.raises(SettingsError, match="shutdown_timeout_ms"):
+        LeaseSettings.resolve({"shutdown_timeout_ms": 86_400_001}, environ={})
 
 
 def assert_recovery_bound_holds(s: LeaseSettings) -> None:

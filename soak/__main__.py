@@ -116,6 +116,7 @@ def table(ev: Evidence, v: Verdict) -> str:
         "| measure | value |",
         "|---|---|",
     ]
+    stock_copies = c.get("stock_ran_its_duplicate", 0)
     rows = [
         ("jobs enqueued", c["jobs"]),
         ("finished / failed", f"{c['finished']} / {c['failed']}"),
@@ -132,10 +133,14 @@ def table(ev: Evidence, v: Verdict) -> str:
         ),
         ("wrong outcome", c["wrong_outcome"]),
         ("duplicates (repeated runs no fault explains)", c["duplicates"]),
+        (
+            "runs by a stock neighbour of the copy stock RQ's own double enqueue made (stock RQ's)",
+            c.get("stock_ran_its_duplicate", 0),
+        ),
         ("overlapping runs / longest overlap ms", f"{c['overlapping_runs']} / {c['longest_overlap_ms']}"),
         (
             "repeated runs, explained by a fault / by a self-fenced stop (the worker's log)",
-            f"{c['repeated_runs'] - c['duplicates'] - c.get('self_fenced_stops', 0)} / "
+            f"{c['repeated_runs'] - c['duplicates'] - c.get('self_fenced_stops', 0) - stock_copies} / "
             f"{c.get('self_fenced_stops', 0)}",
         ),
         (

@@ -278,7 +278,7 @@ def evaluate(ev: Any) -> Verdict:
     v.counts["crashes"] = len(crashes)
 
     # 5: repeats; the baseline's "duplicates" are the unexplained ones
-    repeats, unexplained, self_fenced = 0, 0, 0
+    repeats, unexplained, self_fenced, stock_duplicates = 0, 0, 0, 0
     ev.fenced_runs = fenced_runs(ev.runs, getattr(ev, "self_fenced", []))
     for job_id, runs in ev.runs.items():
         for run, following in zip(runs, runs[1:], strict=False):
@@ -289,6 +289,9 @@ def evaluate(ev: Any) -> Verdict:
                 if (job_id, run.started) in ev.fenced_runs:
                     self_fenced += 1
                     continue
+                if _stock_ran_its_own_duplicate(job_id, following, ev):
+                    stock_duplicates += 1
+                    continue
                 unexplained += 1
                 v.violations.append(
                     f"{job_id}: ran again at {following.started:.3f} after a run by pid {run.pid} "
@@ -297,6 +300,7 @@ def evaluate(ev: Any) -> Verdict:
     v.counts["repeated_runs"] = repeats
     v.counts["duplicates"] = unexplained
     v.counts["self_fenced_stops"] = self_fenced
+    v.counts["stock_ran_its_duplicate"] = stock_duplicates
     v.counts["runs"] = sum(len(r) for r in ev.runs.values())
     unknown = set(ev.runs) - set(ev.jobs)
     v.violations += [f"{j}: ran, but the soak never enqueued it" for j in sorted(unknown)]
@@ -333,6 +337,9 @@ def _check_overlap(ev: Any, v: Verdict, lease: bool) -> None:
     v.counts["longest_overlap_ms"] = round(max((o.ms for o in found), default=0.0), 1)
     v.counts["overlap_by_kind"] = by_kind(found, ev.runs, ev.faults)
     for o in found:
+        later = next((run for run in ev.runs.get(o.job_id, []) if run.pid == o.later_pid), None)
+        if later is not None and _stock_ran_its_own_duplicate(o.job_id, later, ev):
+            continue  # counted with the repeats: stock RQ's
         if o.ms > (FROZEN_PAIR_OVERLAP_MS if o.frozen else 0.0):
             v.violations.append(
                 f"{o.job_id}: the run in pid {o.earlier_pid} went on {o.ms:.0f} ms "
@@ -491,6 +498,22 @@ def _queued_twice_by_stock(line: str, ev: Any) -> bool:
     at, job_id = float(parts[0]), parts[1]
     before = [run for run in ev.runs.get(job_id, []) if run.started <= at]
     return _by_stock(before, ev)
+
+
+def _stock_ran_its_own_duplicate(job_id: str, run: Run, ev: Any) -> bool:
+    """``run`` is a stock neighbour's, begun after a sample saw the job twice in the queue
+    by stock RQ's own double enqueue (:func:`_queued_twice_by_stock`): a stock worker pops
+    without a lease, so it runs the copy that stock RQ made, whoever runs the other one.
+    The same copy run by one of ours would be our fault (``pop_job`` drops a copy of a job
+    in flight under a live lease), and is not excused."""
+    if run.ppid not in set(getattr(ev, "stock_workers", [])):
+        return False
+    for line in ev.queue_violations:
+        parts = line.split(maxsplit=2)
+        if len(parts) == 3 and parts[1] == job_id and float(parts[0]) <= run.started:
+            if _queued_twice_by_stock(line, ev):
+                return True
+    return False
 
 
 def _by_stock(runs: list[Run], ev: Any) -> bool:

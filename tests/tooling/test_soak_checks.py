@@ -133,6 +133,32 @@ def test_a_job_queued_twice_after_a_stock_neighbours_run_is_stock_rqs_double_enq
     assert evaluate(later).counts["queued_twice"] == 1
 
 
+def test_a_stock_neighbours_run_of_the_copy_its_own_double_enqueue_made_is_stock_rqs() -> None:
+    """Stock RQ enqueued its run's job twice; ours took one copy and a stock neighbour,
+    which pops without a lease, ran the other at the same time: stock RQ's repeat and
+    overlap. The same copy run by one of ours, or a stock run with no such sample before
+    it, still fails the soak."""
+    line = "3.0 j twice in the queue"
+    runs = [
+        run(1, 1.0, 2.0, "raise", ppid=OTHER_WORKER),  # the stock run whose end it handled twice
+        run(2, 3.1, 6.0, "ok"),  # ours, from one copy
+        run(3, 3.2, 4.0, "ok", pid=OTHER_HORSE + 1, ppid=OTHER_WORKER),  # stock's, from the other
+    ]
+    ev = evidence(runs, queue_violations=[line], taken=1)
+    ev.stock_workers = [OTHER_WORKER]
+    verdict = evaluate(ev)
+    assert verdict.counts["stock_ran_its_duplicate"] == 1 and verdict.counts["duplicates"] == 0
+    assert not any("went on" in v or "no fault explains" in v for v in verdict.violations), verdict.violations
+    for other in ([], ["9.0 j twice in the queue"]):  # no sample, or one after the stock run began
+        ev = evidence(runs, queue_violations=other, taken=1)
+        ev.stock_workers = [OTHER_WORKER]
+        assert any("went on" in v for v in evaluate(ev).violations)
+    ours = [runs[0], runs[1], run(3, 3.2, 4.0, "ok", pid=OTHER_HORSE + 1, ppid=WORKER + 1)]
+    ev = evidence(ours, queue_violations=[line], taken=2)
+    ev.stock_workers = [OTHER_WORKER]
+    assert any("went on" in v for v in evaluate(ev).violations)
+
+
 def test_attempts_that_go_back_after_a_stall_fail_the_soak() -> None:
     runs = [run(2, 1.0), run(1, 5.0, 6.0, "ok", pid=OTHER_HORSE, ppid=OTHER_WORKER)]
     verdict = evaluate(evidence(runs, faults=[kill("kill_worker", 2.0)], taken=2))

@@ -42,7 +42,7 @@ redis.call('ZREM', KEYS[4], job_id)
 -- commands deleted the job (result_ttl=0): then nothing is written back (no hash
 -- re-created). Else the owner becomes `done:<token>`, so the holder's next renewal learns
 -- the job ended normally. A failure the outbox completes keeps its crash history to read.
-local ended = {'emq_attempts', 'emq_started', unpack(RECORDED)}
+local ended = lease_only_fields('emq_attempts', 'emq_started')
 if ARGV[3] ~= 'outbox_completed' then ended[#ended + 1] = 'emq_crashes' end
 if redis.call('HDEL', KEYS[1], unpack(ended)) > 0 then
   redis.call('HSET', KEYS[1], 'emq_token', 'done:' .. token)

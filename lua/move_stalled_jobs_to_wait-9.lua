@@ -109,10 +109,11 @@ for _, job_id in ipairs(due_marks) do
       redis.call('DEL', lock_key)
       if not leased then redis.call('LREM', moving_key, 0, job_id) end
       drop_stale_pin(started_key, job_key)
+      redis.call('HDEL', job_key, unpack(NOTES))
     end
     ended[#ended + 1] = job_id
   else
-    local attempts, max_attempts, exhausted, failure_ttl = attempts_used(job_key, default_max)
+    local attempts, max_attempts, exhausted, failure_ttl, no_progress = attempts_used(job_key, default_max)
     if exhausted then
       failed[#failed + 1] = job_id
     else
@@ -123,8 +124,10 @@ for _, job_id in ipairs(due_marks) do
       redis.call('LREM', moving_key, 0, job_id)
       drop_lease(job_key, lock_key, leases_key, stalled_key, job_id, false)
       if exhausted then
+        -- a lease its renewals stopped holding for want of progress says so
+        local why = no_progress and (no_progress .. ' on attempt ') or 'stalled on attempt '
         fail_to_outbox(job_key, failed_key, outbox_key, job_id,
-          'stalled on attempt ' .. attempts .. ' of ' .. max_attempts, failure_ttl, default_failure_ttl, ended_at, now)
+          why .. attempts .. ' of ' .. max_attempts, failure_ttl, default_failure_ttl, ended_at, now)
       else
         requeue_front(job_key, queue_key, job_id)
       end

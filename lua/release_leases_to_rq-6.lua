@@ -64,7 +64,7 @@ for _, job_id in ipairs(ids) do
     redis.call('ZREM', leases_key, job_id)
     redis.call('ZREM', stalled_key, job_id)
     if redis.call('EXISTS', job_key) == 1 then
-      redis.call('HDEL', job_key, 'emq_token', 'emq_started')
+      redis.call('HDEL', job_key, 'emq_token', 'emq_started', unpack(NOTES))
       forget_seen(job_key)
     end
   end

@@ -15,30 +15,68 @@ ARGV:
   3  heartbeat timestamp for the job hash's `last_heartbeat` (RQ's format), or '' to
      leave the job hash alone this tick (RQ WATCHes it while it checks dependents)
   4  job key prefix (the job class's, `rq:job:`)
-  5.. pairs: job id, token
-Returns: {lost, settled}: ids whose lease is lost (the job was taken from this holder, or
-deleted while it ran), and ids whose job this holder already finished (a tick raced the
-finish; a finish that deleted the job hash, as `result_ttl=0` does, counts too: the
-finish also removed the index entry, which a deletion during the run leaves).
+  5.. per lease four values: job id, token, the job's newest report ('' for none since the
+     last tick; JSON, `rq_emq.current_lease().report(...)`), its progress timeout in ms
+     ('' for none: `meta=rq_emq.progress_timeout(ms)`)
+Returns: {lost, settled, no_progress}: ids whose lease is lost (the job was taken from this
+holder, or deleted while it ran); ids whose job this holder already finished (a tick raced
+the finish; a finish that deleted the job hash, as `result_ttl=0` does, counts too: the
+finish also removed the index entry, which a deletion during the run leaves); and ids
+whose job showed no progress for its progress timeout: not renewed, now or ever again
+under this grant (`emq_no_progress` says why), so the holder stops the run and the lock
+lapses; the sweep then recovers the job with the attempt counted, as after any stall.
+A report lands with the renewal it rides on: one write per tick at most, no command more.
 ]]
 -- @include lib/lease.lua
 
 local lease_ms, prefix, heartbeat, job_prefix = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
-local deadline = now_ms() + lease_ms
-local lost = {}
-local settled = {}
+local now = now_ms()
+local deadline = now + lease_ms
+local lost, settled, stuck = {}, {}, {}
 local renewed = 0
-for i = 5, #ARGV, 2 do
-  local job_id, token = ARGV[i], ARGV[i + 1]
+
+-- Whether the job held by this lease has shown no progress for `progress_ms`: no report
+-- since its grant or its last report. Decided once per grant: a report after that
+-- revives nothing (its holder was told to stop). A lease granted without the progress
+-- stamp (an older version's) starts its clock now.
+local function without_progress(job_key, report, progress_ms)
+  local found = redis.call('HMGET', job_key, 'emq_no_progress', 'emq_progress_at')
+  if found[1] then return true end
+  if report ~= '' then return false end
+  local at = count_value(found[2])
+  if not at then
+    redis.call('HSET', job_key, 'emq_progress_at', string.format('%d', now))
+    return false
+  end
+  if now - at <= progress_ms then return false end
+  redis.call('HSET', job_key, 'emq_no_progress', string.format('no progress for %d ms', progress_ms))
+  return true
+end
+
+for i = 5, #ARGV, 4 do
+  local job_id, token, report = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local progress_ms = count_value(ARGV[i + 3])
   local job_key = job_prefix .. job_id
   local owner = redis.call('HGET', job_key, 'emq_token')
   local indexed = redis.call('ZSCORE', KEYS[1], job_id)
   if owner == token and indexed then
-    redis.call('SET', prefix .. job_id .. ':lock', token, 'PX', lease_ms)
-    redis.call('ZADD', KEYS[1], deadline, job_id)
-    redis.call('ZREM', KEYS[2], job_id)
-    if heartbeat ~= '' then redis.call('HSET', job_key, 'last_heartbeat', heartbeat) end
-    renewed = renewed + 1
+    if progress_ms and without_progress(job_key, report, progress_ms) then
+      stuck[#stuck + 1] = job_id
+    else
+      redis.call('SET', prefix .. job_id .. ':lock', token, 'PX', lease_ms)
+      redis.call('ZADD', KEYS[1], deadline, job_id)
+      redis.call('ZREM', KEYS[2], job_id)
+      local fields = {}
+      if heartbeat ~= '' then fields = {'last_heartbeat', heartbeat} end
+      if report ~= '' then
+        fields[#fields + 1] = 'emq_report'
+        fields[#fields + 1] = report
+        fields[#fields + 1] = 'emq_progress_at'
+        fields[#fields + 1] = string.format('%d', now)
+      end
+      if #fields > 0 then redis.call('HSET', job_key, unpack(fields)) end
+      renewed = renewed + 1
+    end
   elseif owner == 'done:' .. token or (not owner and not indexed and redis.call('EXISTS', job_key) == 0) then
     settled[#settled + 1] = job_id
   else
@@ -47,4 +85,5 @@ for i = 5, #ARGV, 2 do
 end
 if renewed > 0 then redis.call('HINCRBY', KEYS[3], 'renewed', renewed) end
 if #lost > 0 then redis.call('HINCRBY', KEYS[3], 'lease_lost', #lost) end
-return {lost, settled}
+if #stuck > 0 then redis.call('HINCRBY', KEYS[3], 'no_progress', #stuck) end
+return {lost, settled, stuck}

@@ -25,6 +25,7 @@ CRASH = "tests/recover/test_recover_crashed_job.py"
 HORSE = "tests/recover/test_horse_crash.py"
 WHOLE = "tests/run/test_stop_whole.py"
 JOB_LEASE = "tests/run/test_job_lease.py"
+REPORTS = "tests/hold/test_reports.py"
 
 
 @dataclass(frozen=True)
@@ -123,8 +124,8 @@ CATALOG: list[Mutation] = [
     _m(
         "renew_no_last_heartbeat",
         "lua/renew_leases-3.lua",
-        "redis.call('HSET', job_key, 'last_heartbeat', heartbeat)",
-        "local _ = 0",
+        "fields = {'last_heartbeat', heartbeat}",
+        "fields = {}",
         [f"{LEASES}::test_renewal_records_rqs_heartbeat_on_the_job"],
         "RQ's view of the job (last_heartbeat) freezes at its start",
     ),
@@ -1036,6 +1037,39 @@ CATALOG: list[Mutation] = [
         " or JobWriteSession(self._emq_fence)\n",
         [f"{JOB_LEASE}::test_a_fenced_pipeline_writes_while_the_lease_holds_and_nothing_once_it_is_lost"],
         "a job's fenced pipeline, once committed, sends later writes unchecked after its lease is lost",
+    ),
+    _m(
+        "progress_timeout_never_checked",
+        "lua/renew_leases-3.lua",
+        "if progress_ms and without_progress(job_key, report, progress_ms) then",
+        "if false then",
+        [f"{REPORTS}::test_a_job_silent_past_its_progress_timeout_is_refused_for_good_and_its_run_stopped"],
+        "a job hung on a dead socket while its worker is healthy holds its lease forever",
+    ),
+    _m(
+        "no_progress_revived_by_a_late_report",
+        "lua/renew_leases-3.lua",
+        "  if found[1] then return true end\n",
+        "",
+        [f"{REPORTS}::test_a_job_silent_past_its_progress_timeout_is_refused_for_good_and_its_run_stopped"],
+        "a report in a tick whose refusal reply was lost renews a lease its holder already stopped",
+    ),
+    _m(
+        "report_counts_no_progress",
+        "lua/renew_leases-3.lua",
+        "        fields[#fields + 1] = 'emq_progress_at'\n"
+        "        fields[#fields + 1] = string.format('%d', now)\n",
+        "",
+        [f"{REPORTS}::test_a_job_that_reports_within_its_progress_timeout_keeps_its_lease"],
+        "a job that reports on time is stopped at its progress timeout all the same",
+    ),
+    _m(
+        "report_outlives_its_lease",
+        "lua/lib/lease.lua",
+        "redis.call('HDEL', job_key, 'emq_token', unpack(NOTES))",
+        "redis.call('HDEL', job_key, 'emq_token')",
+        [f"{REPORTS}::test_a_report_goes_when_the_lease_ends_by_a_finish_a_hand_back_or_a_recovery"],
+        "a recovered job shows its dead run's report (and progress clock) as if it were live",
     ),
 ]
 

@@ -21,12 +21,19 @@ from .recover.registries import (
     patch_stock_started_registry,
 )
 from .run.compose import lease_worker
-from .run.dequeue import META_MAX_ATTEMPTS
+from .run.dequeue import META_MAX_ATTEMPTS, META_PROGRESS_TIMEOUT
 from .run.job_lease import JobLease, current_lease
 from .run.lease_mixin import LeaseMixin
 from .run.startup import StartupError
 from .run.worker import LeaseJobInterrupted, LeaseWorker, SimpleLeaseWorker
-from .settings import MAX_ATTEMPTS_LIMIT, LeaseSettings, SettingsError, job_max_attempts
+from .settings import (
+    MAX_ATTEMPTS_LIMIT,
+    PROGRESS_TIMEOUT_LIMIT_MS,
+    LeaseSettings,
+    SettingsError,
+    job_max_attempts,
+    job_progress_timeout,
+)
 
 
 def max_attempts(n: int, meta: dict | None = None) -> dict:
@@ -35,6 +42,19 @@ def max_attempts(n: int, meta: dict | None = None) -> dict:
     if job_max_attempts(n) is None:
         raise SettingsError(f"max_attempts must be a whole number from 1 to {MAX_ATTEMPTS_LIMIT}, got {n!r}")
     return {**(meta or {}), META_MAX_ATTEMPTS: n}
+
+
+def progress_timeout(ms: int, meta: dict | None = None) -> dict:
+    """``meta`` for ``queue.enqueue(..., meta=progress_timeout(60_000))``: once this job has
+    run that long without calling ``rq_emq.current_lease().report(...)`` (counted from its
+    take, then from its last report), its run is stopped and it is recovered with the
+    attempt counted; at max attempts it fails with "no progress for N ms". Composes with
+    :func:`max_attempts` (``meta=progress_timeout(60_000, max_attempts(3))``)."""
+    if job_progress_timeout(ms) is None:
+        raise SettingsError(
+            f"progress_timeout must be a whole number of ms from 1 to {PROGRESS_TIMEOUT_LIMIT_MS}, got {ms!r}"
+        )
+    return {**(meta or {}), META_PROGRESS_TIMEOUT: ms}
 
 
 _moved.install()  # rq_emq.<module> paths from before the rooms (issue 23), for one release
@@ -52,6 +72,7 @@ except ImportError:
 
 __all__ = [
     "META_MAX_ATTEMPTS",
+    "META_PROGRESS_TIMEOUT",
     "JobLease",
     "LeaseEvent",
     "LeaseJobInterrupted",
@@ -73,6 +94,7 @@ __all__ = [
     "lease_worker",
     "max_attempts",
     "patch_stock_started_registry",
+    "progress_timeout",
     "subscribe",
     "unsubscribe",
 ]

@@ -1,6 +1,6 @@
 """Lease events for applications: which job, on which queue, had what happen to it.
 
-Five kinds of event reach the hooks an application registers:
+Seven kinds of event reach the hooks an application registers:
 
 - ``marked``: a sweep found the job's lock gone and marked it stalled;
 - ``recovered``: a sweep put a stalled job back at the front of its queue;
@@ -11,7 +11,12 @@ Five kinds of event reach the hooks an application registers:
   the job back at the front of its queue, or failed it at max attempts (then ``failed``
   follows);
 - ``lease_lost``: a worker's renewal was refused (the job was recovered elsewhere, or
-  deleted) while the worker still ran it.
+  deleted) while the worker still ran it;
+- ``no_progress``: a worker's renewal was refused because the job reported nothing for its
+  progress timeout (``meta=rq_emq.progress_timeout(ms)``); the worker stops the run and the
+  sweep recovers the job, attempt counted (the event carries the job's last report);
+- ``reported``: a job's report (``rq_emq.current_lease().report(...)``) landed with its
+  lease's renewal, at most once per renew interval (``event.report``, JSON text).
 
 A sweep event fires once, in the one process whose sweep did it (the sweep is one
 script, so two sweepers never both report the same recovery); a crash event fires in the
@@ -36,8 +41,16 @@ from typing import Literal
 
 logger = logging.getLogger("rq_emq.events")
 
-EventKind = Literal["marked", "recovered", "failed", "lease_lost", "crashed"]
-KINDS: tuple[EventKind, ...] = ("marked", "recovered", "failed", "lease_lost", "crashed")
+EventKind = Literal["marked", "recovered", "failed", "lease_lost", "crashed", "no_progress", "reported"]
+KINDS: tuple[EventKind, ...] = (
+    "marked",
+    "recovered",
+    "failed",
+    "lease_lost",
+    "crashed",
+    "no_progress",
+    "reported",
+)
 
 
 @dataclass(frozen=True)
@@ -50,6 +63,9 @@ class LeaseEvent:
     #: The worker or sweeper that saw it (``rq-emq-sweeper:<worker name>`` and so on).
     source: str
     at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    #: The job's last report (``current_lease().report(...)``) as JSON text, where the
+    #: event knows one (``reported``, ``no_progress``); else None.
+    report: str | None = None
 
 
 Hook = Callable[[LeaseEvent], object]
@@ -100,14 +116,14 @@ def subscribe_paths(setting: str) -> None:
         subscribe(resolve(path))
 
 
-def emit(kind: EventKind, queue: str, job_ids: Iterable[str], source: str) -> None:
+def emit(kind: EventKind, queue: str, job_ids: Iterable[str], source: str, report: str | None = None) -> None:
     """Deliver one event per job id to every hook; a failing hook is logged and skipped."""
     with _guard:
         hooks = list(_hooks)
     if not hooks:
         return
     for job_id in job_ids:
-        event = LeaseEvent(kind, queue, job_id, source)
+        event = LeaseEvent(kind, queue, job_id, source, report=report)
         for hook in hooks:
             try:
                 hook(event)

@@ -220,6 +220,18 @@ def job_max_attempts(value: object) -> int | None:
     return value if 1 <= value <= MAX_ATTEMPTS_LIMIT else None
 
 
+#: The longest progress timeout a job may ask for (a week, in ms).
+PROGRESS_TIMEOUT_LIMIT_MS = 7 * 86_400_000
+
+
+def job_progress_timeout(value: object) -> int | None:
+    """A per-job progress timeout (``job.meta["emq_progress_timeout_ms"]``) if it is valid:
+    a whole number of ms from 1 to :data:`PROGRESS_TIMEOUT_LIMIT_MS`; else None."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if 1 <= value <= PROGRESS_TIMEOUT_LIMIT_MS else None
+
+
 def _msg(name: str, rule: str, value: object) -> str:
     return f"{name} ({ENV_PREFIX}{name.upper()}) {rule}, got {value!r}"
 

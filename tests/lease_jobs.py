@@ -106,3 +106,22 @@ def until_stopping(log: str, seconds: float) -> str:
         time.sleep(0.02)
     _write(log, event="end", stopping=lease.stopping)
     return "stopped early" if lease.stopping else "ran out"
+
+
+def report_progress(log: str, steps: int, every_s: float) -> str:
+    """Report each step through the lease (``report``), ``every_s`` apart."""
+    _write(log, event="run", **_seen(log))
+    lease = rq_emq.current_lease()
+    assert lease is not None
+    for step in range(1, steps + 1):
+        lease.report(step / steps, step=step, of=steps)
+        time.sleep(every_s)
+    return "done"
+
+
+def silent(log: str, seconds: float) -> str:
+    """Run for ``seconds`` without a report: a job hung on a dead socket, as a lease sees it."""
+    _write(log, event="run", **_seen(log))
+    time.sleep(seconds)
+    _write(log, event="end")
+    return "done"

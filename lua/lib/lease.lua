@@ -33,6 +33,19 @@ end
 local SEEN = {'status', 'enqueued_at', 'started_at'}
 local RECORDED = {'emq_status', 'emq_enqueued_at', 'emq_started_at'}
 
+-- What the running job told its lease (`rq_emq.current_lease().report(...)`): its last
+-- report (JSON), when it last showed progress (its grant or its last report, Redis ms),
+-- and why a renewal stopped holding it (its progress timeout passed). Gone with the lease.
+local NOTES = {'emq_report', 'emq_progress_at', 'emq_no_progress'}
+
+-- Every field a lease keeps on the job hash that must go when the lease does.
+local function lease_only_fields(...)
+  local fields = {...}
+  for _, name in ipairs(RECORDED) do fields[#fields + 1] = name end
+  for _, name in ipairs(NOTES) do fields[#fields + 1] = name end
+  return fields
+end
+
 -- The job's seen fields now, as {field, value, ...} of the recorded ones, for HSET.
 local function seen_record(job_key)
   local values = redis.call('HMGET', job_key, unpack(SEEN))
@@ -112,7 +125,18 @@ local function grant_lease(job_key, lock_key, leases_key, stats_key, job_id, tok
   local fencing_token = (count_value((hash_field(hash, 'emq_fence'))) or 0) + 1
   -- emq_lease_ms: the length its renewals keep too, so readers tell a lease's age from its deadline
   local fields = {'emq_attempts', tostring(attempts), 'emq_token', token, 'emq_worker', worker,
-    'emq_lease_ms', string.format('%d', lease_ms), 'emq_fence', string.format('%d', fencing_token)}
+    'emq_lease_ms', string.format('%d', lease_ms), 'emq_fence', string.format('%d', fencing_token),
+    'emq_progress_at', string.format('%d', now)}
+  -- a report of an earlier grant that no end forgot (a lease RQ ended) is not this one's
+  if hash_field(hash, 'emq_report') or hash_field(hash, 'emq_no_progress') then
+    redis.call('HDEL', job_key, 'emq_report', 'emq_no_progress')
+    for i = #hash - 1, 1, -2 do
+      if hash[i] == 'emq_report' or hash[i] == 'emq_no_progress' then
+        table.remove(hash, i + 1)
+        table.remove(hash, i)
+      end
+    end
+  end
   for i = 1, #SEEN do
     fields[#fields + 1] = RECORDED[i]
     fields[#fields + 1] = (hash_field(hash, SEEN[i])) or ''
@@ -155,8 +179,9 @@ local function drop_lease(job_key, lock_key, leases_key, stalled_key, job_id, se
   if redis.call('EXISTS', job_key) == 0 then return false end
   if settled then
     redis.call('HSET', job_key, 'emq_token', settled)
+    redis.call('HDEL', job_key, unpack(NOTES))
   else
-    redis.call('HDEL', job_key, 'emq_token')
+    redis.call('HDEL', job_key, 'emq_token', unpack(NOTES))
   end
   return true
 end
@@ -219,12 +244,13 @@ local function drop_stale_pin(started_key, job_key)
 end
 
 -- A leased job's attempts so far (this one included), the most it may have (its own,
--- else `default_max`), whether they are used up, and its raw failure_ttl field.
+-- else `default_max`), whether they are used up, its raw failure_ttl field, and why its
+-- holder's renewals were refused if its progress timeout passed (else nil).
 local function attempts_used(job_key, default_max)
-  local counts = redis.call('HMGET', job_key, 'emq_attempts', 'emq_max_attempts', 'failure_ttl')
+  local counts = redis.call('HMGET', job_key, 'emq_attempts', 'emq_max_attempts', 'failure_ttl', 'emq_no_progress')
   local attempts = count_value(counts[1]) or 0
   local max_attempts = count_value(counts[2]) or default_max
-  return attempts, max_attempts, attempts >= max_attempts and attempts > 0, counts[3]
+  return attempts, max_attempts, attempts >= max_attempts and attempts > 0, counts[3], counts[4] or nil
 end
 
 -- Put a job whose lease was just dropped back at the front of its queue. An in-flight

@@ -79,6 +79,16 @@ class Lease:
     #: the job itself reads through ``rq_emq.current_lease()``. 0: not known.
     attempt: int = 0
     fencing_token: int = 0
+    #: The job's own progress timeout (``meta=rq_emq.progress_timeout(ms)``), in ms: a
+    #: renewal refuses the lease once the job has not reported for that long. None: none.
+    progress_timeout_ms: int | None = None
+    #: Where the job's reports are read: the memory a horse shares with its worker
+    #: (``HorseDeadline.read_report``); None: posted in this process (:meth:`post_report`).
+    report_source: Callable[[], tuple[int, str] | None] | None = None
+    #: The number of the last report a renewal landed, and its text (JSON).
+    report_sent: int = 0
+    last_report: str | None = None
+    _posted: tuple[int, str] | None = field(default=None, repr=False)
 
     @property
     def keys(self) -> QueueKeys:
@@ -96,6 +106,19 @@ class Lease:
         return Fence(
             self.queue, self.job_id, token, max_attempts=own_max, layout=self.layout, started_entry=entry
         )
+
+    def post_report(self, text: str) -> None:
+        """The job's newest report, in the process whose lock manager holds this lease
+        (a ``SimpleLeaseWorker``); the next tick sends the newest only."""
+        number = self._posted[0] + 1 if self._posted is not None else 1
+        self._posted = (number, text)
+
+    def pending_report(self) -> tuple[int, str] | None:
+        """The newest report no renewal has landed yet: (its number, its JSON text)."""
+        found = self.report_source() if self.report_source is not None else self._posted
+        if found is None or found[0] <= self.report_sent:
+            return None
+        return found
 
     def hand_back(self, client: Redis) -> bool:
         """Put the job back at the front of its queue, attempt refunded, if this lease
@@ -120,9 +143,12 @@ class LockManager(BackgroundLoop):
         check_interval_s: float | None = None,
         on_expired: Callable[[Lease], None] | None = None,
         on_renewed: Callable[[Lease], None] | None = None,
+        on_no_progress: Callable[[Lease], None] | None = None,
     ) -> None:
         """``on_renewed`` is told each time a lease's local deadline moves, and once when
-        its job's outcome is found committed (``settled``: the run needs no deadline)."""
+        its job's outcome is found committed (``settled``: the run needs no deadline).
+        ``on_no_progress`` is told of a lease a renewal refused because its job reported
+        nothing for its progress timeout (the lease is then treated as expired)."""
         self.client = client
         self.lease_ms = lease_ms
         self.renew_interval_ms = renew_interval_ms
@@ -134,6 +160,7 @@ class LockManager(BackgroundLoop):
         self.margin_ms = margin_ms
         self.on_expired = on_expired
         self.on_renewed = on_renewed
+        self.on_no_progress = on_no_progress
         super().__init__(name)
         self._clock = _LeaseClock(self, check_interval_s or renew_interval_ms / 4000.0, f"{name}:clock")
         self._leases: dict[str, Lease] = {}
@@ -233,13 +260,18 @@ class LockManager(BackgroundLoop):
         stamp_jobs = time.monotonic() - self._job_heartbeat_at >= JOB_HEARTBEAT_EVERY_S
         heartbeat = utcformat(now()) if stamp_jobs else ""
         calls: list[tuple[scripts.LuaScript, str]] = []  # each script call and its queue, in pipeline order
+        reports: dict[str, tuple[int, str]] = {}  # the job's report each renewal carries
         for q, group in by_queue.items():
             queue = q.queue
             # several calls in the same round trip, so that no one script runs for long
             for start in range(0, len(group), RENEW_BATCH):
                 args: list[Any] = [self.lease_ms, q.prefix, heartbeat, q.job_prefix]
                 for lease in group[start : start + RENEW_BATCH]:
-                    args += [lease.job_id, lease.token]
+                    report = lease.pending_report()
+                    if report is not None:
+                        reports[lease.job_id] = report
+                    progress = "" if lease.progress_timeout_ms is None else str(lease.progress_timeout_ms)
+                    args += [lease.job_id, lease.token, report[1] if report else "", progress]
                 script.queue(pipe, [q.leases, q.stalled, q.stats], args)
                 calls.append((script, queue))
         if self.lease_writes is not None:
@@ -253,6 +285,7 @@ class LockManager(BackgroundLoop):
         self.ticks += 1
         lost: list[str] = []
         settled: list[str] = []
+        stuck: list[str] = []
         retry = False
         renewed: list[Lease] = []
         batches = iter(_batches(by_queue))
@@ -266,9 +299,11 @@ class LockManager(BackgroundLoop):
             elif called is script:
                 lost += _ids(reply[0])
                 settled += _ids(reply[1])
-                refused = set(_ids(reply[0]))
+                stuck += _ids(reply[2])
+                refused = {*_ids(reply[0]), *_ids(reply[2])}
                 renewed += [lease for lease in batch if lease.job_id not in refused]
         self._extend(renewed, sent_at)
+        self._reports_landed([lease for lease in renewed if lease.job_id in reports], reports)
         if retry:
             return self.tick()
         if stamp_jobs:
@@ -279,6 +314,8 @@ class LockManager(BackgroundLoop):
                 done.settled = True
                 if self.on_renewed is not None:
                     self.on_renewed(done)  # its outcome is committed: no deadline any more
+        for job_id in stuck:
+            self._no_progress(job_id)
         for job_id in lost:
             held = self.get(job_id)
             if held is None or held.lost:
@@ -293,6 +330,33 @@ class LockManager(BackgroundLoop):
             events.emit("lease_lost", held.queue, [job_id], self.name)
             self.on_lost(held)
         return lost
+
+    def _reports_landed(self, leases: list[Lease], reports: dict[str, tuple[int, str]]) -> None:
+        for lease in leases:
+            number, text = reports[lease.job_id]
+            lease.report_sent, lease.last_report = number, text
+            events.emit("reported", lease.queue, [lease.job_id], self.name, report=text)
+
+    def _no_progress(self, job_id: str) -> None:
+        """A renewal refused the lease: its job reported nothing for its progress timeout.
+        The run is stopped as on an expired lease clock (its writes fenced out, its lock
+        left to lapse); the sweep recovers the job with the attempt counted."""
+        lease = self.get(job_id)
+        if lease is None or lease.lost:
+            return
+        lease.expired = True
+        lease.lost = True
+        logger.warning(
+            "job %s on queue %s: no progress reported for %d ms (its progress timeout); stopping it",
+            job_id,
+            lease.queue,
+            lease.progress_timeout_ms or 0,
+            extra={"job_id": job_id, "queue": lease.queue},
+        )
+        events.emit("no_progress", lease.queue, [job_id], self.name, report=lease.last_report)
+        callback = self.on_no_progress or self.on_expired
+        if callback is not None:
+            callback(lease)
 
     def _extend(self, renewed: list[Lease], sent_at: float) -> None:
         """Move the local deadline of each lease this tick renewed: never back, and only

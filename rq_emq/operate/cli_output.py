@@ -22,6 +22,7 @@ from redis.exceptions import RedisError
 
 from ..recover.sweep import SweepReport
 from .inspection import COUNTERS, LeasePage, QueueStatus, remaining_buckets
+from .reports import short_report
 
 
 def printable(value: object) -> str:
@@ -137,6 +138,15 @@ def _attempts(lease: Any) -> str | None:
     return f"{'?' if lease.attempts is None else lease.attempts}/{lease.max_attempts}{mark}"
 
 
+def _report(lease: Any) -> str | None:
+    """The job's last report, how long ago it showed progress, and why renewals stopped."""
+    if lease.no_progress:
+        return lease.no_progress
+    if lease.report is None:
+        return None
+    return f"{short_report(lease.report)} ({duration(lease.progress_ms_ago)} ago)"
+
+
 def leases_text(pages: Sequence[LeasePage]) -> str:
     rows = []
     for page in pages:
@@ -152,17 +162,21 @@ def leases_text(pages: Sequence[LeasePage]) -> str:
                     _attempts(lease),
                     lease.status if lease.job_exists else "(job gone)",
                     duration(lease.marked_ms_ago),
+                    _report(lease),
                     ", ".join(f"{crash.attempt}: {crash.short}" for crash in lease.crashes) or None,
                 ]
             )
-    # the crash history column only where some job has one
-    crashed = any(row[-1] for row in rows)
-    rows = [row if crashed else row[:-1] for row in rows]
+    # the report and crash history columns only where some job has one
+    heads = ["queue", "job", "worker", "token", "lock ttl", "due in", "attempts", "status", "marked"]
+    shown_columns = list(range(len(heads))) + [
+        i for i in (len(heads), len(heads) + 1) if any(row[i] for row in rows)
+    ]
+    heads += ["report", "crashed"]
+    rows = [[row[i] for i in shown_columns] for row in rows]
     if not rows:
         out = "no leases"
     else:
-        heads = ["queue", "job", "worker", "token", "lock ttl", "due in", "attempts", "status", "marked"]
-        out = table([*heads, "crashed"] if crashed else heads, rows)
+        out = table([heads[i] for i in shown_columns], rows)
         if any(ls.max_attempts_source == "default" and ls.max_attempts for p in pages for ls in p.leases):
             out += "\n* max attempts: the configured default (the job has none of its own)"
     shown = [f"{page.queue}: {len(page.leases)} of {page.total}" for page in pages if page.total is not None]

@@ -24,6 +24,7 @@ from rq.queue import Queue
 from ..keys import QueueKeys
 from ..recover.horse_crash import Crash, read_crashes
 from ..settings import LeaseSettings
+from .reports import NOTE_FIELDS, read_notes
 
 #: A queue's keys by its name (RQ's default layout, or the workers' job and queue classes').
 Layout = Callable[[str], QueueKeys]
@@ -126,6 +127,11 @@ class LeaseInfo:
     marked_ms_ago: int | None = None
     #: Earlier attempts of this run whose horse died without an outcome (``emq_crashes``).
     crashes: list[Crash] = field(default_factory=list)
+    #: The grant's fencing token, and what the job told its lease (:mod:`.reports`).
+    fencing_token: int | None = None
+    report: Any = None
+    progress_ms_ago: int | None = None
+    no_progress: str | None = None
     problems: list[str] = field(default_factory=list)
 
 
@@ -313,7 +319,10 @@ def _queue_status_reads(
     batch.add(problems, q.stats, pipe.hgetall(q.stats), counters)
 
 
-JOB_FIELDS = ("status", "emq_worker", "emq_token", "emq_attempts", "emq_max_attempts", "emq_crashes")
+JOB_FIELDS = (
+    *("status", "emq_worker", "emq_token", "emq_attempts", "emq_max_attempts", "emq_crashes"),
+    *NOTE_FIELDS,
+)
 
 
 def read_leases(
@@ -365,7 +374,8 @@ def _lease_reads(batch: _Batch, q: QueueKeys, info: LeaseInfo, now: int, setting
         )
 
     def job(reply: Any) -> None:
-        status, worker, token, attempts, max_attempts, crashes = reply
+        status, worker, token, attempts, max_attempts, crashes = reply[:6]
+        read_notes(info, now, reply[6:])
         info.job_exists = any(value is not None for value in reply)
         if not info.job_exists:
             problems.append("job hash is gone (the sweep drops this entry)")

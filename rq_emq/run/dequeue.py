@@ -29,12 +29,14 @@ from ..hold.lease import Lease, LockManager
 from ..intake.take import Taken, Taker
 from ..keys import QueueKeys
 from ..recover.sweep import Sweeper
-from ..settings import job_max_attempts
+from ..settings import job_max_attempts, job_progress_timeout
 
 logger = logging.getLogger("rq_emq.lease")
 
 #: ``job.meta`` key a stock ``rq.Queue`` producer sets to give one job its own max attempts.
 META_MAX_ATTEMPTS = "emq_max_attempts"
+#: ``job.meta`` key that gives one job a progress timeout (``rq_emq.progress_timeout``).
+META_PROGRESS_TIMEOUT = "emq_progress_timeout_ms"
 
 
 class DequeueMixin:
@@ -180,9 +182,19 @@ class DequeueMixin:
         try:
             job.restore(taken.raw)
             wanted = job.meta.get(META_MAX_ATTEMPTS)
+            progress = job.meta.get(META_PROGRESS_TIMEOUT)
         except Exception as error:
             self._fail_unreadable(queue, lease, error)
             return None
+        if progress is not None:
+            lease.progress_timeout_ms = job_progress_timeout(progress)
+            if lease.progress_timeout_ms is None:
+                logger.warning(
+                    "job %s on queue %s: meta %s=%r is not a whole number of ms from 1 to a week; "
+                    "the job runs without a progress timeout",
+                    *(job.id, queue.name, META_PROGRESS_TIMEOUT, progress),
+                    extra={"job_id": job.id, "queue": queue.name},
+                )
         if wanted is not None:
             lease.max_attempts = job_max_attempts(wanted)
             if lease.max_attempts is None:

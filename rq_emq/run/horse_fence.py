@@ -35,8 +35,12 @@ if __package__:
 else:  # imported by the watchdog's own interpreter (rq_emq/run/watchdog.py run as a script)
     from process_tree import kill_tree, libc  # type: ignore[no-redef]
 
-# bytes 0-7 the deadline (double), 8 settled, 9 stopping, 16-23 the pid of the run (int64; 0: none)
-_SIZE = 24
+# bytes 0-7 the deadline (double), 8 settled, 9 stopping, 16-23 the pid of the run (int64;
+# 0: none); then the job's newest report: 24-31 its number (even once written whole),
+# 32-35 its length, 36- its JSON text (the horse writes, the worker's ticks read)
+REPORT_LIMIT_BYTES = 1024
+_REPORT_AT = 24
+_SIZE = _REPORT_AT + 12 + REPORT_LIMIT_BYTES
 
 
 class HorseDeadline:
@@ -54,6 +58,7 @@ class HorseDeadline:
         ``SimpleLeaseWorker`` itself), which the watchdog ends past the deadline."""
         self.path = path
         self.fd = fd
+        self._report_lock = threading.Lock()
         if path is None and fd is None:
             self._memory = mmap.mmap(-1, _SIZE)  # MAP_SHARED | MAP_ANONYMOUS: survives the fork shared
             self.reset(math.inf)
@@ -117,6 +122,7 @@ class HorseDeadline:
         self.pid = 0
         self._memory[8] = 0
         self._memory[9] = 0
+        self._memory[_REPORT_AT : _REPORT_AT + 8] = bytes(8)
         self.set(deadline)
         self.pid = pid
 
@@ -153,6 +159,34 @@ class HorseDeadline:
 
     def request_stop(self) -> None:
         self._memory[9] = 1
+
+    def post_report(self, text: str) -> None:
+        """In the horse: the job's newest report (JSON text, at most
+        :data:`REPORT_LIMIT_BYTES`). Its number is odd while the text is written, so the
+        worker never sends a report torn by a concurrent write."""
+        data = text.encode()
+        if len(data) > REPORT_LIMIT_BYTES:
+            raise ValueError(f"a report is at most {REPORT_LIMIT_BYTES} bytes as JSON, got {len(data)}")
+        with self._report_lock:  # the job's own threads may report side by side
+            number = struct.unpack("Q", self._memory[_REPORT_AT : _REPORT_AT + 8])[0]
+            number += 2 - number % 2
+            self._memory[_REPORT_AT : _REPORT_AT + 8] = struct.pack("Q", number - 1)
+            self._memory[_REPORT_AT + 8 : _REPORT_AT + 12] = struct.pack("I", len(data))
+            self._memory[_REPORT_AT + 12 : _REPORT_AT + 12 + len(data)] = data
+            self._memory[_REPORT_AT : _REPORT_AT + 8] = struct.pack("Q", number)
+
+    def read_report(self) -> tuple[int, str] | None:
+        """In the worker: (number, text) of the newest report written whole; None if
+        none, or while one is being written (the next tick reads it)."""
+        number = struct.unpack("Q", self._memory[_REPORT_AT : _REPORT_AT + 8])[0]
+        if number == 0 or number % 2:
+            return None
+        length = struct.unpack("I", self._memory[_REPORT_AT + 8 : _REPORT_AT + 12])[0]
+        length = min(length, REPORT_LIMIT_BYTES)
+        data = self._memory[_REPORT_AT + 12 : _REPORT_AT + 12 + length]
+        if struct.unpack("Q", self._memory[_REPORT_AT : _REPORT_AT + 8])[0] != number:
+            return None  # rewritten while read
+        return number, data.decode(errors="replace")
 
     def get(self) -> float:
         if self.settled:

@@ -13,7 +13,13 @@ them too, the pattern of a fencing token:
 - ``stopping``: the worker was asked to stop (a warm shutdown) while the job runs;
 - ``fenced_pipeline()``: a redis-py pipeline whose ``execute()`` commits its commands in
   one script only while the lease holds (``guard_job_write``), and otherwise writes
-  nothing and raises :class:`rq_emq.LeaseLost`, with the fence's packing rules.
+  nothing and raises :class:`rq_emq.LeaseLost`, with the fence's packing rules;
+- ``report()``: a small JSON record of the job's progress, kept with the lease in Redis
+  (``emq_report`` on the job hash, gone with the lease). It costs no round trip: the
+  newest report rides on the lock manager's next renewal (from a horse, through the
+  memory it shares with its worker), so at most one write per renew interval. A report
+  is also progress: a job enqueued with ``meta=rq_emq.progress_timeout(ms)`` that has not
+  reported for that long is stopped and recovered, attempt counted.
 
 One leased job runs in a process at a time (a horse, or a ``SimpleLeaseWorker``), so the
 current lease is one module global, set around RQ's ``perform_job``.
@@ -21,6 +27,7 @@ current lease is one module global, set around RQ's ``perform_job``.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -32,6 +39,7 @@ from redis.client import Pipeline
 
 from ..fence.fencing import Fence, FencedPipelineMixin, FencedSession, LeaseLost
 from ..hold.lease import Lease
+from .horse_fence import REPORT_LIMIT_BYTES
 
 
 class JobLease:
@@ -43,11 +51,13 @@ class JobLease:
         connection: Redis,
         held_until: Callable[[], float],
         stopping: Callable[[], bool],
+        post_report: Callable[[str], None] | None = None,
     ) -> None:
         self._lease = lease
         self._connection = connection
         self._held_until = held_until
         self._stopping = stopping
+        self._post_report = post_report or lease.post_report
 
     @property
     def job_id(self) -> str:
@@ -78,6 +88,19 @@ class JobLease:
     def stopping(self) -> bool:
         """The worker was asked to stop (SIGTERM, a warm shutdown): end early if you can."""
         return self._stopping()
+
+    @property
+    def progress_timeout_ms(self) -> int | None:
+        """The job's progress timeout (``meta=rq_emq.progress_timeout(ms)``); None: none."""
+        return self._lease.progress_timeout_ms
+
+    def report(self, progress: Any = None, **details: Any) -> None:
+        """Keep ``{"progress": progress, **details}`` with the lease: ``rq-emq leases``
+        shows it, the event hooks get it (``reported``), and it goes when the lease ends.
+        No round trip: the newest report rides on the next renewal. Each call is progress
+        for the job's progress timeout. ValueError if the record is not JSON (numbers,
+        strings, lists, dicts, bools, None) or is over 1024 bytes as JSON."""
+        self._post_report(encode_report(progress, details))
 
     def raise_if_lost(self) -> None:
         """Raise :class:`rq_emq.LeaseLost` once the lease is gone (see :attr:`held`)."""
@@ -132,6 +155,18 @@ def _job_fenced_class(base: type) -> type:
     if base not in _CLASSES:
         _CLASSES[base] = type(f"JobFenced{base.__name__}", (_JobFencedPipelineMixin, base), {})
     return _CLASSES[base]
+
+
+def encode_report(progress: Any, details: dict[str, Any]) -> str:
+    """A report as the JSON text kept in Redis; ValueError, naming why, if it cannot be."""
+    try:
+        text = json.dumps({"progress": progress, **details}, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"a lease report must be JSON (numbers, strings, lists, dicts): {error}") from None
+    size = len(text.encode())
+    if size > REPORT_LIMIT_BYTES:
+        raise ValueError(f"a lease report is at most {REPORT_LIMIT_BYTES} bytes as JSON, got {size}")
+    return text
 
 
 _current: JobLease | None = None

@@ -225,7 +225,11 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
         if lease is None:
             return super().perform_job(job, *args, **kwargs)
         job_lease = JobLease(
-            lease, job.connection, lambda: self._held_until(lease), lambda: self._stop_asked(lease)
+            lease,
+            job.connection,
+            lambda: self._held_until(lease),
+            lambda: self._stop_asked(lease),
+            self._report_to(lease),
         )
         with running(job_lease):
             return super().perform_job(job, *args, **kwargs)

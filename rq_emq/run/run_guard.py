@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import signal
+from collections.abc import Callable
 from typing import Any
 
 from rq.job import Job
@@ -78,6 +79,10 @@ class RunGuard:
     def _stop_asked(self, lease: Lease) -> bool:
         return self._stop_told
 
+    def _report_to(self, lease: Lease) -> Callable[[str], None]:
+        """Where the running job's reports go: here, the lease its lock manager renews."""
+        return lease.post_report
+
     def _tell_run_stopping(self) -> None:
         """The worker was asked to stop while a run may go on (a warm shutdown)."""
         self._stop_told = True
@@ -101,6 +106,12 @@ class HorseRunGuard:
 
     def _stop_asked(self, lease: Lease) -> bool:
         return self._horse_deadline is not None and self._horse_deadline.stopping
+
+    def _report_to(self, lease: Lease) -> Callable[[str], None]:
+        """In the horse: the memory its worker reads before each renewal."""
+        if self._horse_deadline is None:
+            return lease.post_report
+        return self._horse_deadline.post_report
 
     def _horse_forking(self, deadline: float) -> None:
         """In the worker, before the fork: the run's deadline, its pid not known yet."""

@@ -78,6 +78,8 @@ class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, Worker):
         lease = self.lock_manager.get(job.id) if self.lock_manager is not None else None
         self._horse_job_id = job.id
         self._horse_forking(lease.valid_until if lease is not None else math.inf)
+        if lease is not None:
+            lease.report_source = self._horse_deadline.read_report  # the job's reports, from the horse
         super().fork_work_horse(job, queue)
         self._horse_forked()
 

@@ -15,7 +15,6 @@ import redis
 from helpers import FAST, stat, status, wait_status
 from jobs import run_spans, runs
 from procs import RQ_BIN, Processes, pid_alive, wait_for
-from soak.selffence import CLOCK_RAN_OUT
 from rq import Queue
 from rq.job import Job
 
@@ -24,6 +23,7 @@ from rq_emq.keys import QueueKeys, job_key
 from rq_emq.recover.sweep import Sweeper
 from rq_emq.settings import LeaseSettings
 from rq_emq.testing import RedisServer
+from soak.selffence import CLOCK_RAN_OUT
 
 pytestmark = pytest.mark.slow
 Q = QueueKeys("default")

@@ -18,6 +18,7 @@ from jobs import run_spans
 from lease_jobs import events
 from procs import Processes, wait_for
 from rq import Queue, Retry
+from rq.job import Job
 
 import rq_emq
 from rq_emq.keys import QueueKeys, job_key
@@ -188,3 +189,88 @@ def test_a_job_that_ends_within_the_shutdown_timeout_finishes_and_the_worker_exi
     assert worker.wait(timeout=15) == 0, procs.log(worker)
     wait_status(r, job.id, "finished")
     assert "shutdown_timeout_ms" not in procs.log(worker)  # no cold stop: the job ended in time
+
+
+def _leases_json(redis_url: str) -> list[dict[str, object]]:
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "rq_emq.cli", "leases", "--url", redis_url, "--json", "default"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+    return [lease for page in json.loads(out)["queues"] for lease in page["leases"]]
+
+
+#: a progress timeout under test: 2 renew intervals of LEASE past the reports' spacing, so a
+#: job that reports every 0.1 s is never refused while a starved host delays a tick or two
+PROGRESS_TIMEOUT_MS = 2000
+
+
+@EVERY_CLASS
+def test_a_job_that_reports_shows_its_report_in_rq_emq_leases_and_outlives_its_progress_timeout(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path, worker_class: str
+) -> None:
+    """Reports from the job's process (a forked or spawned horse, or the worker itself) land
+    with the renewals: ``rq-emq leases --json`` shows the newest, and a job that keeps
+    reporting runs past its progress timeout (here 1.5 times it) and finishes once. The
+    report goes with the lease."""
+    log = str(tmp_path / "lease.log")
+    job = Queue(connection=r).enqueue(
+        "lease_jobs.report_progress", log, 30, 0.1, meta=rq_emq.progress_timeout(PROGRESS_TIMEOUT_MS)
+    )
+    worker = procs.worker(redis_url, worker_class=worker_class, burst=True, **LEASE)
+
+    def reported() -> dict[str, object] | None:
+        leases = _leases_json(redis_url)
+        return leases[0] if leases and leases[0]["report"] else None
+
+    shown = wait_for(reported, timeout=20, what="a report in rq-emq leases")
+    assert isinstance(shown, dict) and shown["job_id"] == job.id and shown["fencing_token"] == 1
+    report = shown["report"]
+    assert isinstance(report, dict) and report["of"] == 30 and 0 < report["progress"] <= 1  # type: ignore[operator]
+    assert 0 <= shown["progress_ms_ago"] < PROGRESS_TIMEOUT_MS  # type: ignore[operator]
+    assert worker.wait(timeout=30) == 0, procs.log(worker)
+    assert status(r, job.id) == "finished" and len(runs_of(log)) == 1
+    assert r.hget(job_key(job.id), "emq_report") is None
+    assert "no progress" not in procs.log(worker)
+
+
+#: a short lease, so that a refused job's lock lapses soon: what is under test is the
+#: refusal and the recovery, and the stop comes from the refusal, not this lease's clock
+SILENT_LEASE = {
+    "RQ_EMQ_LEASE_MS": "2000",
+    "RQ_EMQ_RENEW_INTERVAL_MS": "250",
+    "RQ_EMQ_SWEEP_INTERVAL_MS": "500",
+}
+
+
+@pytest.mark.parametrize("worker_class", ["rq_emq.LeaseWorker", "rq_emq.SimpleLeaseWorker"])
+def test_a_job_silent_past_its_progress_timeout_is_stopped_recovered_and_failed_at_max_attempts(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path, worker_class: str
+) -> None:
+    """A job that does not report for its progress timeout while its worker is healthy (a
+    hung socket) is stopped: its renewal is refused, its run ended, the sweep recovers it
+    with the attempt counted; at max attempts it fails saying so. It never ran to its end."""
+    log = str(tmp_path / "lease.log")
+    job = Queue(connection=r).enqueue(
+        "lease_jobs.silent",
+        log,
+        60.0,
+        job_timeout=120,
+        meta=rq_emq.progress_timeout(800, rq_emq.max_attempts(2)),
+    )
+    worker = procs.worker(redis_url, worker_class=worker_class, **SILENT_LEASE)
+    wait_status(r, job.id, "failed", timeout=30)
+    assert [run["attempt"] for run in runs_of(log)] == [1, 2]
+    assert not any(e["event"] == "end" for e in events(log))
+    said = procs.log(worker)
+    assert said.count(f"job {job.id} on queue default: no progress reported for 800 ms") == 2, said
+    wait_for(lambda: Job.fetch(job.id, connection=r).results(), timeout=10, what="the failure Result")
+    (result,) = Job.fetch(job.id, connection=r).results()
+    assert "no progress for 800 ms on attempt 2 of 2" in (result.exc_string or "")
+    assert worker.poll() is None  # the worker lives on

@@ -1,0 +1,66 @@
+"""What a running job told its lease, as readers of Redis see it.
+
+A job under a lease worker may call ``rq_emq.current_lease().report(progress, **details)``;
+its newest report rides on the next renewal into the job hash (``emq_report``, JSON) with
+the Redis time it landed (``emq_progress_at``, also stamped at the grant), and a renewal
+that found the job silent past its progress timeout records why (``emq_no_progress``).
+All of it goes when the lease does. This module reads those fields, with the grant's
+fencing token (``emq_fence``), for ``rq-emq leases`` and the dashboard; a value that does
+not read is a problem named, never a failed listing. Nothing read is evaluated: a report
+is parsed as JSON only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+#: The job-hash fields :func:`read_notes` reads, in its order.
+NOTE_FIELDS = ("emq_fence", "emq_report", "emq_progress_at", "emq_no_progress")
+
+
+class Noted(Protocol):
+    job_id: str
+    fencing_token: int | None
+    report: Any
+    progress_ms_ago: int | None
+    no_progress: str | None
+    problems: list[str]
+
+
+def read_notes(info: Noted, now_ms: int, values: Sequence[Any]) -> None:
+    """Set ``info``'s notes from the HMGET of :data:`NOTE_FIELDS` (``now_ms``: Redis time)."""
+    fence, report, progress_at, no_progress = (_text(value) for value in values)
+    if fence is not None:
+        info.fencing_token = _count(fence)
+        if info.fencing_token is None:
+            info.problems.append(f"emq_fence of job {info.job_id} is not a number: {fence[:40]!r}")
+    if report is not None:
+        try:
+            info.report = json.loads(report)
+        except ValueError:
+            info.problems.append(f"emq_report of job {info.job_id} is not JSON: {report[:80]!r}")
+    at = None if progress_at is None else _count(progress_at)
+    info.progress_ms_ago = None if at is None else now_ms - at
+    info.no_progress = no_progress
+
+
+def short_report(report: Any, width: int = 40) -> str | None:
+    """A report in one short line: its progress alone when it has nothing else."""
+    if report is None:
+        return None
+    if isinstance(report, dict) and set(report) == {"progress"}:
+        report = report["progress"]
+    line = json.dumps(report, separators=(",", ":"), ensure_ascii=False)
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _count(value: str) -> int | None:
+    return int(value) if value.isdigit() and len(value) <= 18 else None

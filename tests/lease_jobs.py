@@ -125,3 +125,17 @@ def silent(log: str, seconds: float) -> str:
     time.sleep(seconds)
     _write(log, event="end")
     return "done"
+
+
+def report_and_time_its_landing(log: str) -> str:
+    """Report once, then watch the job hash until the report is there: how long it took."""
+    from rq import get_current_job
+
+    lease, job = rq_emq.current_lease(), get_current_job()
+    assert lease is not None and job is not None
+    lease.report("half", step=1)
+    sent = time.monotonic()
+    while job.connection.hget(job.key, "emq_report") is None and time.monotonic() - sent < 30:
+        time.sleep(0.005)
+    _write(log, event="landed", after_s=time.monotonic() - sent)
+    return "done"

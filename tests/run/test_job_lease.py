@@ -240,6 +240,21 @@ def test_a_job_that_reports_shows_its_report_in_rq_emq_leases_and_outlives_its_p
     assert "no progress" not in procs.log(worker)
 
 
+@EVERY_CLASS
+def test_a_report_lands_in_redis_within_one_renew_interval(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path, worker_class: str
+) -> None:
+    """The next tick carries it: at most one renew interval, plus one more as slack for a
+    tick a loaded host delays (the job times it itself, from its report() call)."""
+    log = str(tmp_path / "lease.log")
+    Queue(connection=r).enqueue("lease_jobs.report_and_time_its_landing", log)
+    worker = procs.worker(redis_url, worker_class=worker_class, burst=True, **LEASE)
+    assert worker.wait(timeout=30) == 0, procs.log(worker)
+    (landed,) = [e for e in events(log) if e["event"] == "landed"]
+    renew_interval_s = int(LEASE["RQ_EMQ_RENEW_INTERVAL_MS"]) / 1000
+    assert landed["after_s"] <= 2 * renew_interval_s, landed
+
+
 #: a short lease, so that a refused job's lock lapses soon: what is under test is the
 #: refusal and the recovery, and the stop comes from the refusal, not this lease's clock
 SILENT_LEASE = {

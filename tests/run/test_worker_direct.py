@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -67,6 +68,24 @@ def test_execute_job_on_a_job_never_taken_runs_it_as_rq_would(r: redis.Redis, wo
     worker.execute_job(job, queue)
     job.refresh()
     assert job.get_status() == "finished" and job.return_value() == 8
+
+
+def test_unsubscribing_ends_the_pubsub_thread_without_waiting_out_its_join(worker: LeaseWorker) -> None:
+    """RQ's order (UNSUBSCRIBE, then stop) let its pubsub thread take the reply and wait
+    60 s more, so each worker exit waited the whole 1 s join: ours tells the thread first."""
+    worker.subscribe()
+    thread, pubsub = worker.pubsub_thread, worker.pubsub
+    assert thread is not None and pubsub is not None and thread.is_alive()
+    send_unsubscribe = pubsub.unsubscribe
+
+    def reply_taken_at_once(*args: object) -> object:
+        sent = send_unsubscribe(*args)
+        time.sleep(0.2)  # the thread has the reply before RQ's next line tells it to stop
+        return sent
+
+    pubsub.unsubscribe = reply_taken_at_once  # type: ignore[method-assign]
+    worker.unsubscribe()
+    assert not thread.is_alive()
 
 
 def test_an_empty_queue_gives_none_without_work(worker: LeaseWorker) -> None:

@@ -18,7 +18,8 @@ ARGV:
      holder's outcome, `outbox_completed`, `unreadable`)
   4  number of commands; then per command: its argument count, then the arguments
 Returns:
-  {0}               fenced out: the lease is not ours, nothing was written
+  {0}               fenced out: the lease is not ours, nothing was written (the refusal
+                    goes to the queue's record, lib/record.lua)
   {1, replies}      replies[i] is the i-th command's reply (an error reply in place)
   {2, status}       RQ or an operator changed the job since the lease's last write
                     (canceled, failed or requeued by stock cleanup, run by a stock worker,
@@ -27,10 +28,17 @@ Returns:
                     Result only: rq_emq/job_writes.py)
 ]]
 -- @include lib/lease.lua
+-- @include lib/record.lua
 
 local job_id, token = ARGV[1], ARGV[2]
 local state = check_holder(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, token)
-if state == 'lost' then return {0} end
+if state == 'lost' then
+  -- a late outcome of a replaced holder: refused, and kept in the record (a finish whose
+  -- job is gone, or another's, is rare: the holder stops on its lost renewal first)
+  record_event(queue_prefix(KEYS[3]), {}, 'refused', job_id, token_worker(token),
+    'outcome refused: the lease was no longer its own')
+  return {0}
+end
 if state == 'ended' then return {2, redis.call('HGET', KEYS[1], 'status') or ''} end
 local replies = run_packed(5, tonumber(ARGV[4]))
 -- the lease goes: lock, index entry, stall mark

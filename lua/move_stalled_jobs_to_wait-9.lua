@@ -37,6 +37,9 @@ ARGV:
   7 timestamp for `ended_at` (RQ's format)
   8 grace_ms: how long a mark must stand before phase 2 may recover the job
   9 job key prefix (the job class's, `rq:job:`)   10 RQ's key prefix (`rq:`), for executions
+  11 the sweeper's name (for the record of the round)
+Also: a round that runs records its time and sweeper in `emq:{<q>}:swept` ("<ms> <name>"),
+and each mark, recovery and failure goes to the queue's record (lib/record.lua).
 Returns:
   {-1, job_prefix} when the queue's workers recorded (in `emq:{<q>}:job_prefix`, by the
   lease key prefix: same slot) another job key prefix than ARGV 9: this sweeper would read
@@ -47,6 +50,7 @@ Returns:
   while they were leased, left as RQ put them) are lists of job ids.
 ]]
 -- @include lib/lease.lua
+-- @include lib/record.lua
 
 local leases_key, stalled_key, sweep_key, stats_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local queue_key, moving_key, started_key, failed_key, outbox_key = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
@@ -64,6 +68,9 @@ if mode == 'round' and not redis.call('SET', sweep_key, '1', 'NX', 'PX', window_
 end
 
 local now = now_ms()
+-- when a round last ran, for readers (the dashboard): one SET, only in a round that runs
+if mode == 'round' then redis.call('SET', prefix .. 'swept', string.format('%d ', now) .. (ARGV[11] or '')) end
+local counts = {}
 local marked, requeued, failed, dropped, ended = {}, {}, {}, {}, {}
 local unmarked, more = 0, 0
 
@@ -120,16 +127,19 @@ for _, job_id in ipairs(due_marks) do
       requeued[#requeued + 1] = job_id
     end
     if not dry then
+      local holder = leased and redis.call('HGET', job_key, 'emq_worker') or ''
       release_started(started_key, job_key, job_id, rq_prefix)
       redis.call('LREM', moving_key, 0, job_id)
       drop_lease(job_key, lock_key, leases_key, stalled_key, job_id, false)
+      -- a lease its renewals stopped holding for want of progress says so
+      local why = (no_progress and (no_progress .. ' on attempt ') or 'stalled on attempt ')
+        .. attempts .. ' of ' .. max_attempts
       if exhausted then
-        -- a lease its renewals stopped holding for want of progress says so
-        local why = no_progress and (no_progress .. ' on attempt ') or 'stalled on attempt '
-        fail_to_outbox(job_key, failed_key, outbox_key, job_id,
-          why .. attempts .. ' of ' .. max_attempts, failure_ttl, default_failure_ttl, ended_at, now)
+        fail_to_outbox(job_key, failed_key, outbox_key, job_id, why, failure_ttl, default_failure_ttl, ended_at, now)
+        record_event(prefix, counts, 'failed', job_id, holder, why)
       else
         requeue_front(job_key, queue_key, job_id)
+        record_event(prefix, counts, 'recovered', job_id, holder, why)
       end
     end
   end
@@ -140,7 +150,12 @@ local function mark(job_id, leased)
   -- a marked lease leaves the due range until phase 2 may act on it
   if leased and not dry then redis.call('ZADD', leases_key, now + grace_ms, job_id) end
   if redis.call('ZSCORE', stalled_key, job_id) then return end
-  if not dry then redis.call('ZADD', stalled_key, now, job_id) end
+  if not dry then
+    redis.call('ZADD', stalled_key, now, job_id)
+    local holder = leased and redis.call('HGET', job_prefix .. job_id, 'emq_worker') or ''
+    local why = leased and 'its lock lapsed' or 'taken from the queue, never leased'
+    record_event(prefix, counts, 'marked', job_id, holder, why)
+  end
   marked[#marked + 1] = job_id
 end
 
@@ -174,6 +189,7 @@ if not dry then
   if #failed > 0 then redis.call('HINCRBY', stats_key, 'failed', #failed) end
   if unmarked > 0 then redis.call('HINCRBY', stats_key, 'unmarked', unmarked) end
   if #ended > 0 then redis.call('HINCRBY', stats_key, 'ended_by_rq', #ended) end
+  record_minute(prefix, counts, now)
 end
 local outbox_due = redis.call('ZCOUNT', outbox_key, '-inf', now)
 return {1, marked, requeued, failed, unmarked, dropped, more, outbox_due, ended}

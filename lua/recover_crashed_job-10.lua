@@ -20,12 +20,14 @@ ARGV:
   4  worker-wide default max attempts   5  default failure_ttl (seconds)
   6  timestamp for `ended_at` (RQ's format)   7  the cause, e.g.
      `work horse killed by signal 9 (SIGKILL; the OOM killer sends this)`
+The crash, and a failure at max attempts, go to the queue's record (lib/record.lua).
 Returns:
   {0, 'lost'|'ended'}                the lease was not this token's, or RQ had ended the job
   {1, attempts, max_attempts}        back at the front of its queue
   {2, attempts, max_attempts, reason} failed at max attempts, with this reason
 ]]
 -- @include lib/lease.lua
+-- @include lib/record.lua
 
 local HISTORY = 10
 local job_id, token, rq_prefix, cause = ARGV[1], ARGV[2], ARGV[3], ARGV[7]
@@ -57,8 +59,11 @@ release_started(KEYS[8], job_key, job_id, rq_prefix)
 redis.call('LREM', KEYS[7], 0, job_id)  -- the moving list is short by construction
 drop_lease(job_key, lock_key, leases_key, stalled_key, job_id, false)
 redis.call('HINCRBY', stats_key, 'crashed', 1)
+local prefix, counts, holder = queue_prefix(leases_key), {}, token_worker(token)
+record_event(prefix, counts, 'crashed', job_id, holder, cause .. ' (attempt ' .. attempts .. ' of ' .. max_attempts .. ')')
 if not exhausted then
   requeue_front(job_key, KEYS[6], job_id)
+  record_minute(prefix, counts, now)
   return {1, attempts, max_attempts}
 end
 
@@ -81,4 +86,6 @@ else
 end
 fail_to_outbox(job_key, KEYS[9], KEYS[10], job_id, reason, failure_ttl, tonumber(ARGV[5]), ARGV[6], now)
 redis.call('HINCRBY', stats_key, 'failed', 1)
+record_event(prefix, counts, 'failed', job_id, holder, reason)
+record_minute(prefix, counts, now)
 return {2, attempts, max_attempts, reason}

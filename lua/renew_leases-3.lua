@@ -24,10 +24,12 @@ the finish; a finish that deleted the job hash, as `result_ttl=0` does, counts t
 finish also removed the index entry, which a deletion during the run leaves); and ids
 whose job showed no progress for its progress timeout: not renewed, now or ever again
 under this grant (`emq_no_progress` says why), so the holder stops the run and the lock
-lapses; the sweep then recovers the job with the attempt counted, as after any stall.
+lapses; the sweep then recovers the job with the attempt counted, as after any stall
+(the refusal goes to the queue's record, lib/record.lua).
 A report lands with the renewal it rides on: one write per tick at most, no command more.
 ]]
 -- @include lib/lease.lua
+-- @include lib/record.lua
 
 local lease_ms, prefix, heartbeat, job_prefix = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
 local now = now_ms()
@@ -39,7 +41,7 @@ local renewed = 0
 -- since its grant or its last report. Decided once per grant: a report after that
 -- revives nothing (its holder was told to stop). A lease granted without the progress
 -- stamp (an older version's) starts its clock now.
-local function without_progress(job_key, report, progress_ms)
+local function without_progress(job_key, report, progress_ms, job_id, token)
   local found = redis.call('HMGET', job_key, 'emq_no_progress', 'emq_progress_at')
   if found[1] then return true end
   if report ~= '' then return false end
@@ -49,7 +51,9 @@ local function without_progress(job_key, report, progress_ms)
     return false
   end
   if now - at <= progress_ms then return false end
-  redis.call('HSET', job_key, 'emq_no_progress', string.format('no progress for %d ms', progress_ms))
+  local why = string.format('no progress for %d ms', progress_ms)
+  redis.call('HSET', job_key, 'emq_no_progress', why)
+  record_event(prefix, {}, 'no_progress', job_id, token_worker(token), why)
   return true
 end
 
@@ -60,7 +64,7 @@ for i = 5, #ARGV, 4 do
   local owner = redis.call('HGET', job_key, 'emq_token')
   local indexed = redis.call('ZSCORE', KEYS[1], job_id)
   if owner == token and indexed then
-    if progress_ms and without_progress(job_key, report, progress_ms) then
+    if progress_ms and without_progress(job_key, report, progress_ms, job_id, token) then
       stuck[#stuck + 1] = job_id
     else
       redis.call('SET', prefix .. job_id .. ':lock', token, 'PX', lease_ms)

@@ -100,6 +100,21 @@ class QueueKeys:
         return self.prefix + "outbox"
 
     @property
+    def events(self) -> str:
+        """The queue's recent lease events: a capped stream (``lua/lib/record.lua``)."""
+        return self.prefix + "events"
+
+    @property
+    def minutes(self) -> str:
+        """Marks, recoveries, failures and crashes per minute of the last hour (a ring hash)."""
+        return self.prefix + "minutes"
+
+    @property
+    def swept(self) -> str:
+        """When the queue's last sweep round ran, and by which sweeper (``"<ms> <name>"``)."""
+        return self.prefix + "swept"
+
+    @property
     def jobs_at(self) -> str:
         """Where the queue's workers keep its jobs: their job class's prefix (a string)."""
         return self.prefix + "job_prefix"

@@ -35,8 +35,9 @@ local RECORDED = {'emq_status', 'emq_enqueued_at', 'emq_started_at'}
 
 -- What the running job told its lease (`rq_emq.current_lease().report(...)`): its last
 -- report (JSON), when it last showed progress (its grant or its last report, Redis ms),
--- and why a renewal stopped holding it (its progress timeout passed). Gone with the lease.
-local NOTES = {'emq_report', 'emq_progress_at', 'emq_no_progress'}
+-- and why a renewal stopped holding it (its progress timeout passed); and when the lease
+-- was granted (Redis ms: its age for readers). Gone with the lease.
+local NOTES = {'emq_report', 'emq_progress_at', 'emq_no_progress', 'emq_granted_at'}
 
 -- Every field a lease keeps on the job hash that must go when the lease does.
 local function lease_only_fields(...)
@@ -126,7 +127,7 @@ local function grant_lease(job_key, lock_key, leases_key, stats_key, job_id, tok
   -- emq_lease_ms: the length its renewals keep too, so readers tell a lease's age from its deadline
   local fields = {'emq_attempts', tostring(attempts), 'emq_token', token, 'emq_worker', worker,
     'emq_lease_ms', string.format('%d', lease_ms), 'emq_fence', string.format('%d', fencing_token),
-    'emq_progress_at', string.format('%d', now)}
+    'emq_progress_at', string.format('%d', now), 'emq_granted_at', string.format('%d', now)}
   -- a report of an earlier grant that no end forgot (a lease RQ ended) is not this one's
   if hash_field(hash, 'emq_report') or hash_field(hash, 'emq_no_progress') then
     redis.call('HDEL', job_key, 'emq_report', 'emq_no_progress')

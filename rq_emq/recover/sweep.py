@@ -169,6 +169,7 @@ class Sweeper(OutboxDrain, BackgroundLoop):
             self.grace_ms,
             q.job_prefix,
             RQ_PREFIX,
+            self.name,
         ]
         return keys, args
 

@@ -1,0 +1,142 @@
+"""The lease panel for rq-dashboard: one Flask blueprint, registered beside rq-dashboard's.
+
+An app that mounts rq-dashboard adds the panel in one line, at the same prefix::
+
+    app.register_blueprint(rq_dashboard.blueprint, url_prefix="/rq")
+    app.register_blueprint(rq_emq.operate.dashboard.lease_panel, url_prefix="/rq")
+
+The panel's page is ``<prefix>/leases`` (``<prefix>/<instance>/view/leases`` for another of
+rq-dashboard's Redis instances). It extends rq-dashboard's own ``base.html``, adds a
+*Leases* link to rq-dashboard's navigation (by wrapping its ``navbar.html``, never copying
+it) and links each job to rq-dashboard's job page. It shows what :mod:`..panel` reads,
+refreshed by rq-dashboard's own auto-refresh switch. It is read-only: it has no action
+and no form, every value in it is escaped (job ids, descriptions, worker names and
+reports are user data), and every request first passes rq-dashboard's own request
+guards (its basic auth, its Redis instance switch), so it is exactly as protected as
+rq-dashboard itself. ``rq-emq dashboard`` serves rq-dashboard with the panel added.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from flask import Blueprint, Flask, Response, current_app, make_response, render_template, url_for
+from flask.blueprints import BlueprintSetupState
+from jinja2 import BaseLoader, ChoiceLoader, FileSystemLoader, PrefixLoader
+from redis import Redis
+
+from ...settings import LeaseSettings
+from ..inspection import known_queues
+from ..panel import read_panels
+from ..reports import short_report
+from .chart import svg
+
+HERE = Path(__file__).resolve().parent
+#: rq-dashboard's blueprint name: the guards and templates the panel stands behind.
+RQ_DASHBOARD = "rq_dashboard"
+
+lease_panel = Blueprint("rq_emq_dashboard", __name__, template_folder="templates")
+
+
+@lease_panel.record_once
+def _wrap_navbar(state: BlueprintSetupState) -> None:
+    """Serve rq-dashboard's ``navbar.html`` through ours, which includes the stock one (by
+    a prefixed name) and adds the Leases link. The app's own templates still come first."""
+    app = state.app
+    import rq_dashboard
+
+    stock = Path(rq_dashboard.__file__).resolve().parent / "templates"
+    loaders: list[BaseLoader] = [
+        FileSystemLoader(str(HERE / "overrides")),
+        PrefixLoader({"rq_emq_stock": FileSystemLoader(str(stock))}),
+    ]
+    if app.jinja_loader is not None:
+        loaders.insert(0, app.jinja_loader)
+    app.jinja_loader = ChoiceLoader(loaders)  # type: ignore[method-assign,assignment]
+
+
+@lease_panel.before_request
+def _behind_rq_dashboards_guards() -> Any:
+    """rq-dashboard's own before-request functions (its basic auth when configured, its
+    switch to the requested Redis instance), run for the panel's requests too."""
+    if RQ_DASHBOARD not in current_app.blueprints:
+        return make_response("the lease panel needs rq-dashboard's blueprint registered", 500)
+    for guard in current_app.before_request_funcs.get(RQ_DASHBOARD, ()):
+        answer = guard()
+        if answer is not None:
+            return answer
+    return None
+
+
+@lease_panel.route("/leases", defaults={"instance_number": 0})
+@lease_panel.route("/<int:instance_number>/view/leases")
+def leases(instance_number: int) -> Response:
+    """The panel's page: rq-dashboard's frame around every queue's panel."""
+    return _page("rq_emq/leases.html", instance_number)
+
+
+@lease_panel.route("/<int:instance_number>/view/leases/panels")
+def panels(instance_number: int) -> Response:
+    """The panels alone, which the page fetches again on each auto-refresh."""
+    return _page("rq_emq/panels.html", instance_number)
+
+
+def _page(template: str, instance_number: int) -> Response:
+    from rq import __version__ as rq_version
+    from rq_dashboard.version import VERSION as rq_dashboard_version
+    from rq_dashboard.web import escape_format_instance_list
+
+    connection: Redis = current_app.redis_conn  # type: ignore[attr-defined]
+    settings = LeaseSettings.resolve()
+    queues = known_queues(connection)
+    body = render_template(
+        template,
+        panels=read_panels(connection, queues, settings),
+        chart=svg,
+        short_report=short_report,
+        ago=_ago,
+        job_url=lambda job_id: url_for(
+            f"{RQ_DASHBOARD}.job_view", instance_number=instance_number, job_id=job_id
+        ),
+        panels_url=url_for(".panels", instance_number=instance_number),
+        current_instance=instance_number,
+        instance_list=escape_format_instance_list(current_app.config.get("RQ_DASHBOARD_REDIS_URL")),
+        rq_url_prefix=url_for(f"{RQ_DASHBOARD}.queues_overview"),
+        rq_dashboard_version=rq_dashboard_version,
+        rq_version=rq_version,
+        active_tab="leases",
+        poll_interval=current_app.config.get("RQ_DASHBOARD_POLL_INTERVAL", 2500),
+        deprecation_options_usage=current_app.config.get("DEPRECATED_OPTIONS", False),
+    )
+    response = make_response(body)
+    response.headers.set("Cache-Control", "no-store")
+    return response
+
+
+def _ago(ms: int | None) -> str:
+    """``850 ms``, ``12.3 s``, ``4 min``, ``2.1 h``; negative as ``in ...``; None as ``-``."""
+    if ms is None:
+        return "-"
+    sign, ms = ("in " if ms < 0 else ""), abs(ms)
+    if ms < 1000:
+        return f"{sign}{ms} ms"
+    if ms < 60_000:
+        return f"{sign}{ms / 1000:.1f} s"
+    if ms < 3_600_000:
+        return f"{sign}{ms // 60_000} min"
+    return f"{sign}{ms / 3_600_000:.1f} h"
+
+
+def create_app(
+    redis_url: str, url_prefix: str = "", username: str | None = None, password: str | None = None
+) -> Flask:
+    """rq-dashboard's own app (its settings, its basic auth when given) with the panel added."""
+    from rq_dashboard.cli import make_flask_app
+    from rq_dashboard.web import setup_rq_connection
+
+    app: Flask = make_flask_app(None, username, password, url_prefix)
+    app.config["RQ_DASHBOARD_REDIS_URL"] = redis_url
+    setup_rq_connection(app)
+    app.register_blueprint(lease_panel, url_prefix=url_prefix)
+    return app

@@ -30,7 +30,7 @@ manager's tick.
 Variants alternate in rounds on one private redis-server, so a busy moment of a shared
 machine falls on each alike.
 
-    python benchmarks/job_lease.py [--executes 500] [--calls 10000] [--ticks 20] [--quick]
+    python benchmarks/job_lease.py [--executes 300] [--rounds 8] [--calls 10000] [--ticks 10] [--quick]
 """
 
 from __future__ import annotations
@@ -287,11 +287,11 @@ def tick_table(url: str, sizes: list[int], ticks: int, rounds: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--executes", type=int, default=500, help="executes per block of the write table")
-    parser.add_argument("--rounds", type=int, default=5, help="alternating blocks per variant")
+    parser.add_argument("--executes", type=int, default=300, help="executes per block of the write table")
+    parser.add_argument("--rounds", type=int, default=8, help="alternating blocks per variant")
     parser.add_argument("--calls", type=int, default=10_000, help="report() and save_meta() calls")
     parser.add_argument("--sizes", default="1,100,1000", help="leases held, comma separated")
-    parser.add_argument("--ticks", type=int, default=20, help="ticks per block of the tick table")
+    parser.add_argument("--ticks", type=int, default=10, help="ticks per block of the tick table")
     parser.add_argument("--quick", action="store_true")
     options = parser.parse_args()
     sizes = [int(s) for s in options.sizes.split(",")]

@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
@@ -16,7 +17,17 @@ from redis.connection import Connection
 
 from rq_emq.testing import private_redis
 
-__all__ = ["private_redis", "table", "percentile", "wait_until", "worker", "counting_client", "RoundTrips"]
+__all__ = [
+    "private_redis",
+    "table",
+    "percentile",
+    "wait_until",
+    "worker",
+    "counting_client",
+    "RoundTrips",
+    "Spent",
+    "spending",
+]
 
 HERE = Path(__file__).resolve().parent
 RQ_BIN = str(Path(sys.executable).parent / "rq")
@@ -41,6 +52,43 @@ def counting_client(url: str) -> redis.Redis:
     """A client whose round trips add to :attr:`RoundTrips.count`."""
     kwargs = redis.ConnectionPool.from_url(url).connection_kwargs
     return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=_CountingConnection, **kwargs))
+
+
+#: What a benchmark's own measuring sends (INFO, CONFIG RESETSTAT, SLOWLOG): never counted.
+MEASURING = ("cmdstat_config", "cmdstat_info", "cmdstat_slowlog")
+#: What a client sends as one unit: a transaction, a script. Redis times such a command with
+#: the commands run inside it (which commandstats counts again, each on its own).
+UNITS = ("cmdstat_multi", "cmdstat_exec", "cmdstat_eval", "cmdstat_evalsha")
+
+
+@dataclass
+class Spent:
+    """What Redis did over one span of a benchmark: the round trips this process sent
+    (through its counting clients), the commands Redis ran (those inside transactions and
+    scripts included), Redis' time in MULTI/EXEC and scripts (the commands inside them
+    included; other commands a client sent on their own are not in it) and Redis CPU
+    (``INFO cpu``, user + sys: parsing and replying included, and whatever else Redis did)."""
+
+    trips: float = 0
+    commands: float = 0
+    unit_usec: float = 0
+    cpu_usec: float = 0
+
+
+@contextmanager
+def spending(r: redis.Redis) -> Iterator[Spent]:
+    """What Redis does during the block, filled in as it ends. ``r`` should be a client that
+    does not count its round trips (its INFO and CONFIG calls are not the block's). Resets
+    Redis' command statistics."""
+    r.config_resetstat()
+    cpu, trips = r.info("cpu"), RoundTrips.count
+    spent = Spent()
+    yield spent
+    spent.trips = RoundTrips.count - trips
+    cpu_after, stats = r.info("cpu"), r.info("commandstats")
+    spent.commands = sum(v["calls"] for k, v in stats.items() if not k.startswith(MEASURING))
+    spent.unit_usec = sum(v["usec"] for k, v in stats.items() if k in UNITS)
+    spent.cpu_usec = sum(cpu_after[k] - cpu[k] for k in ("used_cpu_user", "used_cpu_sys")) * 1e6
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, interval: float = 0.01) -> None:

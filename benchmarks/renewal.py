@@ -35,6 +35,7 @@ from rq import Queue, Worker
 from rq.utils import now
 
 from rq_emq import LeaseWorker, scripts
+from rq_emq.hold.lease import LockManager
 from rq_emq.intake.take import Taker
 
 QUEUE = "bench"
@@ -49,6 +50,12 @@ def enqueue(r: redis.Redis, n: int) -> None:
 
 def ours(url: str, n: int) -> Callable[[], object]:
     """One LeaseWorker holding n leases; returns its lock manager's tick."""
+    return holding(url, n).tick
+
+
+def holding(url: str, n: int) -> LockManager:
+    """The lock manager of one LeaseWorker holding n leases, each with its RQ execution
+    (not started: the caller ticks it); its client counts round trips."""
     r = redis.Redis.from_url(url)
     enqueue(r, n)
     scripts.load_all(r)
@@ -63,7 +70,7 @@ def ours(url: str, n: int) -> Callable[[], object]:
         job.started_at = now()
         w.prepare_execution(job)
     assert len(w.lock_manager.held()) == n
-    return w.lock_manager.tick
+    return w.lock_manager
 
 
 def stock(url: str, n: int) -> Callable[[], object]:

@@ -31,6 +31,7 @@ BENCHMARKS = {
     "idle_cost": "Idle fleets: Redis commands per second per idle worker (N = 1, 10, 50)",
     "throughput": "No-op jobs: throughput, Redis commands, round trips and Redis CPU per job",
     "renewal": "Keeping N jobs alive: cost of one heartbeat tick",
+    "job_lease": "The job's own lease: a fenced write beside a plain pipeline, report() beside save_meta()",
     "sweep_cost": "Sweep: Redis time with 1k-100k jobs in flight",
     "detection": "SIGKILLed worker: time until its job is back",
 }

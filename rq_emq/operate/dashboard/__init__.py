@@ -41,19 +41,23 @@ lease_panel = Blueprint("rq_emq_dashboard", __name__, template_folder="templates
 
 @lease_panel.record_once
 def _wrap_navbar(state: BlueprintSetupState) -> None:
-    """Serve rq-dashboard's ``navbar.html`` through ours, which includes the stock one (by
-    a prefixed name) and adds the Leases link. The app's own templates still come first."""
+    """Serve rq-dashboard's ``navbar.html`` through ours, which includes the one the app
+    had (its own override, else rq-dashboard's, by a prefixed name) and adds the link."""
     app = state.app
     import rq_dashboard
 
-    stock = Path(rq_dashboard.__file__).resolve().parent / "templates"
-    loaders: list[BaseLoader] = [
-        FileSystemLoader(str(HERE / "overrides")),
-        PrefixLoader({"rq_emq_stock": FileSystemLoader(str(stock))}),
+    stock: list[BaseLoader] = [
+        FileSystemLoader(str(Path(rq_dashboard.__file__).resolve().parent / "templates"))
     ]
     if app.jinja_loader is not None:
-        loaders.insert(0, app.jinja_loader)
-    app.jinja_loader = ChoiceLoader(loaders)  # type: ignore[method-assign,assignment]
+        stock.insert(0, app.jinja_loader)
+    app.jinja_loader = ChoiceLoader(  # type: ignore[method-assign,assignment]
+        [
+            FileSystemLoader(str(HERE / "overrides")),
+            PrefixLoader({"rq_emq_stock": ChoiceLoader(stock)}),
+            *stock,
+        ]
+    )
 
 
 @lease_panel.before_request
@@ -131,11 +135,15 @@ def _ago(ms: int | None) -> str:
 def create_app(
     redis_url: str, url_prefix: str = "", username: str | None = None, password: str | None = None
 ) -> Flask:
-    """rq-dashboard's own app (its settings, its basic auth when given) with the panel added."""
-    from rq_dashboard.cli import make_flask_app
+    """rq-dashboard's own app (its settings, ``RQ_DASHBOARD_SETTINGS``) with the panel
+    added; with ``username``, rq-dashboard's basic auth guards the whole app (set on the
+    app, not on rq-dashboard's blueprint, which a process can register only once)."""
+    from rq_dashboard.cli import add_basic_auth, make_flask_app
     from rq_dashboard.web import setup_rq_connection
 
-    app: Flask = make_flask_app(None, username, password, url_prefix)
+    app: Flask = make_flask_app(None, None, None, url_prefix)
+    if username:
+        add_basic_auth(app, username, password)
     app.config["RQ_DASHBOARD_REDIS_URL"] = redis_url
     setup_rq_connection(app)
     app.register_blueprint(lease_panel, url_prefix=url_prefix)

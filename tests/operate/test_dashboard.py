@@ -1,0 +1,202 @@
+"""The lease panel in rq-dashboard, through Flask's test client against a real Redis: what
+an operator reads there (a leased job's worker, attempt, report and fencing token; the
+stalls, recoveries, crashes, poison pills and refused outcomes; the chart), that it sits
+inside rq-dashboard (its frame, its navigation, its auth) and that it only ever reads."""
+
+from __future__ import annotations
+
+import html as html_module
+import re
+from collections.abc import Iterator
+
+import pytest
+import redis
+from integration_scenarios import require
+from rq import Queue
+from stalls import Q, next_round, stall, sweeper
+
+from rq_emq import scripts
+from rq_emq.hold.lease import Lease, LockManager
+from rq_emq.intake.take import Taker
+from rq_emq.keys import job_key
+from rq_emq.run.job_lease import encode_report
+from rq_emq.settings import LeaseSettings
+
+require("rq_dashboard")
+from flask import Flask  # noqa: E402
+from flask.testing import FlaskClient  # noqa: E402
+
+from rq_emq.operate.dashboard import create_app, lease_panel  # noqa: E402
+
+SETTINGS = LeaseSettings(lease_ms=60_000, renew_interval_ms=1_000)
+
+
+@pytest.fixture
+def client(r: redis.Redis, redis_url: str) -> Iterator[FlaskClient]:
+    yield create_app(redis_url).test_client()
+
+
+def page(client: FlaskClient, path: str = "/leases") -> str:
+    answer = client.get(path)
+    assert answer.status_code == 200, answer.data[:500]
+    return answer.get_data(as_text=True)
+
+
+def cell(html: str, job_id: str, column: str) -> str:
+    """The text of a leased job's ``column`` cell."""
+    row = re.search(
+        rf'<tr class="rq-emq-lease[^"]*" data-job-id="{re.escape(job_id)}">(.*?)</tr>', html, re.S
+    )
+    assert row, f"no row for {job_id}"
+    found = re.search(rf'<td class="{column}">(.*?)</td>', row.group(1), re.S)
+    assert found, f"no {column} cell for {job_id}"
+    return html_module.unescape(re.sub(r"<[^>]+>", "", found.group(1))).strip()
+
+
+def events(html: str) -> list[tuple[str, str]]:
+    return re.findall(r'<tr class="rq-emq-event [^"]*" data-kind="([^"]+)" data-job-id="([^"]+)">', html)
+
+
+def held_job(r: redis.Redis, report: str | None = None) -> Lease:
+    """A job taken by worker w1 (its lease in a lock manager the test ticks), maybe reported."""
+    Queue("q", connection=r).enqueue("jobs.noop", description="adds things")
+    taken = Taker(r, "w1", SETTINGS).pop(["q"])
+    assert taken is not None
+    lease = Lease("q", taken.job_id, taken.token)
+    if report is not None:
+        manager = LockManager(r, SETTINGS.lease_ms, SETTINGS.renew_interval_ms, on_lost=lambda _: None)
+        manager.add(lease)
+        lease.post_report(report)
+        manager.tick()
+    return lease
+
+
+def test_a_leased_job_shows_its_worker_attempt_report_and_fencing_token(
+    r: redis.Redis, client: FlaskClient
+) -> None:
+    lease = held_job(r, encode_report(0.4, {"step": "upload"}))
+    html = page(client)
+    assert cell(html, lease.job_id, "worker") == "w1"
+    assert cell(html, lease.job_id, "attempt") == "1 of 3"
+    assert cell(html, lease.job_id, "fencing-token") == "1"
+    assert cell(html, lease.job_id, "lock") == "held"
+    assert cell(html, lease.job_id, "report").startswith('{"progress":0.4,"step":"upload"} (')
+    assert re.fullmatch(r"\d+ ms|\d+\.\d s", cell(html, lease.job_id, "age"))
+    assert '<td class="in-flight">1</td>' in html
+
+
+def test_stalls_recoveries_crashes_poison_pills_and_refused_outcomes_are_listed_with_the_chart(
+    r: redis.Redis, client: FlaskClient
+) -> None:
+    recovered, poisoned = stall(r, 2)
+    r.hset(job_key(poisoned), mapping={"emq_max_attempts": 1})
+    s = sweeper(r)
+    s.sweep("q")
+    next_round(s)
+    s.sweep("q")
+    r.delete(Q.rq_queue)  # the recovered job out of the way of the next takes
+    crashed = held_job(r)
+    crash = scripts.load("recover_crashed_job")
+    args = [crashed.job_id, crashed.token, "rq:", 3, 60, "2026-12-02T00:00:00Z", "horse killed by signal 9"]
+    assert crash(r, Q.returning(crashed.job_id) + [Q.failed, Q.outbox], args)[0] == 1
+    late = held_job(r)
+    finish = scripts.load("finish_job")
+    keys = [job_key(late.job_id), Q.lock(late.job_id), Q.leases, Q.stalled, Q.stats]
+    assert finish(r, keys, [late.job_id, "not-its-token:w9", "finished", 0]) == [0]
+    html = page(client)
+    listed = events(html)
+    for kind, job_id in [
+        ("marked", recovered),
+        ("recovered", recovered),
+        ("marked", poisoned),
+        ("failed", poisoned),
+        ("crashed", crashed.job_id),
+        ("refused", late.job_id),
+    ]:
+        assert (kind, job_id) in listed, (kind, job_id, listed)
+    assert "stalled on attempt 1 of 1" in html and "horse killed by signal 9 (attempt 1 of 3)" in html
+    assert "dead-worker" in html and "w9" in html  # the holder whose lease it was
+    # this minute's point: two stalls, one recovery (the poison pill was failed, not recovered)
+    assert re.search(r'class="point point-stalled" data-minute="59" data-count="2"', html)
+    assert re.search(r'class="point point-recovered" data-minute="59" data-count="1"', html)
+    assert "ago by rq-emq-sweeper" in html  # the last round, and who ran it
+
+
+def test_user_data_is_shown_escaped(r: redis.Redis, client: FlaskClient) -> None:
+    job = Queue("q", connection=r).enqueue("jobs.noop", description='<script>alert("x")</script><b>')
+    Taker(r, "<img src=x onerror=alert(1)>", SETTINGS).pop(["q"])
+    html = page(client)
+    assert "<script>alert" not in html and "<img src=x" not in html and "<b>" not in html
+    assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;&lt;b&gt;" in html
+    assert cell(html, job.id, "worker") == "<img src=x onerror=alert(1)>"  # shown as text
+
+
+def test_the_panel_sits_in_rq_dashboard_with_a_link_in_its_navigation(client: FlaskClient) -> None:
+    for path in ("/", "/0/view/workers", "/leases"):
+        assert 'id="rq-emq-leases-link"' in page(client, path)
+        assert "RQ-dashboard" in page(client, path)  # rq-dashboard's own frame
+    assert 'href="/0/view/job/' not in page(client)  # no jobs yet; links checked below
+
+
+def test_embedded_beside_rq_dashboard_in_one_line_it_links_jobs_to_rq_dashboards_pages(
+    r: redis.Redis, redis_url: str
+) -> None:
+    import rq_dashboard
+    from rq_dashboard.web import setup_rq_connection
+
+    app = Flask("my-app")
+    app.config.from_object(rq_dashboard.default_settings)
+    app.config["RQ_DASHBOARD_REDIS_URL"] = redis_url
+    setup_rq_connection(app)
+    app.register_blueprint(rq_dashboard.blueprint, url_prefix="/rq")
+    app.register_blueprint(lease_panel, url_prefix="/rq")  # the one line
+    lease = held_job(r)
+    html = page(app.test_client(), "/rq/leases")
+    assert f'href="/rq/0/view/job/{lease.job_id}"' in html
+    assert page(app.test_client(), f"/rq/0/view/job/{lease.job_id}")  # rq-dashboard's page
+
+
+def test_behind_rq_dashboards_basic_auth_the_panel_refuses_a_stranger(r: redis.Redis, redis_url: str) -> None:
+    app = create_app(redis_url, username="ops", password="s3cret")
+    stranger = app.test_client()
+    for path in ("/leases", "/0/view/leases/panels"):
+        assert stranger.get(path).status_code == 401
+        assert stranger.get(path, auth=("ops", "wrong")).status_code == 401
+        assert stranger.get(path, auth=("ops", "s3cret")).status_code == 200
+
+
+def test_a_guard_added_to_rq_dashboards_blueprint_guards_the_panel_too(redis_url: str) -> None:
+    """What ``add_basic_auth(rq_dashboard.blueprint, ...)`` (or any before-request check on
+    rq-dashboard's blueprint) registers runs before the panel's pages as well."""
+    from flask import Response, request
+
+    def only_with_the_header() -> Response | None:
+        return None if "X-Ok" in request.headers else Response("no", 403)
+
+    app = create_app(redis_url)
+    app.before_request_funcs.setdefault("rq_dashboard", []).insert(0, only_with_the_header)
+    assert app.test_client().get("/leases").status_code == 403
+    assert app.test_client().get("/leases", headers={"X-Ok": "1"}).status_code == 200
+
+
+def test_the_panel_only_reads(r: redis.Redis, client: FlaskClient) -> None:
+    held_job(r, encode_report(1, {}))
+    rules = [rule for rule in client.application.url_map.iter_rules() if rule.endpoint.startswith("rq_emq")]
+    assert rules and all(set(rule.methods or ()) <= {"GET", "HEAD", "OPTIONS"} for rule in rules)
+    before = {key: r.type(key) for key in r.keys("*")}
+    r.config_resetstat()
+    html = page(client)
+    assert "<form" not in html and "method=" not in html.lower().replace('method="get"', "")
+    assert {key: r.type(key) for key in r.keys("*")} == before
+    written = [name for name in r.info("commandstats") if name.split("_", 1)[1] in WRITES]
+    assert written == [], written
+
+
+WRITES = {"set", "hset", "del", "zadd", "zrem", "lpush", "rpush", "xadd", "hincrby", "expire", "hdel"}
+
+
+def test_without_rq_dashboard_the_panel_says_what_it_needs(redis_url: str) -> None:
+    app = Flask("bare")
+    app.register_blueprint(lease_panel)
+    answer = app.test_client().get("/leases")
+    assert answer.status_code == 500 and b"rq-dashboard's blueprint" in answer.data

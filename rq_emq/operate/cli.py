@@ -4,7 +4,8 @@
 ``status`` and ``leases`` show lease state (``rq_emq.operate.inspection``), ``metrics`` prints it
 as Prometheus text (``rq_emq.operate.metrics``), ``sweep`` runs one sweep round now and
 ``reaper`` runs the sweep as a standalone process, ``rollback`` hands every leased job
-back to stock RQ after a fleet moved back to stock workers. This module owns the command
+back to stock RQ after a fleet moved back to stock workers, ``dashboard`` serves
+rq-dashboard with the lease panel (``rq_emq.operate.cli_dashboard``). This module owns the command
 group and the reading commands; the writing ones live in ``rq_emq.operate.cli_write``,
 the options they share in ``rq_emq.operate.cli_options``. Tables and JSON live in
 ``rq_emq.operate.cli_output``, connecting and reading the input in
@@ -23,7 +24,7 @@ from typing import Any
 import click
 
 from .._version import __version__
-from . import cli_output, cli_write, inspection, metrics
+from . import cli_dashboard, cli_output, cli_write, inspection, metrics
 from .cli_connect import BadInput, Target, connect, redact, select_queues
 from .cli_options import class_options, common, layout_of, load_classes, watch_option
 
@@ -150,6 +151,7 @@ def metrics_command(
 
 for _command in (cli_write.sweep, cli_write.rollback_command, cli_write.reaper):
     main.add_command(_command)  # the writing commands, in cli_write.py
+main.add_command(cli_dashboard.dashboard)  # rq-dashboard with the lease panel
 
 
 if __name__ == "__main__":

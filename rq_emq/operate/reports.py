@@ -46,14 +46,32 @@ def read_notes(info: Noted, now_ms: int, values: Sequence[Any]) -> None:
     info.no_progress = no_progress
 
 
-def short_report(report: Any, width: int = 40) -> str | None:
-    """A report in one short line: its progress alone when it has nothing else."""
+def short_report(report: Any, width: int = 48) -> str | None:
+    """A report in one short line: a progress between 0 and 1 as a percentage, then the
+    details as ``name=value`` (JSON values), cut to ``width`` characters."""
     if report is None:
         return None
-    if isinstance(report, dict) and set(report) == {"progress"}:
-        report = report["progress"]
-    line = json.dumps(report, separators=(",", ":"), ensure_ascii=False)
+    if not isinstance(report, dict):
+        line = _json(report)
+    else:
+        details = dict(report)
+        progress = details.pop("progress", None)
+        words = [_progress(progress)] if progress is not None else []
+        words += [f"{name}={_json(value)}" for name, value in details.items()]
+        line = " ".join(words) or "{}"
     return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def _progress(value: Any) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1:
+        return f"{value:.0%}"
+    return _json(value)
+
+
+def _json(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def _text(value: Any) -> str | None:

@@ -26,6 +26,8 @@ HORSE = "tests/recover/test_horse_crash.py"
 WHOLE = "tests/run/test_stop_whole.py"
 JOB_LEASE = "tests/run/test_job_lease.py"
 REPORTS = "tests/hold/test_reports.py"
+DASHBOARD = "tests/operate/test_dashboard.py"
+SWEEP_RECORD = "tests/recover/test_record.py"
 
 
 @dataclass(frozen=True)
@@ -1070,6 +1072,33 @@ CATALOG: list[Mutation] = [
         "redis.call('HDEL', job_key, 'emq_token')",
         [f"{REPORTS}::test_a_report_goes_when_the_lease_ends_by_a_finish_a_hand_back_or_a_recovery"],
         "a recovered job shows its dead run's report (and progress clock) as if it were live",
+    ),
+    # -- the record the dashboard reads (lua/lib/record.lua) -----------------------------------
+    _m(
+        "recovery_not_recorded",
+        "lua/move_stalled_jobs_to_wait-9.lua",
+        "        record_event(prefix, counts, 'recovered', job_id, holder, why)\n",
+        "",
+        [
+            f"{DASHBOARD}::test_stalls_recoveries_crashes_poison_pills_and_refused_outcomes_are_listed_with_the_chart"
+        ],
+        "the dashboard shows a stall but never its recovery",
+    ),
+    _m(
+        "event_stream_uncapped",
+        "lua/lib/record.lua",
+        "'MAXLEN', '~', EVENTS_KEPT, '*'",
+        "'*'",
+        [f"{SWEEP_RECORD}::test_the_event_stream_keeps_about_a_thousand_entries_whatever_happens"],
+        "the events stream grows without bound in Redis's memory",
+    ),
+    _m(
+        "stale_minute_slot_added_to",
+        "lua/lib/record.lua",
+        "if redis.call('HGET', ring, 'at:' .. slot) ~= tostring(minute) then",
+        "if redis.call('HGET', ring, 'at:' .. slot) == false then",
+        [f"{SWEEP_RECORD}::test_the_minute_ring_has_a_fixed_size_and_starts_a_stale_slot_again"],
+        "an hour-old minute's counts are added to this minute's in the chart",
     ),
 ]
 

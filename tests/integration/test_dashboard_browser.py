@@ -139,15 +139,17 @@ def test_the_panel_shows_a_crash_a_recovery_and_a_poison_pill_as_they_happen(
     link.click()
     wait_for(lambda: "Leases" in browser.title or browser.find_elements(By.CSS_SELECTOR, ".rq-emq-queue"))
 
+    # each read is one script in the page, so the panels' auto-refresh (which replaces them
+    # whole) cannot swap an element between finding it and reading it
+    def text_of(selector: str) -> str:
+        script = "var e = document.querySelector(arguments[0]); return e ? e.innerText : '';"
+        return str(browser.execute_script(script, selector)).strip()
+
     def cell(job_id: str, column: str) -> str:
-        rows = browser.find_elements(By.CSS_SELECTOR, f'tr.rq-emq-lease[data-job-id="{job_id}"] td.{column}')
-        return str(rows[0].text) if rows else ""
+        return text_of(f'tr.rq-emq-lease[data-job-id="{job_id}"] td.{column}')
 
     def event(kind: str, job_id: str) -> str:
-        rows = browser.find_elements(
-            By.CSS_SELECTOR, f'tr.rq-emq-event[data-kind="{kind}"][data-job-id="{job_id}"]'
-        )
-        return str(rows[0].text) if rows else ""
+        return text_of(f'tr.rq-emq-event[data-kind="{kind}"][data-job-id="{job_id}"]')
 
     wait_for(lambda: cell(long.id, "report"), timeout=15, what="the long job's report")
     assert cell(long.id, "attempt") == "1 of 3" and cell(long.id, "fencing-token") == "1"
@@ -158,9 +160,11 @@ def test_the_panel_shows_a_crash_a_recovery_and_a_poison_pill_as_they_happen(
     assert "stalled on attempt 1 of 3" in event("recovered", stalled.id)
     assert "stalled on attempt 1 of 1" in event("failed", poison.id)  # the poison pill
     assert event("marked", poison.id) and event("marked", stalled.id)
-    points = browser.find_elements(By.CSS_SELECTOR, "svg.rq-emq-chart circle.point")
-    stalls = [p for p in points if "point-stalled" in (p.get_attribute("class") or "")]
-    assert stalls and sum(int(p.get_attribute("data-count") or 0) for p in stalls) >= 2
+    stalls = browser.execute_script(
+        "return Array.from(document.querySelectorAll('svg.rq-emq-chart circle.point-stalled'))"
+        ".map(function (p) { return Number(p.dataset.count); });"
+    )
+    assert stalls and sum(stalls) >= 2, stalls
     # the page keeps itself current (rq-dashboard's Autorefresh), no reload
     shown = cell(long.id, "report")
     marker = browser.execute_script("window.rq_emq_no_reload = 1; return window.rq_emq_no_reload;")

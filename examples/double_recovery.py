@@ -185,6 +185,7 @@ def forget(r: redis.Redis, queue: str, job_ids: list[str]) -> None:
     """Remove every key a trial made, so a shared server is left as it was."""
     q = QueueKeys(queue)
     keys = [q.rq_queue, q.intermediate, q.started, q.failed, q.leases, q.stalled, q.sweep, q.stats, q.outbox]
+    keys += [q.events, q.minutes, q.swept]  # the queue's record of lease events
     for job_id in job_ids:
         keys += [job_key(job_id), q.lock(job_id), naive_lock(queue, job_id)]
     r.delete(*keys)

@@ -18,6 +18,8 @@ import redis
 from procs import Processes
 from redis_server import ExternalRedis, RedisServer, require_redis_server
 
+from rq_emq.events import LeaseEvent, subscribe, unsubscribe
+
 #: Test processes per usable CPU under ``-n auto``. The suite mostly waits (on leases,
 #: sweeps, real worker processes starting): one process per CPU left half the CPU idle
 #: (470 s for the suite on 2 cores, 473 CPU-seconds); two per CPU filled it (328 s with
@@ -115,3 +117,12 @@ def procs(tmp_path: object) -> Iterator[Processes]:
     processes = Processes(str(tmp_path))
     yield processes
     processes.stop_all()
+
+
+@pytest.fixture
+def seen() -> Iterator[list[LeaseEvent]]:
+    """Every lease event this process delivers while the test runs, in order."""
+    received: list[LeaseEvent] = []
+    hook = subscribe(received.append)
+    yield received
+    unsubscribe(hook)

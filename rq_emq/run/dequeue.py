@@ -189,24 +189,18 @@ class DequeueMixin:
         if progress is not None:
             lease.progress_timeout_ms = job_progress_timeout(progress)
             if lease.progress_timeout_ms is None:
-                logger.warning(
-                    "job %s on queue %s: meta %s=%r is not a whole number of ms from 1 to a week; "
-                    "the job runs without a progress timeout",
-                    *(job.id, queue.name, META_PROGRESS_TIMEOUT, progress),
-                    extra={"job_id": job.id, "queue": queue.name},
+                _ignored(
+                    job,
+                    queue,
+                    META_PROGRESS_TIMEOUT,
+                    progress,
+                    "of ms from 1 to a week",
+                    "no progress timeout",
                 )
         if wanted is not None:
             lease.max_attempts = job_max_attempts(wanted)
             if lease.max_attempts is None:
-                logger.warning(
-                    "job %s on queue %s: meta %s=%r is not a whole number from 1 to 1000; "
-                    "the worker's max_attempts applies",
-                    job.id,
-                    queue.name,
-                    META_MAX_ATTEMPTS,
-                    wanted,
-                    extra={"job_id": job.id, "queue": queue.name},
-                )
+                _ignored(job, queue, META_MAX_ATTEMPTS, wanted, "from 1 to 1000", "the worker's max_attempts")
         return job
 
     def _fail_unreadable(self, queue: Queue, lease: Lease, error: Exception) -> None:
@@ -230,3 +224,12 @@ class DequeueMixin:
                 pipe.execute()
         except LeaseLost:
             pass
+
+
+def _ignored(job: Job, queue: Queue, key: str, value: object, rule: str, instead: str) -> None:
+    """A job's meta setting that does not read: logged, and the job runs with ``instead``."""
+    logger.warning(
+        "job %s on queue %s: meta %s=%r is not a whole number %s; it runs with %s",
+        *(job.id, queue.name, key, value, rule, instead),
+        extra={"job_id": job.id, "queue": queue.name},
+    )

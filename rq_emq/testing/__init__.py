@@ -54,8 +54,13 @@ def find_redis_server() -> str | None:
 
 
 def using_bundled_redis_server() -> bool:
-    """True when no ``redis-server`` is on the PATH and the bundled one stands in."""
-    return shutil.which("redis-server") is None and bundled_redis_server() is not None
+    """True when the bundled ``redis-server`` stands in: none on the PATH, or the PATH's
+    first is the bundled one itself (an activated venv puts its scripts first)."""
+    bundled = bundled_redis_server()
+    if bundled is None:
+        return False
+    found = shutil.which("redis-server")
+    return found is None or Path(found).resolve() == Path(bundled).resolve()
 
 
 class RedisServer:

@@ -29,14 +29,6 @@ SETTINGS = LeaseSettings(lease_ms=2_000, renew_interval_ms=500)
 Q = QueueKeys("q")
 
 
-@pytest.fixture
-def seen() -> list[events.LeaseEvent]:
-    received: list[events.LeaseEvent] = []
-    hook = events.subscribe(received.append)
-    yield received
-    events.unsubscribe(hook)
-
-
 class Held:
     """One job taken, its lease in a lock manager that nothing ticks but the test."""
 

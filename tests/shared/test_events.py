@@ -22,14 +22,6 @@ from rq_emq.keys import job_key
 from rq_emq.settings import LeaseSettings, SettingsError
 
 
-@pytest.fixture
-def seen() -> list[events.LeaseEvent]:
-    received: list[events.LeaseEvent] = []
-    hook = events.subscribe(received.append)
-    yield received
-    events.unsubscribe(hook)
-
-
 def kinds(received: list[events.LeaseEvent]) -> list[tuple[str, str, str]]:
     return [(e.kind, e.job_id, e.queue) for e in received]
 

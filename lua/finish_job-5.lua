@@ -34,9 +34,12 @@ local job_id, token = ARGV[1], ARGV[2]
 local state = check_holder(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, token)
 if state == 'lost' then
   -- a late outcome of a replaced holder: refused, and kept in the record (a finish whose
-  -- job is gone, or another's, is rare: the holder stops on its lost renewal first)
-  record_event(queue_prefix(KEYS[3]), {}, 'refused', job_id, token_worker(token),
-    'outcome refused: the lease was no longer its own')
+  -- job is gone, or another's, is rare: the holder stops on its lost renewal first); a
+  -- second outbox drainer's refusal is no holder's
+  if ARGV[3] ~= 'outbox_completed' then
+    record_event(queue_prefix(KEYS[3]), {}, 'refused', job_id, token_worker(token),
+      'outcome refused: the lease was no longer its own')
+  end
   return {0}
 end
 if state == 'ended' then return {2, redis.call('HGET', KEYS[1], 'status') or ''} end

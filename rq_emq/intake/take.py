@@ -34,7 +34,7 @@ from redis import Redis
 from .. import scripts
 from ..connection import failover
 from ..connection.confirm import TAKE_WAIT_MS, TakeConfirmation
-from ..hold.lease import new_token
+from ..hold.held import new_token
 from ..keys import RQ_PREFIX, QueueKeys
 from ..settings import LeaseSettings
 from .wake import SELECT_MARGIN_S, QueueWait, WaitRefused

@@ -66,7 +66,7 @@ from typing import Any
 from redis import Redis
 
 from .. import scripts
-from ..hold.lease import new_token
+from ..hold.held import new_token
 from ..keys import JOB_PREFIX, QUEUE_PREFIX, sweeper_deputy_key, sweeper_election_key, sweeper_line_key
 
 logger = logging.getLogger("rq_emq.sweep")

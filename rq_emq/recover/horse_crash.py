@@ -36,7 +36,7 @@ from rq.utils import now, utcformat
 
 from .. import events, scripts
 from ..connection.blips import BLIPS, through_blips
-from ..hold.lease import Lease
+from ..hold.held import Lease
 from ..keys import RQ_PREFIX
 from .sweep import DEFAULT_FAILURE_TTL
 

@@ -23,7 +23,7 @@ from rq.results import Result
 from .. import compat, scripts
 from ..connection import confirm
 from ..fence.fencing import Fence, LeaseLost, fenced
-from ..hold.lease import new_token
+from ..hold.held import new_token
 from ..keys import QueueKeys
 from ..settings import LeaseSettings
 

@@ -25,7 +25,8 @@ from rq.utils import now
 from .. import compat
 from ..connection import failover
 from ..fence.fencing import LeaseLost, fenced
-from ..hold.lease import Lease, LockManager
+from ..hold.held import Lease
+from ..hold.lease import LockManager
 from ..intake.take import Taken, Taker
 from ..keys import QueueKeys
 from ..recover.sweep import Sweeper

@@ -38,7 +38,7 @@ from redis import Redis
 from redis.client import Pipeline
 
 from ..fence.fencing import Fence, FencedPipelineMixin, FencedSession, LeaseLost
-from ..hold.lease import Lease
+from ..hold.held import Lease
 from .horse_fence import REPORT_LIMIT_BYTES
 
 

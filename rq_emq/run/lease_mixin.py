@@ -32,7 +32,8 @@ from ..fence import fencing
 from ..fence.fencing import LeaseLost
 from ..fence.job_writes import JobWritesMixin
 from ..hold.heartbeats import HeartbeatMixin
-from ..hold.lease import Lease, LockManager, own_client
+from ..hold.held import Lease
+from ..hold.lease import LockManager, own_client
 from ..intake.take import Taker
 from ..recover.registries import pin_started_entries_of, prepare_registries
 from ..recover.sweep import Sweeper

@@ -22,7 +22,7 @@ from typing import Any
 
 from rq.job import Job
 
-from ..hold.lease import Lease
+from ..hold.held import Lease
 from .horse_fence import HorseDeadline
 from .job_lease import lease_clock
 from .process_tree import kill_tree

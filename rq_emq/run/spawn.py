@@ -30,7 +30,7 @@ from rq.queue import Queue
 
 from .. import compat
 from ..fence import fencing
-from ..hold.lease import Lease
+from ..hold.held import Lease
 from ..keys import QueueKeys
 from ..recover.registries import given_queue_class
 from ..settings import job_max_attempts

@@ -36,7 +36,7 @@ from rq.queue import Queue
 
 from .. import compat
 from ..fence.job_writes import LeaseJobInterrupted
-from ..hold.lease import Lease
+from ..hold.held import Lease
 from ..recover.horse_crash import HorseCrashMixin
 from .horse_fence import die_with_parent
 from .lease_mixin import LeaseMixin

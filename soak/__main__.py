@@ -15,10 +15,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .checks import Verdict, evaluate
+from .checks import evaluate
 from .faults import KINDS, NOT_WITH_SENTINEL, SENTINEL_KINDS
 from .model import BOUND_SLACK_S, Config, Evidence, load
 from .run import Soak
+from .verdict import Verdict
 
 
 def parse(argv: list[str] | None) -> tuple[Config, bool, bool, Path | None, float | None]:

@@ -148,6 +148,12 @@ class Evidence:
     failure_callbacks: dict[str, list[float]] = field(default_factory=dict)
 
 
+def kind_of(planned: Any) -> str:
+    """A planned job's kind (soak/README.md): plain, parent, dependent, cancel, delete,
+    ttl0, scheduled."""
+    return getattr(planned, "kind", "plain") or "plain"
+
+
 def save(evidence: Evidence, path: Path) -> None:
     """Everything the checks read, as JSON (``python -m soak --recheck DIR`` reads it back)."""
     data = asdict(evidence)

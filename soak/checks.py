@@ -10,6 +10,8 @@ invariant family lives in a module of its own (soak/README.md, "What it checks")
 6. **RQ's lifecycle**: cancels, deletes, dependents, scheduled and ``result_ttl=0`` jobs
    (:mod:`soak.lifecyclecheck`).
 7. **No two runs of one job overlap in time** (:mod:`soak.overlap`).
+8. **Each fenced job's effect lands exactly once**, beside its plain twin's at-least-once
+   count (:mod:`soak.effectcheck`).
 
 Beside them: the recovery bound (:mod:`soak.recoverybound`, ``--worker lease``), failure
 callbacks and, with Sentinel, failovers (:mod:`soak.failovercheck`). ``--worker lease``
@@ -21,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from .attempts import check_attempts
+from .effectcheck import check_effects
 from .failovercheck import check_callbacks, check_failover, with_window
 from .faults import Fault
 from .lifecyclecheck import check_lifecycle, ended_by_lifecycle
@@ -66,6 +69,7 @@ def evaluate(ev: Any) -> Verdict:
         check_recovery_bound(cfg, faults, v, ended)
     check_overlap(ev, v, lease)  # 7
     check_callbacks(ev, v)
+    check_effects(ev, v)  # 8
     if getattr(cfg, "sentinel", False):
         check_failover(ev, v)
     v.enforced = lease  # the baseline reports; it does not fail

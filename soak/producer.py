@@ -1,6 +1,7 @@
-"""The soak's producer: it plans each job (how long, how it ends, what does its work) and
-enqueues it at ``--rate`` per second, a quarter of its ticks a lifecycle unit instead
-(:mod:`soak.lifecycle`), whose cancels and deletes it then carries out."""
+"""The soak's producer: it plans each job (how long, how it ends, what does its work,
+whether it writes a fenced effect: :mod:`soak.effects`) and enqueues it at ``--rate`` per
+second, a quarter of its ticks a lifecycle unit instead (:mod:`soak.lifecycle`), whose
+cancels and deletes it then carries out."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import uuid
 
 from rq import Callback, Queue, Retry
 
-from . import lifecycle
+from . import effects, lifecycle
 from .base import SoakBase
 from .fleet import QUEUE
 from .jobs import on_failure, work
@@ -37,7 +38,9 @@ class Producer(SoakBase):
         # limit), one in twenty holds the GIL in C code for all of its time
         roll = rng.random()
         body = "child" if roll < 0.1 else "gil" if roll < 0.15 else "sleep"
-        return Planned(str(uuid.uuid4()), round(seconds, 3), outcome, retries, fragile, body=body)
+        # half of them write an effect at the end of their work, plain and fenced (soak/effects.py)
+        kind = "fenced" if rng.random() < effects.SHARE else "plain"
+        return Planned(str(uuid.uuid4()), round(seconds, 3), outcome, retries, fragile, kind=kind, body=body)
 
     def enqueue(self, job: Planned) -> None:
         def once() -> None:
@@ -46,7 +49,7 @@ class Producer(SoakBase):
             # the client as it is now: a failover replaces it (soak/sentinel.py)
             Queue(QUEUE, connection=self.client).enqueue(
                 work,
-                args=(self.log, job.seconds, job.outcome, job.retries, job.body),
+                args=(self.log, job.seconds, job.outcome, job.retries, job.body, job.kind == "fenced"),
                 job_id=job.job_id,
                 job_timeout=120,
                 retry=Retry(max=job.retries) if job.retries else None,

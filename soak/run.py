@@ -18,7 +18,7 @@ from redis.retry import Retry as RedisRetry
 
 from rq_emq.keys import QueueKeys
 
-from . import lifecycle
+from . import effects, lifecycle
 from .chaos import Chaos
 from .fleet import QUEUE, Fleet
 from .jobs import read_failure_callbacks, read_runs
@@ -208,6 +208,7 @@ class Soak(Producer, Chaos, Watchers):
                     for gen, pid in enumerate(slot.pids, 1)
                 },
             ),
+            effects=effects.collect(self.client, [j for j, p in self.jobs.items() if p.kind == "fenced"]),
         )
         return evidence
 

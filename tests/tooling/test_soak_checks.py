@@ -949,6 +949,24 @@ def test_a_worker_whose_cli_could_not_reach_the_master_in_a_failover_window_is_n
     assert verdict.passed, verdict.violations
 
 
+def test_a_worker_whose_cli_could_not_reach_redis_in_a_restart_is_no_crash() -> None:
+    """Respawned just before a Redis restart began (the supervisor's readiness check passed
+    a moment before it), the worker's CLI met the dead server and exited before any worker
+    code ran; one that had started and then died in the restart is a crash."""
+    restart = Fault("restart", 10.0, ended=10.5, detail="down 500 ms")
+    never_started = evidence(
+        [run(1, 20.0, 21.0, "ok")], faults=[restart, _crash_of(10.4, "exit status 1; never started")]
+    )
+    verdict = evaluate(never_started)
+    assert verdict.passed, verdict.violations
+    started = evidence([run(1, 20.0, 21.0, "ok")], faults=[restart, _crash_of(10.4, "exit status 1")])
+    assert not evaluate(started).passed
+    long_before = evidence(
+        [run(1, 20.0, 21.0, "ok")], faults=[restart, _crash_of(16.0, "exit status 1; never started")]
+    )
+    assert not evaluate(long_before).passed
+
+
 def test_a_worker_that_started_and_then_died_in_a_failover_window_is_a_crash() -> None:
     faults = [_failover(10.0, 1.0), _crash_of(12.0, "exit status 1")]
     verdict = evaluate(_sentinel(evidence([run(1, 20.0, 21.0, "ok")], faults=faults)))

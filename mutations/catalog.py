@@ -511,7 +511,7 @@ CATALOG: list[Mutation] = [
     # -- the soak's verdict -------------------------------------------------------------------------
     _m(
         "soak_ignores_runs_never_enqueued",
-        "soak/checks.py",
+        "soak/repeats.py",
         'v.violations += [f"{j}: ran, but the soak never enqueued it" for j in sorted(unknown)]',
         "pass",
         [f"{SOAK}::test_runs_of_a_job_the_soak_never_enqueued_fail_it"],
@@ -519,7 +519,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "soak_excuses_faults_at_any_time",
-        "soak/checks.py",
+        "soak/repeats.py",
         "if fault.kind not in REPEAT_EXCUSED or not fault.covers(run.started, until):",
         "if fault.kind not in REPEAT_EXCUSED:",
         [f"{SOAK}::test_a_kill_before_the_run_or_after_its_repeat_explains_nothing"],
@@ -527,7 +527,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "soak_recovery_bound_not_enforced",
-        "soak/checks.py",
+        "soak/recoverybound.py",
         "if t > bound + cfg.bound_slack_s:",
         "if False:",
         [f"{SOAK}::test_a_recovery_slower_than_the_bound_and_its_slack_fails_the_soak"],
@@ -535,7 +535,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "soak_gives_every_recovery_the_double_failure_bound",
-        "soak/checks.py",
+        "soak/recoverybound.py",
         "if _another_worker_hit(cfg, f, faults):",
         "if True:",
         [f"{SOAK}::test_a_recovery_while_another_worker_was_hit_too_is_held_to_the_double_failure_bound"],
@@ -543,7 +543,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "soak_job_never_back_not_flagged",
-        "soak/checks.py",
+        "soak/recoverybound.py",
         "for f in not_back:",
         "for f in not_back[:0]:",
         [f"{SOAK}::test_a_fault_whose_job_never_came_back_fails_the_soak"],
@@ -901,7 +901,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "soak_crash_bound_is_the_lease_bound",
-        "soak/checks.py",
+        "soak/recoverybound.py",
         'bound, what = cfg.crash_bound_s, "a horse crash: its worker recovers it at once"',
         'bound, what = cfg.bound_s, "a horse crash: its worker recovers it at once"',
         [f"{SOAK}::test_a_horse_crash_must_be_back_within_the_crash_bound_not_the_lease_bound"],

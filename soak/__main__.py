@@ -15,10 +15,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .checks import Verdict, evaluate
+from .checks import evaluate
 from .faults import KINDS, NOT_WITH_SENTINEL, SENTINEL_KINDS
 from .model import BOUND_SLACK_S, Config, Evidence, load
 from .run import Soak
+from .verdict import Verdict
 
 
 def parse(argv: list[str] | None) -> tuple[Config, bool, bool, Path | None, float | None]:
@@ -193,6 +194,22 @@ def table(ev: Evidence, v: Verdict) -> str:
                 f"{_ms(lat['crash_p50'])} / {_ms(lat['crash_max'])}",
             ),
         ]
+    fe = c.get("fenced_effects")
+    if fe:
+        rows += [
+            (
+                "fenced-effect jobs / finished (by a stock worker: no lease to fence by)",
+                f"{fe['jobs']} / {fe['finished']} ({fe['finished_without_lease']})",
+            ),
+            (
+                "their plain effects (at least once) / jobs with more than one",
+                f"{fe['plain']} / {fe['plain_over_one']}",
+            ),
+            (
+                "fenced effects landed / writes that counted nothing (one grant's resent) / writes refused",
+                f"{fe['landed']} / {fe['again']} ({fe['resent']}) / {fe['refused']}",
+            ),
+        ]
     if "failover" in c:
         fo = c["failover"]
         rows += [
@@ -208,6 +225,8 @@ def table(ev: Evidence, v: Verdict) -> str:
         ]
     lines += [f"| {name} | {value} |" for name, value in rows]
     lines += ["", *overlap_table(c.get("overlap_by_kind", {}))]
+    if fe:
+        lines += ["", *effects_table(fe)]
     lines += [f"note: {note}" for note in ev.notes]
     if v.violations:
         what = "violation(s)" if v.enforced else "finding(s) (the baseline is not held to them)"
@@ -227,6 +246,22 @@ def overlap_table(rows: dict[str, dict[str, Any]]) -> list[str]:
         f"| {kind} | {row['faults']} | {row['overlaps']} | {row['longest_ms']:.0f} |"
         for kind, row in rows.items()
     ]
+    return lines
+
+
+def effects_table(fe: dict[str, Any]) -> list[str]:
+    """The fenced jobs per fault kind that hit them (soak/effectcheck.py): the plain twin's
+    at-least-once count beside the fenced effect that must land once."""
+    lines = [
+        "| fault kind | fenced jobs | plain effects | jobs with >1 plain | fenced effects landed | "
+        "fenced writes that counted nothing | fenced writes refused | violations |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for kind, row in [*fe["by_kind"].items(), ("all", fe)]:
+        lines.append(
+            f"| {kind} | {row['jobs']} | {row['plain']} | {row['plain_over_one']} | {row['landed']} | "
+            f"{row['again']} | {row['refused']} | {row['violations']} |"
+        )
     return lines
 
 

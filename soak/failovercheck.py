@@ -68,14 +68,20 @@ def taken_in_window(run: Run, faults: list[Fault]) -> bool:
     )
 
 
+#: Faults that take Redis away from every worker at once: a failover's window, a restart.
+REDIS_AWAY = (*SENTINEL_KINDS, "restart", "restart_long")
+
+
 def startup_exit_in_window(crash: Fault, faults: list[Fault]) -> list[Fault]:
-    """The failover whose window a worker's start fell in, when that worker never got past
-    RQ's CLI (its log has no "started with PID": ``rq worker`` exits at once when the master
-    Sentinel names is unreachable, before any worker code runs). A worker that started and
-    then died in a window is a crash like any other."""
+    """The failover (its window) or Redis restart that a worker's start fell in, when that
+    worker never got past RQ's CLI (its log has no "started with PID": ``rq worker`` exits
+    at once when the Redis it is pointed at is unreachable, before any worker code runs; the
+    soak's supervisor checks that Redis answers before it respawns a worker, and a restart
+    that begins just after that check races it). A worker that started and then died in a
+    window or a restart is a crash like any other."""
     if not crash.detail.endswith("never started"):
         return []
-    return [f for f in faults if f.kind in SENTINEL_KINDS and f.covers(crash.started - 5.0, crash.started)]
+    return [f for f in faults if f.kind in REDIS_AWAY and f.covers(crash.started - 5.0, crash.started)]
 
 
 def check_callbacks(ev: Any, v: Any) -> None:

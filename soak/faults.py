@@ -52,7 +52,7 @@ REPEAT_EXCUSED = {
     "hang",
     "stop_worker",
     "partition_long",
-    "restart_long",  # a restart that outlasted the grace (checks.py renames it so)
+    "restart_long",  # a restart that outlasted the grace (repeats.long_restart renames it so)
     "failover",  # Sentinel mode (soak/sentinel.py): within its window, soak/failovercheck.py
     "kill_master",
     "stock_exit",  # a stock neighbour that quit (a Redis error): its job is RQ's to redo

@@ -6,8 +6,17 @@ runs never interleave):
 
     start <job_id> <pid> <ppid> <unix time> <attempt> <rq start>
     alive <job_id> <pid> <unix time>          (every TICK_S while it runs)
-    end <job_id> <pid> <unix time> ok|raise
+    effect <job_id> <pid> <unix time> <token>|- counted|again|refused|nolease
+                                              (a fenced job's effect, :mod:`soak.effects`)
+    end <job_id> <pid> <unix time> ok|raise|lost
     failure <job_id> <pid> <unix time>         (its ``on_failure`` callback ran)
+
+A fenced job's run writes its effect at the end of its work (only on the way to
+returning: a run that raises has no effect), logs what became of it, and spends the
+rest of its time on its wrap-up before it returns (:mod:`soak.effects`); a run whose
+fenced write the fence refused (its lease is lost: a newer grant owns the job) returns at
+once, ``lost``, as a user's job would (``examples/fenced_effects.py``), and its outcome is
+refused by the fence too.
 
 A run stopped before its end (killed, or fenced by its own holder) was last seen alive
 at its last ``alive`` line: the no-overlap check (:mod:`soak.overlap`) needs that, not
@@ -37,6 +46,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rq import get_current_job
+
+from .effects import WRAP_UP, write_effect
 
 #: How often a run writes an ``alive`` line: the resolution of the no-overlap check.
 TICK_S = 0.05
@@ -79,32 +90,50 @@ def hold_gil(seconds: float) -> None:
     sum(range(int(seconds * rate)))
 
 
-def work(log: str, seconds: float, outcome: str = "ok", retries: int = 0, body: str = "sleep") -> str:
+def work(
+    log: str, seconds: float, outcome: str = "ok", retries: int = 0, body: str = "sleep", effect: bool = False
+) -> str:
     """Work ``seconds`` (``body``: see the module's docstring); ``outcome`` ok returns,
     raise raises, flaky raises while the job still has all of its ``retries`` left (its
-    first run that got to the end)."""
+    first run that got to the end). With ``effect`` (a fenced job), a run that is to return
+    writes its effect at the end of its work (:mod:`soak.effects`), then spends the last
+    ``WRAP_UP`` of its time on its wrap-up before it returns."""
     job = get_current_job()
     assert job is not None
     stamp = job.last_heartbeat.timestamp() if job.last_heartbeat is not None else 0.0
     append_line(
         log, f"start {job.id} {os.getpid()} {os.getppid()} {time.time():.6f} {_attempt(job)} {stamp:.6f}"
     )
-    if body in ("child", "child_session"):
-        args = [log, job.id, str(os.getpid()), str(seconds), str(TICK_S)]
-        subprocess.run([sys.executable, "-c", _CHILD, *args], start_new_session=body == "child_session")
-    elif body == "gil":
-        hold_gil(seconds)
-        append_line(log, f"alive {job.id} {os.getpid()} {time.time():.6f}")
-    else:
-        until = time.monotonic() + seconds
-        while (left := until - time.monotonic()) > 0:
-            time.sleep(min(left, TICK_S))
-            append_line(log, f"alive {job.id} {os.getpid()} {time.time():.6f}")
     fails = outcome == "raise" or (outcome == "flaky" and job.retries_left == retries)
+    wrap_up = seconds * WRAP_UP if effect and not fails else 0.0
+    busy(log, job.id, seconds - wrap_up, body)
+    if effect and not fails:
+        what, token = write_effect(job.connection, job.id)
+        shown = "-" if token is None else token
+        append_line(log, f"effect {job.id} {os.getpid()} {time.time():.6f} {shown} {what}")
+        if what == "refused":  # a newer grant owns the job: this run's outcome is refused too
+            append_line(log, f"end {job.id} {os.getpid()} {time.time():.6f} lost")
+            return "lost"
+        busy(log, job.id, wrap_up, "sleep")
     append_line(log, f"end {job.id} {os.getpid()} {time.time():.6f} {'raise' if fails else 'ok'}")
     if fails:
         raise ValueError(f"soak: job {job.id} raised as planned ({outcome})")
     return "done"
+
+
+def busy(log: str, job_id: str, seconds: float, body: str) -> None:
+    """``seconds`` of a run's work, done by ``body`` (see the module's docstring)."""
+    if body in ("child", "child_session"):
+        args = [log, job_id, str(os.getpid()), str(seconds), str(TICK_S)]
+        subprocess.run([sys.executable, "-c", _CHILD, *args], start_new_session=body == "child_session")
+    elif body == "gil":
+        hold_gil(seconds)
+        append_line(log, f"alive {job_id} {os.getpid()} {time.time():.6f}")
+    else:
+        until = time.monotonic() + seconds
+        while (left := until - time.monotonic()) > 0:
+            time.sleep(min(left, TICK_S))
+            append_line(log, f"alive {job_id} {os.getpid()} {time.time():.6f}")
 
 
 def on_failure(job: Any, connection: Any, exc_type: Any, exc_value: Any, tb: Any) -> None:
@@ -148,6 +177,10 @@ class Run:
     rq_started: float | None = None
     #: the last time the run was seen alive (its last ``alive`` line, else its start)
     last_seen: float | None = None
+    #: a fenced job's run: what became of its effect (counted, again, refused, nolease;
+    #: None: it wrote none) and the fencing token it wrote under
+    effect: str | None = None
+    token: int | None = None
 
 
 def read_runs(path: str) -> dict[str, list[Run]]:
@@ -162,10 +195,12 @@ def read_runs(path: str) -> dict[str, list[Run]]:
             run.rq_started = float(parts[6]) if len(parts) == 7 and float(parts[6]) > 0 else None
             runs.setdefault(job_id, []).append(run)
             open_runs[(job_id, run.pid)] = run
-        elif len(parts) == 4 and parts[0] == "alive":
+        elif len(parts) in (4, 6) and parts[0] in ("alive", "effect"):
             alive = open_runs.get((parts[1], int(parts[2])))
             if alive is not None:
                 alive.last_seen = max(alive.last_seen or alive.started, float(parts[3]))
+                if parts[0] == "effect":
+                    alive.effect, alive.token = parts[5], int(parts[4]) if parts[4].isdigit() else None
         elif len(parts) == 5 and parts[0] == "end":
             _, job_id, pid, t, outcome = parts
             started = open_runs.pop((job_id, int(pid)), None)

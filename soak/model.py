@@ -102,7 +102,8 @@ class Planned:
     retries: int
     #: the job's own max attempts (``meta``), or None for the worker's default
     max_attempts: int | None = None
-    #: the lifecycle kind (soak/README.md): plain, dependent, cancel, delete, ttl0, scheduled
+    #: the kind (soak/README.md): plain, fenced (a plain job that writes an effect,
+    #: soak/effects.py), and the lifecycle's parent, dependent, cancel, delete, ttl0, scheduled
     kind: str = "plain"
     #: what does a plain job's work (soak/jobs.py): sleep, child, child_session, gil
     body: str = "sleep"
@@ -146,6 +147,16 @@ class Evidence:
     self_fenced: list[tuple[int, str]] = field(default_factory=list)
     #: job id -> times its ``on_failure`` callback ran (the side-effect log's ``failure`` lines)
     failure_callbacks: dict[str, list[float]] = field(default_factory=dict)
+    #: fenced job id -> its effects in Redis at the end: ``plain`` (plain twins landed),
+    #: ``counted`` (the token whose fenced effect counted, or None), ``writes`` (the tokens
+    #: of the fenced writes that committed, in commit order); :mod:`soak.effects`
+    effects: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def kind_of(planned: Any) -> str:
+    """A planned job's kind (soak/README.md): plain, fenced, parent, dependent, cancel,
+    delete, ttl0, scheduled."""
+    return getattr(planned, "kind", "plain") or "plain"
 
 
 def save(evidence: Evidence, path: Path) -> None:
@@ -188,4 +199,5 @@ def load(path: Path) -> Evidence:
         rq_info_calls=data.get("rq_info_calls", 0),
         self_fenced=[(int(pid), job_id) for pid, job_id in data.get("self_fenced", [])],
         failure_callbacks=data.get("failure_callbacks", {}),
+        effects=data.get("effects", {}),
     )

@@ -15,6 +15,8 @@ from typing import Any
 
 from .faults import Fault
 from .jobs import Run
+from .stockcredit import stock_ran_its_own_duplicate
+from .verdict import Verdict
 
 #: Kinds whose victim process dies at the fault (``kill_worker`` kills the horse too only
 #: where it dies with its worker: rq-emq's LeaseWorker, not stock RQ).
@@ -108,3 +110,26 @@ def by_kind(found: list[Overlap], runs: dict[str, list[Run]], faults: list[Fault
         row["overlaps"] += 1
         row["longest_ms"] = round(max(row["longest_ms"], o.ms), 1)
     return dict(sorted(table.items()))
+
+
+#: Longest a run may go on after its job began elsewhere (ms): a worker and horse frozen
+#: together past the lease may, once resumed, run a few instructions before the horse's
+#: self-fencing thread is scheduled; every other overlap must be 0.
+FROZEN_PAIR_OVERLAP_MS = 100.0
+
+
+def check_overlap(ev: Any, v: Verdict, lease: bool) -> None:
+    """No two runs of one job overlap in time (:mod:`soak.overlap`)."""
+    found = overlaps(ev.runs, ev.faults, horse_dies_with_worker=lease)
+    v.counts["overlapping_runs"] = len(found)
+    v.counts["longest_overlap_ms"] = round(max((o.ms for o in found), default=0.0), 1)
+    v.counts["overlap_by_kind"] = by_kind(found, ev.runs, ev.faults)
+    for o in found:
+        later = next((run for run in ev.runs.get(o.job_id, []) if run.pid == o.later_pid), None)
+        if later is not None and stock_ran_its_own_duplicate(o.job_id, later, ev):
+            continue  # counted with the repeats: stock RQ's
+        if o.ms > (FROZEN_PAIR_OVERLAP_MS if o.frozen else 0.0):
+            v.violations.append(
+                f"{o.job_id}: the run in pid {o.earlier_pid} went on {o.ms:.0f} ms "
+                f"after pid {o.later_pid} began it{' (resumed from a stop)' if o.frozen else ''}"
+            )

@@ -949,7 +949,169 @@ def test_a_worker_whose_cli_could_not_reach_the_master_in_a_failover_window_is_n
     assert verdict.passed, verdict.violations
 
 
+def test_a_worker_whose_cli_could_not_reach_redis_in_a_restart_is_no_crash() -> None:
+    """Respawned just before a Redis restart began (the supervisor's readiness check passed
+    a moment before it), the worker's CLI met the dead server and exited before any worker
+    code ran; one that had started and then died in the restart is a crash."""
+    restart = Fault("restart", 10.0, ended=10.5, detail="down 500 ms")
+    never_started = evidence(
+        [run(1, 20.0, 21.0, "ok")], faults=[restart, _crash_of(10.4, "exit status 1; never started")]
+    )
+    verdict = evaluate(never_started)
+    assert verdict.passed, verdict.violations
+    started = evidence([run(1, 20.0, 21.0, "ok")], faults=[restart, _crash_of(10.4, "exit status 1")])
+    assert not evaluate(started).passed
+    long_before = evidence(
+        [run(1, 20.0, 21.0, "ok")], faults=[restart, _crash_of(16.0, "exit status 1; never started")]
+    )
+    assert not evaluate(long_before).passed
+
+
 def test_a_worker_that_started_and_then_died_in_a_failover_window_is_a_crash() -> None:
     faults = [_failover(10.0, 1.0), _crash_of(12.0, "exit status 1")]
     verdict = evaluate(_sentinel(evidence([run(1, 20.0, 21.0, "ok")], faults=faults)))
     assert not verdict.passed and any("crashed" in v for v in verdict.violations)
+
+
+# -- the fenced-effect job kind (soak/effects.py, soak/effectcheck.py) ----------------------
+
+
+def fenced_run(
+    attempt: int,
+    started: float,
+    ended: float | None,
+    outcome: str | None,
+    effect: str | None,
+    token: int | None,
+    **pids: int,
+) -> Run:
+    r = run(attempt, started, ended, outcome, **pids)
+    r.effect, r.token = effect, token
+    return r
+
+
+def fenced(runs: list[Run], plain: int, counted: int | None, writes: list[int], **kw: Any) -> Evidence:
+    """One fenced job ``j`` and its effects in Redis at the end."""
+    ev = evidence(runs, **kw)
+    ev.jobs["j"].kind = "fenced"
+    ev.effects = {"j": {"plain": plain, "counted": counted, "writes": writes}}
+    return ev
+
+
+def _killed_in_its_wrap_up() -> tuple[list[Run], list[Fault]]:
+    """Run 1 wrote its effect (token 1, counted), then its worker was killed before the
+    outcome; run 2, a later grant (token 2), wrote it again and finished the job."""
+    runs = [
+        fenced_run(1, 1.0, None, None, "counted", 1),
+        fenced_run(2, 5.0, 6.0, "ok", "again", 2, pid=OTHER_HORSE, ppid=OTHER_WORKER),
+    ]
+    return runs, [kill("kill_worker", 2.0)]
+
+
+def test_a_fenced_effect_lands_once_while_its_plain_twin_lands_at_least_once() -> None:
+    runs, faults = _killed_in_its_wrap_up()
+    verdict = evaluate(fenced(runs, plain=2, counted=1, writes=[1, 2], faults=faults))
+    assert verdict.passed, verdict.violations
+    fe = verdict.counts["fenced_effects"]
+    assert (fe["jobs"], fe["plain"], fe["plain_over_one"], fe["landed"], fe["again"]) == (1, 2, 1, 1, 1)
+    assert fe["by_kind"]["kill_worker"] == {
+        "jobs": 1,
+        "finished": 1,
+        "plain": 2,
+        "plain_over_one": 1,
+        "landed": 1,
+        "again": 1,
+        "refused": 0,
+        "violations": 0,
+    }
+
+
+def test_a_fenced_effect_that_a_later_grant_counted_again_fails_the_soak() -> None:
+    runs, faults = _killed_in_its_wrap_up()
+    # the effect holds the later grant's token: its write counted too (an HSET, not HSETNX)
+    verdict = evaluate(fenced(runs, plain=2, counted=2, writes=[1, 2], faults=faults))
+    assert not verdict.passed
+    assert any("the first fenced write to commit was token 1" in v for v in verdict.violations)
+    assert verdict.counts["fenced_effects"]["by_kind"]["kill_worker"]["violations"] == 1
+    # two runs that each saw their write count
+    runs[1].effect = "counted"
+    verdict = evaluate(fenced(runs, plain=2, counted=1, writes=[1, 2], faults=faults))
+    assert not verdict.passed and any(
+        "each counted the effect (tokens 1, 2)" in v for v in verdict.violations
+    )
+
+
+def test_a_finished_job_with_no_fenced_effect_fails_the_soak_unless_a_stock_worker_finished_it() -> None:
+    ours = [fenced_run(1, 1.0, 2.0, "ok", "counted", 1)]
+    verdict = evaluate(fenced(ours, plain=1, counted=None, writes=[]))
+    assert not verdict.passed and any("no fenced effect landed" in v for v in verdict.violations)
+    # a write the run saw commit must be in Redis too
+    assert any("saw its fenced write (token 1) commit" in v for v in verdict.violations)
+    # a stock neighbour's run has no lease: it writes its plain twin only
+    stock = [fenced_run(1, 1.0, 2.0, "ok", "nolease", None, ppid=OTHER_WORKER)]
+    ev = fenced(stock, plain=1, counted=None, writes=[], taken=0)  # a stock run takes no lease
+    ev.stock_workers = [OTHER_WORKER]
+    verdict = evaluate(ev)
+    assert verdict.passed, verdict.violations
+    assert verdict.counts["fenced_effects"]["finished_without_lease"] == 1
+    assert verdict.counts["fenced_effects"]["nolease_runs"] == 1
+
+
+def test_a_replaced_holders_write_after_a_newer_grants_fails_the_soak() -> None:
+    runs, faults = _killed_in_its_wrap_up()
+    # token 1 landed after token 2: the fence let a replaced holder write
+    verdict = evaluate(fenced(runs, plain=2, counted=2, writes=[2, 1], faults=faults))
+    assert not verdict.passed
+    assert any("token 1 landed after one under token 2" in v for v in verdict.violations)
+    # the same grant's commit sent again (its reply lost) is one grant, never replaced between
+    verdict = evaluate(fenced(runs, plain=3, counted=1, writes=[1, 1, 2], faults=faults))
+    assert verdict.passed, verdict.violations
+    assert verdict.counts["fenced_effects"]["resent"] == 1 and verdict.counts["fenced_effects"]["again"] == 2
+
+
+def test_a_refused_fenced_write_is_counted_by_the_fault_that_let_its_holder_go_on() -> None:
+    """A frozen pair resumed after its job was recovered and run again: its stale run's
+    fenced write is refused (nothing written), it returns ``lost``, and the later grant's
+    write is the one that counts."""
+    stop = Fault("stop_long", 1.5, "w", WORKER, [HORSE], "j", b"t", ended=6.0)
+    runs = [
+        fenced_run(1, 1.0, 6.05, "lost", "refused", 1),
+        fenced_run(2, 4.0, 5.0, "ok", "counted", 2, pid=OTHER_HORSE, ppid=OTHER_WORKER),
+    ]
+    ev = fenced(runs, plain=2, counted=2, writes=[2], faults=[stop])
+    verdict = evaluate(ev)
+    assert verdict.passed, verdict.violations
+    row = verdict.counts["fenced_effects"]["by_kind"]["stop_long"]
+    assert (row["refused"], row["plain_over_one"], row["landed"]) == (1, 1, 1)
+
+
+def test_a_fenced_job_no_fault_hit_is_in_the_none_row() -> None:
+    verdict = evaluate(fenced([fenced_run(1, 1.0, 2.0, "ok", "counted", 1)], plain=1, counted=1, writes=[1]))
+    assert verdict.passed, verdict.violations
+    assert list(verdict.counts["fenced_effects"]["by_kind"]) == ["none"]
+
+
+def test_the_side_effect_log_reads_each_runs_fenced_effect(tmp_path: Any) -> None:
+    log = tmp_path / "runs.log"
+    log.write_text(
+        f"start j {HORSE} {WORKER} 1.0 1 0.9\n"
+        f"effect j {HORSE} 1.5 3 counted\n"
+        f"end j {HORSE} 2.0 ok\n"
+        f"start k {OTHER_HORSE} {OTHER_WORKER} 1.0 - 0.9\n"
+        f"effect k {OTHER_HORSE} 1.7 - nolease\n"
+        f"start l {HORSE + 1} {WORKER} 1.0 1 0.9\n"
+        f"effect l {HORSE + 1} 2.5 4 refused\n"
+        f"end l {HORSE + 1} 2.6 lost\n"
+    )
+    runs = read_runs(str(log))
+    assert (runs["j"][0].effect, runs["j"][0].token, runs["j"][0].outcome) == ("counted", 3, "ok")
+    assert (runs["k"][0].effect, runs["k"][0].token, runs["k"][0].last_seen) == ("nolease", None, 1.7)
+    assert (runs["l"][0].effect, runs["l"][0].token, runs["l"][0].outcome) == ("refused", 4, "lost")
+
+
+def test_a_fenced_job_with_a_run_in_a_failover_window_is_not_judged() -> None:
+    runs = [fenced_run(1, 12.0, 13.0, "ok", "counted", 1)]  # its write may have gone with the old master
+    ev = _sentinel(fenced(runs, plain=1, counted=None, writes=[], faults=[_failover(10.0, 1.0)]))
+    verdict = evaluate(ev)
+    assert verdict.passed, verdict.violations
+    assert verdict.counts["fenced_effects"]["in_failover_windows"] == 1

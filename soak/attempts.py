@@ -1,0 +1,103 @@
+"""Attempts equal starts (invariant 4, ``--worker lease``).
+
+``emq_attempts`` counts takes since the job's last normal finish. Each run logs the value
+it sees as it starts; so runs after a stall continue the count (k, k+1, ...), a run after
+a committed finish (``Retry``) starts over at 1, a number is skipped only for a take that
+never reached the job function, and the sum of takes so derived equals Redis's ``taken``
+counter. Runs a long stop or cut held back until after their lease was lost ("stale")
+read someone else's count and are left out; so are a stock neighbour's runs (no lease)
+and, with Sentinel, runs begun in a failover's window. A job failed at max attempts was
+failed on attempt max ("stalled on attempt n of n"); once its Result is written, like a
+finished job, it holds no ``emq_attempts``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .failovercheck import taken_in_window
+from .faults import Fault
+from .jobs import Run
+from .model import kind_of
+from .outcomes import failed_on_attempt
+from .repeats import stale
+from .stockcredit import by_stock
+from .verdict import Verdict
+
+
+def _rq_finished(run: Run, faults: list[Fault]) -> bool:
+    """RQ's own finish code ran for this run (and may have retried the job): it raised. A
+    horse the soak killed is a crash its lease worker recovers, attempt counted."""
+    return run.outcome == "raise"
+
+
+def check_attempts(ev: Any, v: Verdict) -> None:
+    total_takes, skipped, stale_runs, inferred, in_window = 0, 0, 0, 0, 0
+    stock = set(getattr(ev, "stock_workers", []))
+    for job_id in ev.jobs:
+        runs, state = ev.runs.get(job_id, []), ev.final[job_id]
+        takes, previous = 0, None
+        for run in runs:
+            if run.ppid in stock:
+                continue  # a stock neighbour's run: taken without a lease, counts no attempt
+            if stale(run, ev.faults):
+                stale_runs += 1
+                continue
+            if taken_in_window(run, ev.faults):
+                in_window += 1  # its take may have gone with the old master (failovercheck)
+                continue
+            if run.attempt is None:
+                # the job function could not read its count (Redis restarting as it began):
+                # it is the take after the previous run's, as far as this log can tell
+                inferred += 1
+                run.attempt = (previous.attempt or 0) + 1 if previous is not None else 1
+            restarted = previous is not None and run.attempt <= (previous.attempt or 0)
+            if previous is None or restarted and _rq_finished(previous, ev.faults):
+                base = 0  # the first take, or the first after a finish RQ committed (Retry)
+            else:
+                base = previous.attempt or 0
+            if run.attempt <= base:
+                v.violations.append(
+                    f"{job_id}: attempt {run.attempt} started after attempt {base}: the count went back"
+                )
+            else:
+                takes += run.attempt - base
+                skipped += run.attempt - base - 1
+            previous = run
+        if state["failure"]:
+            # the count as the sweep failed the job: "stalled on attempt n of n" (the field
+            # itself is cleared when the failure's Result is committed through finish_job)
+            last = previous.attempt if previous is not None and previous.attempt else 0
+            held = failed_on_attempt(state["failure"]) or 0
+            if held != int(state["max_attempts"] or -1):
+                v.violations.append(f"{job_id}: failed at max attempts on attempt {held}")
+            if state["attempts"] is not None:
+                v.violations.append(f"{job_id}: failed, its Result written, still holds emq_attempts")
+            takes += max(0, held - last)
+            skipped += max(0, held - last)
+        elif state["status"] == "finished" and state["attempts"] is not None and not by_stock(runs, ev):
+            v.violations.append(f"{job_id}: finished but still holds emq_attempts={state['attempts']}")
+        total_takes += takes
+    # a horse killed before its job began leaves no run; its worker's crash recovery counts
+    # the attempt, so the next run's number (or the failure's) accounts for that take
+    # a take handed back before its job began (a horse that could not reach Redis for a
+    # whole lease) had its attempt refunded: it too shows in no run
+    returned = ev.stats.get("returned", 0)
+    total_takes += returned
+    skipped += returned
+    taken = ev.stats.get("taken", 0)
+    if not 0 <= taken - total_takes <= _refused_starts(ev) + in_window:
+        v.violations.append(
+            f"Redis counted {taken} takes; the runs' attempt numbers account for {total_takes}"
+        )
+    v.counts["takes"] = taken
+    v.counts["takes_never_started"] = skipped
+    v.counts["stale_runs"] = stale_runs
+    v.counts["attempts_inferred"] = inferred
+    v.counts["runs_in_failover_windows"] = in_window
+
+
+def _refused_starts(ev: Any) -> int:
+    """Takes that may show in no run: a job the producer canceled or deleted between its
+    take and its (guarded) start is refused there, at most once (it is in no queue after)."""
+    return sum(1 for p in ev.jobs.values() if kind_of(p) in ("cancel", "delete") and p.acted_at is not None)

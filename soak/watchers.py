@@ -1,0 +1,96 @@
+"""The soak's watchers, threads that run beside the chaos: the supervisor (respawns dead
+workers, records a ``crash`` for an exit no fault caused), the requeue watcher (when a
+lapsed job left its dead holder: the recovery bound's clock) and the queue sampler
+(atomic snapshots for "never queued twice")."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import redis
+
+from rq_emq.keys import QueueKeys
+
+from . import faults as F
+from .base import SoakBase
+from .faults import Fault
+from .fleet import QUEUE
+
+
+class Watchers(SoakBase):
+    def supervise(self) -> None:
+        """Respawns dead workers; one that exited without a kill from the soak is recorded
+        as a ``crash`` (it died of something a fault did to it, e.g. a connection error)."""
+        while not self._stop.is_set():
+            if self.fleet.any_dead():
+                # as a supervisor with a readiness check would: not while Redis loads its
+                # AOF after a restart (RQ's CLI exits at once on that, before any worker
+                # code runs: a harness effect, not a crash)
+                try:  # (the client as it is then: a failover replaces it, soak/sentinel.py)
+                    self.redis_call(lambda: self.client.dbsize())
+                except redis.RedisError:
+                    pass
+            for name, pid, code in self.fleet.respawn_dead():
+                with self._guard:
+                    killed = any(f.worker_pid == pid and f.kind in F.KILLS for f in self.faults)
+                    if not killed:
+                        # stock RQ quits on a Redis error outside its dequeue (a restart):
+                        # recorded, not judged; it excuses what stock RQ then does to its job
+                        kind = "stock_exit" if pid in self.fleet.neighbour_pids() else "crash"
+                        log = (self.fleet.log_dir / f"{name}.log").read_text(errors="replace")
+                        # RQ's CLI exits before any worker code runs when it cannot reach Redis
+                        never = "" if "started with PID" in log else "; never started"
+                        crash = Fault(kind, time.time(), name, pid, detail=f"exit status {code}{never}")
+                        crash.ended = crash.started
+                        self.faults.append(crash)
+            time.sleep(0.2)
+
+    def watch_requeues(self) -> None:
+        """Sees a lapsed job leave its dead holder: its owner token changes (the sweep removes
+        it on recovery; a later take records another). Resolution: one poll, 20 ms."""
+        while not self._stop.is_set():
+            with self._guard:
+                watched = [
+                    f
+                    for f in self.faults
+                    if f.lapse_at and f.token and f.requeued_at is None and not f.detail.endswith("!")
+                ]
+            if watched:
+                try:
+                    pipe = self.client.pipeline(transaction=False)
+                    for f in watched:
+                        pipe.hget(f"rq:job:{f.job_id}", "emq_token")
+                    tokens = pipe.execute()
+                except redis.RedisError:
+                    tokens = [None] * 0
+                seen = time.time()
+                for f, token in zip(watched, tokens, strict=False):
+                    if token == f.token:
+                        continue
+                    if token is not None and token == b"done:" + (f.token or b""):
+                        f.detail += " finished by its holder (no lapse)!"
+                    else:
+                        f.requeued_at = seen
+            time.sleep(0.02)
+
+    def sample_queue(self) -> None:
+        """Atomic snapshots of the queue (and, lease mode, the lease index): a job id twice
+        in the queue, or queued while leased, is a job queued twice."""
+        q = QueueKeys(QUEUE)
+        while not self._stop.is_set():
+            try:
+                pipe = self.client.pipeline(transaction=True)
+                pipe.lrange(q.rq_queue, 0, -1).zrange(q.leases, 0, -1)
+                queued, leased = pipe.execute()
+            except redis.RedisError:
+                time.sleep(0.1)
+                continue
+            self.queue_samples += 1
+            ids = [v.decode() for v in queued]
+            twice = {i for i, n in Counter(ids).items() if n > 1}
+            both = set(ids) & {v.decode() for v in leased} if self.config.worker == "lease" else set()
+            for job_id in sorted(twice | both):
+                what = "twice in the queue" if job_id in twice else "queued while leased"
+                self.queue_violations.append(f"{time.time():.3f} {job_id} {what}")
+            time.sleep(0.25)

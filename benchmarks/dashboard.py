@@ -34,6 +34,7 @@ One private redis-server for everything.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -343,32 +344,25 @@ def without_record() -> Iterator[None]:
         scripts.load = real
 
 
-def sweep_cost(r: redis.Redis, stalled: int, record: bool) -> tuple[Spent, int, float]:
+def sweep_cost(r: redis.Redis, stalled: int, record: bool) -> tuple[Spent, int, dict[str, int]]:
     """One sweep (a marking and a recovering round) of ``stalled`` jobs: what Redis spent,
-    the script calls, and the XADDs' own time (µs)."""
+    the script calls, and the XADDs' calls and own time (µs)."""
     queue = "swept"
     stall(r, queue, stalled)
     sweeper = Sweeper(r, [queue], SWEEP, name="rq-emq-sweeper:bench")
-    if record:
-        calls, spent, xadd = measured_sweep(r, sweeper, queue)
-    else:
-        with without_record():
-            calls, spent, xadd = measured_sweep(r, sweeper, queue)
+    with contextlib.nullcontext() if record else without_record(), spending(r) as spent:
+        calls = sweep_twice(sweeper, queue)
+    xadd = r.info("commandstats").get("cmdstat_xadd", {"calls": 0, "usec": 0})
     assert r.zcard(QueueKeys(queue).leases) == 0
     r.delete(QueueKeys(queue).rq_queue)  # the recovered jobs out of the next round's way
     return spent, calls, xadd
 
 
-def measured_sweep(r: redis.Redis, sweeper: Sweeper, queue: str) -> tuple[int, Spent, float]:
-    with spending(r) as spent:
-        calls = sweep_twice(sweeper, queue)
-    xadd = r.info("commandstats").get("cmdstat_xadd", {"usec": 0})["usec"]
-    return calls, spent, xadd
-
-
 def record_table(r: redis.Redis, sizes: list[int], rounds: int) -> str:
     """Per recovered job, each variant's best round (the one a busy host disturbed least:
-    Redis times its commands by the wall clock) and its median round; commands never vary."""
+    Redis times its commands by the wall clock) and its median round. The sweep's own
+    commands vary a little with how a round splits into script calls; the record's XADDs
+    do not."""
     rows = []
     for stalled in sizes:
         r.flushdb()
@@ -376,36 +370,37 @@ def record_table(r: redis.Redis, sizes: list[int], rounds: int) -> str:
         history(r, "swept", HISTORY)
         r.delete(QueueKeys("swept").rq_queue)
         blocks: dict[bool, list[Spent]] = {True: [], False: []}
-        xadds: list[float] = []
+        xadds: dict[bool, list[dict[str, int]]] = {True: [], False: []}
         calls: dict[bool, int] = {}
         for round_ in range(rounds):
             for record in (True, False) if round_ % 2 else (False, True):
                 spent, calls[record], xadd = sweep_cost(r, stalled, record)
                 blocks[record].append(spent)
-                if record:
-                    xadds.append(xadd / stalled)
-        measured = {
+                xadds[record].append(xadd)
+        best = {
             record: (
-                per_unit(blocks[record], stalled),
                 min(b.unit_usec for b in blocks[record]) / stalled,
                 min(b.cpu_usec for b in blocks[record]) / stalled,
             )
             for record in (False, True)
         }
-        base, base_usec, base_cpu = measured[False]
-        for record, (spent, usec, cpu) in measured.items():
+        base = per_unit(blocks[False], stalled)
+        for record in (False, True):
+            spent, (usec, cpu) = per_unit(blocks[record], stalled), best[record]
+            xadd_usec = [x["usec"] / stalled for x in xadds[record]]
             rows.append(
                 [
                     f"{stalled:,}",
                     "with the record" if record else "record made no-ops",
                     calls[record],
                     f"{spent.commands:.2f}",
+                    f"{sum(x['calls'] for x in xadds[record]) / (stalled * rounds):.2f}",
                     f"{usec:.1f} / {spent.unit_usec:.1f}",
-                    f"{min(xadds):.1f} / {median(xadds):.1f}" if record else "",
+                    f"{min(xadd_usec):.1f} / {median(xadd_usec):.1f}" if record else "",
                     f"{cpu:.1f} / {spent.cpu_usec:.1f}",
                     ratio(spent.commands, base.commands) if record else "",
-                    ratio(usec, base_usec) if record else "",
-                    ratio(cpu, base_cpu) if record else "",
+                    ratio(usec, best[False][0]) if record else "",
+                    ratio(cpu, best[False][1]) if record else "",
                 ]
             )
     return table(
@@ -414,8 +409,9 @@ def record_table(r: redis.Redis, sizes: list[int], rounds: int) -> str:
             "sweep script",
             "script calls",
             "Redis cmds/job",
+            "XADDs/job",
             "script µs/job, best / median",
-            "of which XADD µs/job",
+            "XADD µs/job",
             "Redis CPU µs/job, best / median",
             "cmds ratio",
             "script µs ratio (best)",

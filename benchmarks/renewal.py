@@ -42,8 +42,8 @@ QUEUE = "bench"
 IGNORED = ("cmdstat_config", "cmdstat_info", "cmdstat_slowlog")
 
 
-def enqueue(r: redis.Redis, n: int) -> None:
-    queue = Queue(QUEUE, connection=r)
+def enqueue(r: redis.Redis, n: int, name: str = QUEUE) -> None:
+    queue = Queue(name, connection=r)
     for start in range(0, n, 500):
         queue.enqueue_many([Queue.prepare_data("bench_jobs.noop") for _ in range(start, min(n, start + 500))])
 
@@ -53,13 +53,17 @@ def ours(url: str, n: int) -> Callable[[], object]:
     return holding(url, n).tick
 
 
-def holding(url: str, n: int) -> LockManager:
+def holding(
+    url: str, n: int, queue: str = QUEUE, name: str = "ours", start: bool = False, **settings: Any
+) -> LockManager:
     """The lock manager of one LeaseWorker holding n leases, each with its RQ execution
-    (not started: the caller ticks it); its client counts round trips."""
+    (not started: the caller ticks it); its client counts round trips. With ``start``,
+    each job is also started as its horse starts it (RQ's ``prepare_job_execution``,
+    guarded: status ``started``); ``settings`` are the worker's lease settings."""
     r = redis.Redis.from_url(url)
-    enqueue(r, n)
+    enqueue(r, n, queue)
     scripts.load_all(r)
-    w = LeaseWorker([QUEUE], connection=r, name="ours")
+    w = LeaseWorker([queue], connection=r, name=name, **settings)
     w.register_birth()
     w._taker = Taker(r, w.name, w.lease_settings)
     w.lock_manager = w._new_lock_manager(counting_client(url))  # as bootstrap builds it
@@ -69,6 +73,8 @@ def holding(url: str, n: int) -> LockManager:
         job, _queue = taken
         job.started_at = now()
         w.prepare_execution(job)
+        if start:
+            w.prepare_job_execution(job)
     assert len(w.lock_manager.held()) == n
     return w.lock_manager
 

@@ -33,6 +33,7 @@ BENCHMARKS = {
     "renewal": "Keeping N jobs alive: cost of one heartbeat tick",
     "job_lease": "The job's own lease: a fenced write beside a plain pipeline, report() beside save_meta()",
     "sweep_cost": "Sweep: Redis time with 1k-100k jobs in flight",
+    "dashboard": "The lease panel in rq-dashboard: its page against jobs in flight, its record's cost",
     "detection": "SIGKILLed worker: time until its job is back",
 }
 

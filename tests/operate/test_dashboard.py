@@ -156,6 +156,22 @@ def test_embedded_beside_rq_dashboard_in_one_line_it_links_jobs_to_rq_dashboards
     assert page(app.test_client(), f"/rq/0/view/job/{lease.job_id}")  # rq-dashboard's page
 
 
+def test_job_links_are_the_ones_url_for_builds(redis_url: str) -> None:
+    """The page builds its job links from one ``url_for`` per page; each is still the one
+    ``url_for`` would build for that job id, under a prefix and for another instance too."""
+    from flask import url_for
+
+    from rq_emq.operate.dashboard import _job_urls
+
+    app = create_app(redis_url, url_prefix="/rq")
+    with app.test_request_context("/rq/leases"):
+        for instance in (0, 3):
+            links = _job_urls(instance)
+            for job_id in ("a1b2-c3", "rq-emq-job-id", "x y/z?#%", "é<&>\"'", ""):
+                expected = url_for("rq_dashboard.job_view", instance_number=instance, job_id=job_id)
+                assert links(job_id) == expected, job_id
+
+
 def test_behind_rq_dashboards_basic_auth_the_panel_refuses_a_stranger(r: redis.Redis, redis_url: str) -> None:
     app = create_app(redis_url, username="ops", password="s3cret")
     stranger = app.test_client()

@@ -139,3 +139,24 @@ def report_and_time_its_landing(log: str) -> str:
         time.sleep(0.005)
     _write(log, event="landed", after_s=time.monotonic() - sent)
     return "done"
+
+
+def fenced_write_then_raise(log: str, flag: str, lose_first: bool) -> str:
+    """Wait for ``flag`` (the test may take the lease away first), then write through the
+    fenced pipeline and let what it raises (LeaseLost once the lease is gone) end the run;
+    with the lease still held, raise an error of the job's own."""
+    lease = rq_emq.current_lease()
+    assert lease is not None
+    _write(log, event="run", **_seen(log))
+    deadline = time.monotonic() + 20
+    while not os.path.exists(flag) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    lease.fenced_pipeline().set("effect", lease.fencing_token).execute()
+    if not lose_first:
+        raise RuntimeError("the job's own failure")
+    return "unreachable: the write above raised LeaseLost"
+
+
+def record_failure_callback(job: Any, connection: Any, kind: Any, value: Any, traceback: Any) -> None:
+    """An ``on_failure`` callback: one line in the log its job names (``job.args[0]``)."""
+    _write(job.args[0], event="failure callback", error=type(value).__name__)

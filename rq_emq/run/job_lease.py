@@ -58,6 +58,8 @@ class JobLease:
         self._held_until = held_until
         self._stopping = stopping
         self._post_report = post_report or lease.post_report
+        #: Redis or the local clock told this run its lease is gone (a LeaseLost raised).
+        self.loss_seen = False
 
     @property
     def job_id(self) -> str:
@@ -105,6 +107,7 @@ class JobLease:
     def raise_if_lost(self) -> None:
         """Raise :class:`rq_emq.LeaseLost` once the lease is gone (see :attr:`held`)."""
         if not self.held:
+            self.loss_seen = True
             raise LeaseLost(self.queue, self.job_id)
 
     def fenced_pipeline(self) -> Pipeline:
@@ -116,6 +119,7 @@ class JobLease:
         pipe: Any = type(self._connection).pipeline(self._connection, transaction=True)
         pipe.__class__ = _job_fenced_class(type(pipe))
         pipe._emq_fence = self._lease.fence
+        pipe._emq_job_lease = self
         return pipe  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
@@ -130,10 +134,15 @@ class _JobFencedPipelineMixin(FencedPipelineMixin):
     outcome fence checks only a block's first transaction, a job's pipeline every one."""
 
     _emq_fence: Fence
+    _emq_job_lease: JobLease
 
     def execute(self, raise_on_error: bool = True) -> list[Any]:
         self._emq_session = JobWriteSession(self._emq_fence)
-        return super().execute(raise_on_error)
+        try:
+            return super().execute(raise_on_error)
+        except LeaseLost:
+            self._emq_job_lease.loss_seen = True
+            raise
 
 
 class JobWriteSession(FencedSession):

@@ -39,7 +39,7 @@ from ..recover.registries import pin_started_entries_of, prepare_registries
 from ..recover.sweep import Sweeper
 from ..settings import LeaseSettings
 from .dequeue import DequeueMixin
-from .job_lease import JobLease, running
+from .job_lease import JobLease, current_lease, running
 from .run_guard import RunGuard
 from .startup import check_redis, worker_settings
 from .worker_check import check_worker_class
@@ -245,6 +245,17 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
             return super().perform_job(job, *args, **kwargs)
 
     perform_job.__signature__ = JobWritesMixin.perform_job.__signature__  # type: ignore[attr-defined]
+
+    def handle_execution_ended(self, job: Job, *args: Any, **kwargs: Any) -> Any:
+        """RQ calls this as the job's code has ended, before its success or failure path.
+        A run whose lease is gone (it raised LeaseLost from a refused fenced write, or its
+        clock ran out while it ran on) did not fail as the job: RQ's failure path, whose
+        writes the fence refuses, must not run the job's failure callback either, as a
+        SIGKILLed horse runs none. The sweep decides what becomes of the job."""
+        lease = current_lease()
+        if lease is not None and lease.job_id == job.id and (lease.loss_seen or not lease.held):
+            compat.drop_failure_callback(job)
+        return super().handle_execution_ended(job, *args, **kwargs)  # type: ignore[misc]
 
     def request_stop(self, signum: int, frame: FrameType | None) -> None:
         """A warm shutdown: RQ's, and the running job told (``current_lease().stopping``);

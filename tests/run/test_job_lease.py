@@ -17,7 +17,7 @@ from helpers import status, wait_status
 from jobs import run_spans
 from lease_jobs import events
 from procs import Processes, wait_for
-from rq import Queue, Retry
+from rq import Callback, Queue, Retry
 from rq.job import Job
 
 import rq_emq
@@ -128,6 +128,39 @@ def test_a_fenced_pipeline_writes_while_the_lease_holds_and_nothing_once_it_is_l
     outcome = {e["event"]: e.get("outcome") for e in events(log)}
     assert outcome == {"before": None, "after": "refused", "lost": "raised"}, events(log)
     assert r.get("effect:after") is None and r.get("effect:count") == b"1"  # nothing of it landed
+
+
+@EVERY_CLASS
+@pytest.mark.parametrize("lose_first", [True, False], ids=["lease lost", "lease held"])
+def test_a_run_that_raised_lease_lost_runs_no_failure_callback(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path, worker_class: str, lose_first: bool
+) -> None:
+    """A run whose fenced write found its lease gone ends on LeaseLost: that is no failure
+    of the job (the fence refuses RQ's failure writes, the sweep decides), so its failure
+    callback does not run in the stale run; a failure of the job's own, lease held, runs it."""
+    log, flag = str(tmp_path / "lease.log"), str(tmp_path / "go")
+    job = Queue(connection=r).enqueue(
+        "lease_jobs.fenced_write_then_raise",
+        log,
+        flag,
+        lose_first,
+        on_failure=Callback("lease_jobs.record_failure_callback"),
+    )
+    worker = procs.worker(
+        redis_url, worker_class=worker_class, burst=True, RQ_EMQ_STOP_ON_LEASE_LOST="false", **LEASE
+    )
+    wait_for(lambda: runs_of(log), timeout=15, what="the job to start")
+    if lose_first:
+        _take_the_lease_away(r, job.id)
+    Path(flag).touch()
+    assert worker.wait(timeout=30) == 0, procs.log(worker)
+    callbacks = [e for e in events(log) if e["event"] == "failure callback"]
+    if lose_first:
+        assert callbacks == [] and r.get("effect") is None
+        assert status(r, job.id) == "started"  # its failure fenced out: the new holder's job
+    else:
+        assert [e["error"] for e in callbacks] == ["RuntimeError"] and r.get("effect") == b"1"
+        assert status(r, job.id) == "failed"
 
 
 @EVERY_CLASS

@@ -91,7 +91,11 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
         return bool(super().work(*args, **kwargs))  # type: ignore[misc]
 
     def _start_scheduler(self, *args: Any, **kwargs: Any) -> None:
-        super()._start_scheduler(*args, **kwargs)  # type: ignore[misc]
+        """RQ's scheduler start (``--with-scheduler``), right after the worker registered: a
+        Redis restart at that moment ended the worker (the soak found it); it waits for
+        Redis and tries again, as the rest of the loop does."""
+        parent: Any = super()
+        self._riding_out_blips(lambda: parent._start_scheduler(*args, **kwargs), until_done=True)
         scheduler: Any = getattr(self, "scheduler", None)
         if scheduler is not None:
             # RQ's scheduler locks (``--with-scheduler``) go through a pool of RQ's own, in

@@ -76,6 +76,10 @@ def test_unsubscribing_ends_the_pubsub_thread_without_waiting_out_its_join(worke
     worker.subscribe()
     thread, pubsub = worker.pubsub_thread, worker.pubsub
     assert thread is not None and pubsub is not None and thread.is_alive()
+    # in its loop (redis-py's thread ignores a stop that comes before its loop starts)
+    deadline = time.monotonic() + 10
+    while not thread._running.is_set() and time.monotonic() < deadline:
+        time.sleep(0.01)
     send_unsubscribe = pubsub.unsubscribe
 
     def reply_taken_at_once(*args: object) -> object:
@@ -86,6 +90,28 @@ def test_unsubscribing_ends_the_pubsub_thread_without_waiting_out_its_join(worke
     pubsub.unsubscribe = reply_taken_at_once  # type: ignore[method-assign]
     worker.unsubscribe()
     assert not thread.is_alive()
+
+
+def test_a_redis_blip_as_the_scheduler_starts_is_waited_out(
+    worker: LeaseWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--with-scheduler``: Redis restarting as the worker starts its scheduler (right
+    after it registered) no longer ends the worker; the start is tried again."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from rq.scheduler import RQScheduler
+
+    tries: list[int] = []
+    acquire = RQScheduler.acquire_locks
+
+    def flaky(self: RQScheduler, *args: object, **kwargs: object) -> object:
+        tries.append(1)
+        if len(tries) == 1:
+            raise RedisConnectionError("Connection closed by server.")
+        return acquire(self, *args, **kwargs)
+
+    monkeypatch.setattr(RQScheduler, "acquire_locks", flaky)
+    worker._start_scheduler(burst=True)
+    assert len(tries) == 2
 
 
 def test_an_empty_queue_gives_none_without_work(worker: LeaseWorker) -> None:

@@ -138,9 +138,10 @@ def run_everything(server: RedisServer, procs: Processes, tmp_path: Path) -> red
     # an idle forking LeaseWorker on one queue blocks (BLMOVE) until a job arrives; a
     # second one on the same queue waits in the election's line (BLPOP), then is its deputy
     idle = procs.worker(url, "default", **FAST)
-    wait_for(lambda: worker_state(r, idle.pid) == b"idle", what="an idle worker")
+    # a worker's start (a new interpreter, its imports, its watchdog) waited on a loaded host
+    wait_for(lambda: worker_state(r, idle.pid) == b"idle", timeout=30, what="an idle worker")
     second = procs.worker(url, "default", **FAST)
-    wait_for(lambda: worker_state(r, second.pid) == b"idle", what="a second idle worker")
+    wait_for(lambda: worker_state(r, second.pid) == b"idle", timeout=30, what="a second idle worker")
     wait_for(lambda: r.exists(sweeper_deputy_key(sweeper_election_key(["default"]))), what="a deputy")
     plain = queue.enqueue("jobs.add", 1, 2)
     wait_status(r, plain.id, "finished", timeout=15)

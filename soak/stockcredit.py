@@ -55,6 +55,8 @@ def stock_ran_its_own_duplicate(job_id: str, run: Run, ev: Any) -> bool:
     without a lease, so it runs the copy that stock RQ made, whoever runs the other one.
     The same copy run by one of ours would be our fault (``pop_job`` drops a copy of a job
     in flight under a live lease), and is not excused."""
+    if doubled_by_a_frozen_neighbour(job_id, run, ev):
+        return True
     if run.ppid not in set(getattr(ev, "stock_workers", [])):
         return False
     for line in ev.queue_violations:
@@ -69,3 +71,36 @@ def by_stock(runs: list[Run], ev: Any) -> bool:
     """The job's last run was a stock neighbour's (its finish is RQ's own, which leaves
     our fields as they were)."""
     return bool(runs) and runs[-1].ppid in set(getattr(ev, "stock_workers", []))
+
+
+#: How soon after a frozen neighbour resumes its double enqueue's two copies are taken.
+DOUBLE_ENQUEUE_WINDOW_S = 10.0
+
+
+def doubled_by_a_frozen_neighbour(job_id: str, run: Run, ev: Any) -> bool:
+    """``run`` took one of the two copies that stock RQ's own double enqueue made, by the
+    evidence of the runs and faults rather than a queue sample (the two copies can be taken
+    within milliseconds, between two samples): a stock neighbour's run of the job raised
+    while that neighbour was frozen (``stop_stock``), the neighbour itself ran the job again
+    after it resumed (one copy, popped without a lease), and ``run`` began within
+    :data:`DOUBLE_ENQUEUE_WINDOW_S` of the resume. Whoever runs the other copy, the two
+    runs' overlap is stock RQ's: the neighbour's copy holds no lease to refuse it."""
+    stock = set(getattr(ev, "stock_workers", []))
+    runs = ev.runs.get(job_id, [])
+    for earlier in runs:
+        if earlier.ppid not in stock or earlier.outcome != "raise" or earlier.ended is None:
+            continue
+        for fault in ev.faults:
+            if fault.kind != "stop_stock" or fault.worker_pid != earlier.ppid or fault.ended is None:
+                continue
+            if not fault.started <= earlier.ended <= fault.ended + 0.5:
+                continue
+            resumed = fault.ended
+            again = [
+                r
+                for r in runs
+                if r.ppid == earlier.ppid and resumed <= r.started <= resumed + DOUBLE_ENQUEUE_WINDOW_S
+            ]
+            if again and resumed <= run.started <= resumed + DOUBLE_ENQUEUE_WINDOW_S:
+                return True
+    return False

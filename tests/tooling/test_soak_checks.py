@@ -1115,3 +1115,27 @@ def test_a_fenced_job_with_a_run_in_a_failover_window_is_not_judged() -> None:
     verdict = evaluate(ev)
     assert verdict.passed, verdict.violations
     assert verdict.counts["fenced_effects"]["in_failover_windows"] == 1
+
+
+def test_the_copies_of_a_frozen_neighbours_double_enqueue_overlap_by_stock_rqs_doing() -> None:
+    """A stock neighbour frozen while its horse raised enqueues the job twice as it resumes;
+    it runs one copy (popped without a lease) and one of ours the other, within
+    milliseconds, between two queue samples: the runs, the fault and the raise are the
+    evidence, and the repeat and the overlap are stock RQ's. Without the freeze over the
+    raise it is still our duplicate."""
+    freeze = Fault("stop_stock", 2.0, "s", OTHER_WORKER, [OTHER_HORSE], "j", None, ended=4.0)
+    runs = [
+        run(0, 1.0, 3.9, "raise", pid=OTHER_HORSE, ppid=OTHER_WORKER),  # raised while frozen
+        run(0, 4.10, 6.0, "ok", pid=OTHER_HORSE + 1, ppid=OTHER_WORKER),  # stock's copy
+        run(1, 4.15, 5.0, "ok"),  # ours, from the other copy
+    ]
+    ev = evidence(runs, faults=[freeze], taken=1)
+    ev.stock_workers = [OTHER_WORKER]
+    verdict = evaluate(ev)
+    assert not any("went on" in v or "no fault explains" in v for v in verdict.violations), verdict.violations
+    thawed = Fault(
+        "stop_stock", 5.0, "s", OTHER_WORKER, [OTHER_HORSE], "j", None, ended=5.5
+    )  # not over the raise
+    ev = evidence(runs, faults=[thawed], taken=1)
+    ev.stock_workers = [OTHER_WORKER]
+    assert any("went on" in v for v in evaluate(ev).violations)

@@ -21,7 +21,7 @@ from .jobs import Run
 from .model import kind_of
 from .outcomes import failed_on_attempt
 from .repeats import stale
-from .stockcredit import by_stock
+from .stockcredit import by_stock, stock_doubled
 from .verdict import Verdict
 
 
@@ -75,7 +75,12 @@ def check_attempts(ev: Any, v: Verdict) -> None:
                 v.violations.append(f"{job_id}: failed, its Result written, still holds emq_attempts")
             takes += max(0, held - last)
             skipped += max(0, held - last)
-        elif state["status"] == "finished" and state["attempts"] is not None and not by_stock(runs, ev):
+        elif (
+            state["status"] == "finished"
+            and state["attempts"] is not None
+            and not by_stock(runs, ev)
+            and not stock_doubled(job_id, ev)  # a stock copy's finish leaves our fields
+        ):
             v.violations.append(f"{job_id}: finished but still holds emq_attempts={state['attempts']}")
         total_takes += takes
     # a horse killed before its job began leaves no run; its worker's crash recovery counts

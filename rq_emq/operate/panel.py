@@ -20,13 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from redis import Redis
-from redis.exceptions import RedisError
 
 from .. import scripts
 from ..keys import QueueKeys
 from ..settings import LeaseSettings
 from .inspection import COUNTERS, Layout, text
-from .reports import read_notes
+from .reports import count_value, read_notes
 
 #: Leases a panel lists, earliest deadline first (the rest are counted).
 LEASES_SHOWN = 100
@@ -118,7 +117,7 @@ def read_panels(
     panels = []
     for queue, reply in zip(queues, replies, strict=True):
         panel = QueuePanel(queue)
-        if isinstance(reply, (RedisError, Exception)):
+        if isinstance(reply, Exception):  # a RedisError, as the pipeline returned it
             panel.problems.append(f"cannot read the panel of queue {queue}: {reply}")
         else:
             try:
@@ -135,10 +134,10 @@ def _parse(panel: QueuePanel, reply: list[Any], settings: LeaseSettings) -> None
     panel.waiting, panel.in_flight, panel.stalled = int(waiting), int(in_flight), int(stalled)
     raw = {text(k): text(v) for k, v in zip(stats[::2], stats[1::2], strict=True)}
     for name in (*COUNTERS, *sorted(set(raw) - set(COUNTERS))):
-        panel.counters[name] = _count(raw.get(name, "0"))
+        panel.counters[name] = count_value(raw.get(name, "0"))
     if swept is not None:
         at, _, name = text(swept).partition(" ")
-        at_ms = _count(at)
+        at_ms = count_value(at)
         panel.swept_ms_ago = None if at_ms is None else now - at_ms
         panel.sweeper = name or None
     panel.events = [_event(entry) for entry in events]
@@ -149,7 +148,7 @@ def _parse(panel: QueuePanel, reply: list[Any], settings: LeaseSettings) -> None
 def _event(entry: list[Any]) -> PanelEvent:
     entry_id, flat = entry
     fields = {text(k): text(v) for k, v in zip(flat[::2], flat[1::2], strict=True)}
-    at_ms = _count(text(entry_id).partition("-")[0]) or 0
+    at_ms = count_value(text(entry_id).partition("-")[0]) or 0
     return PanelEvent(
         at_ms,
         fields.get("kind", "?"),
@@ -168,7 +167,8 @@ def _per_minute(flat: list[Any], now: int) -> list[tuple[int, dict[str, int]]]:
         slot = minute % CHART_MINUTES
         current = ring.get(f"at:{slot}") == str(minute)
         counts = {
-            kind: (_count(ring.get(f"{kind}:{slot}", "0")) or 0) if current else 0 for kind in CHART_KINDS
+            kind: (count_value(ring.get(f"{kind}:{slot}", "0")) or 0) if current else 0
+            for kind in CHART_KINDS
         }
         out.append((minute * 60_000, counts))
     return out
@@ -187,19 +187,15 @@ def _lease(entry: list[Any], now: int, settings: LeaseSettings) -> PanelLease:
     lease.status = None if status is None else text(status)
     lease.description = None if description is None else text(description)
     lease.worker = None if worker is None else text(worker)
-    lease.attempts = 0 if attempts is None else _count(text(attempts))
-    own_max = None if max_attempts is None else _count(text(max_attempts))
+    lease.attempts = 0 if attempts is None else count_value(text(attempts))
+    own_max = None if max_attempts is None else count_value(text(max_attempts))
     lease.max_attempts, lease.max_attempts_source = (
         (own_max, "job") if own_max is not None else (settings.max_attempts, "default")
     )
     ttl = int(lock_ttl)
     lease.lock_ttl_ms = ttl if ttl >= 0 else None
     lease.marked_ms_ago = None if marked_at is None else now - int(float(text(marked_at)))
-    granted = None if granted_at is None else _count(text(granted_at))
+    granted = None if granted_at is None else count_value(text(granted_at))
     lease.age_ms = None if granted is None else now - granted
     read_notes(lease, now, [fence, report, progress_at, no_progress])
     return lease
-
-
-def _count(value: str) -> int | None:
-    return int(value) if value.isdigit() and len(value) <= 18 else None

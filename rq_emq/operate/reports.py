@@ -33,7 +33,7 @@ def read_notes(info: Noted, now_ms: int, values: Sequence[Any]) -> None:
     """Set ``info``'s notes from the HMGET of :data:`NOTE_FIELDS` (``now_ms``: Redis time)."""
     fence, report, progress_at, no_progress = (_text(value) for value in values)
     if fence is not None:
-        info.fencing_token = _count(fence)
+        info.fencing_token = count_value(fence)
         if info.fencing_token is None:
             info.problems.append(f"emq_fence of job {info.job_id} is not a number: {fence[:40]!r}")
     if report is not None:
@@ -41,7 +41,7 @@ def read_notes(info: Noted, now_ms: int, values: Sequence[Any]) -> None:
             info.report = json.loads(report)
         except ValueError:
             info.problems.append(f"emq_report of job {info.job_id} is not JSON: {report[:80]!r}")
-    at = None if progress_at is None else _count(progress_at)
+    at = None if progress_at is None else count_value(progress_at)
     info.progress_ms_ago = None if at is None else now_ms - at
     info.no_progress = no_progress
 
@@ -80,5 +80,6 @@ def _text(value: Any) -> str | None:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def _count(value: str) -> int | None:
+def count_value(value: str) -> int | None:
+    """A count a script stored (digits only, as lua/lib/lease.lua reads them); else None."""
     return int(value) if value.isdigit() and len(value) <= 18 else None

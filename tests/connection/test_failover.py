@@ -38,15 +38,16 @@ IDLE_BOUND_S = 2.5
 
 
 @pytest.mark.parametrize("kind", ["failover", "kill"])
-@pytest.mark.parametrize("worker_class", ["rq_emq.LeaseWorker", "rq_emq.SimpleLeaseWorker"])
-def test_a_failover_costs_at_most_reruns(tmp_path: Path, kind: str, worker_class: str) -> None:
+def test_a_failover_costs_at_most_reruns(tmp_path: Path, kind: str) -> None:
+    """Both lease worker classes meet the same failover side by side, two workers of each
+    (it was one trial per class: the trial's time is the failover's, so they share it)."""
     require_redis_server()
     trial = harness.trial(
         tmp_path,
         kind,
-        worker_class,
-        workers=2,
-        jobs=16,
+        "rq_emq.LeaseWorker+rq_emq.SimpleLeaseWorker",
+        workers=4,
+        jobs=24,
         fault_at=1.5,
         sentinels=1,
         settle_s=30.0,
@@ -61,7 +62,7 @@ def test_a_failover_costs_at_most_reruns(tmp_path: Path, kind: str, worker_class
     assert trial.tracebacks == 0, f"{trial}\n{trial.traceback_text}"
     # at most once per worker (never a line per retry); a worker whose watch first looked
     # after the switch never knew the old master, and has nothing to say (RQ 2.0, CI)
-    assert 1 <= trial.moved_lines <= 2, trial
+    assert 1 <= trial.moved_lines <= 4, trial
 
 
 def test_a_chained_exception_logged_once_counts_as_one_traceback() -> None:

@@ -36,47 +36,63 @@ def take_away(r: redis.Redis, job_id: str, status: str, new_owner: str | None = 
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("worker_class", WORKERS)
 def test_a_job_running_20_times_the_lease_is_never_reclaimed_and_finishes_once(
-    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path, worker_class: str
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
 ) -> None:
     """With a healthy Redis a job 20 leases long keeps its lease all along, though a
     second worker's sweep would take a lapsed one: one run, no self-fencing stop, no
-    fenced write, and stock cleanup leaves it alone. (It was two tests, this one and
-    test_self_fencing's "a job twenty leases long runs once with a healthy redis".)"""
-    log = str(tmp_path / "runs.log")
+    fenced write, and stock cleanup leaves it alone. Each worker class runs one such job
+    on a queue of its own, side by side (it was one test per class, and before that two
+    tests, this one and test_self_fencing's "a job twenty leases long runs once with a
+    healthy redis"; the twenty leases are the test's whole time, so the classes share it)."""
     twenty_leases_s = 20 * int(FAST["RQ_EMQ_LEASE_MS"]) / 1000
-    job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, twenty_leases_s, job_timeout=60)
-    worker = procs.worker(redis_url, worker_class=worker_class, burst=True, **FAST)
-    wait_for(lambda: runs(log), what="the job to start")
-    procs.worker(redis_url, worker_class=worker_class, **FAST)  # whose sweep would take a lapsed lease
-    q = QueueKeys("default")
-    scores = []
-    while True:
-        # one snapshot (MULTI): a job seen started has its lease and its pinned entry
-        with r.pipeline(transaction=True) as snapshot:
-            snapshot.hget(job_key(job.id), "status").zscore(q.leases, job.id).hget(
-                job_key(job.id), "emq_token"
-            )
-            snapshot.zrange(q.started, 0, -1, withscores=True)
-            job_status, indexed, token, entries = snapshot.execute()
-        if job_status != b"started":
-            break
-        assert indexed is not None and token, (indexed, token)
-        assert len(entries) == 1 and entries[0][0].decode().startswith(job.id), entries
-        scores.append(entries[0][1])
-        # stock cleanup (rq info, django-rq, a stock worker) must leave a leased job alone
-        StartedJobRegistry("default", connection=r).cleanup()
+    queue_of = {name: name.rsplit(".", 1)[1].lower() for name in WORKERS}
+    logs = {name: str(tmp_path / f"{name}.log") for name in WORKERS}
+    jobs = {
+        name: Queue(queue_of[name], connection=r).enqueue(
+            "jobs.sleep_and_record", logs[name], twenty_leases_s, job_timeout=60
+        )
+        for name in WORKERS
+    }
+    holders = {
+        name: procs.worker(redis_url, queue_of[name], worker_class=name, burst=True, **FAST)
+        for name in WORKERS
+    }
+    for name in WORKERS:
+        wait_for(lambda name=name: runs(logs[name]), what=f"the {name} job to start")
+    procs.worker(redis_url, *queue_of.values(), **FAST)  # whose sweep would take a lapsed lease
+    scores: dict[str, list[float]] = {name: [] for name in WORKERS}
+    running = set(WORKERS)
+    while running:
+        for name in sorted(running):
+            job, q = jobs[name], QueueKeys(queue_of[name])
+            # one snapshot (MULTI): a job seen started has its lease and its pinned entry
+            with r.pipeline(transaction=True) as snapshot:
+                snapshot.hget(job_key(job.id), "status").zscore(q.leases, job.id).hget(
+                    job_key(job.id), "emq_token"
+                )
+                snapshot.zrange(q.started, 0, -1, withscores=True)
+                job_status, indexed, token, entries = snapshot.execute()
+            if job_status != b"started":
+                running.discard(name)
+                continue
+            assert indexed is not None and token, (name, indexed, token)
+            assert len(entries) == 1 and entries[0][0].decode().startswith(job.id), (name, entries)
+            scores[name].append(entries[0][1])
+            # stock cleanup (rq info, django-rq, a stock worker) must leave a leased job alone
+            StartedJobRegistry(queue_of[name], connection=r).cleanup()
         time.sleep(0.25)
-    assert worker.wait(timeout=30) == 0, procs.log(worker)
-    assert status(r, job.id) == "finished"
-    assert [line.split()[0] for line in runs(log)] == ["start", "end"]
-    assert stat(r, "default", "lease_lost") == 0 and stat(r, "default", "fenced") == 0
-    assert stat(r, "default", "renewed") >= 40
-    # the started-registry entry was pinned all along: no cleanup could find it due
-    assert len(scores) > 20 and set(scores) == {float("inf")}
-    assert not r.exists(q.lock(job.id)) and r.zcard(q.leases) == 0
-    assert "local lease clock ran out" not in procs.log(worker)
+    for name in WORKERS:
+        job, q, worker = jobs[name], QueueKeys(queue_of[name]), holders[name]
+        assert worker.wait(timeout=30) == 0, procs.log(worker)
+        assert status(r, job.id) == "finished", name
+        assert [line.split()[0] for line in runs(logs[name])] == ["start", "end"], name
+        assert stat(r, q.queue, "lease_lost") == 0 and stat(r, q.queue, "fenced") == 0, name
+        assert stat(r, q.queue, "renewed") >= 40, name
+        # the started-registry entry was pinned all along: no cleanup could find it due
+        assert len(scores[name]) > 20 and set(scores[name]) == {float("inf")}, (name, scores[name])
+        assert not r.exists(q.lock(job.id)) and r.zcard(q.leases) == 0, name
+        assert "local lease clock ran out" not in procs.log(worker), name
 
 
 def test_sigkill_of_the_worker_kills_its_horse(

@@ -88,6 +88,15 @@ def kill_worker_mid_job(r: redis.Redis, procs: Processes, victim: subprocess.Pop
     return runner
 
 
+def assert_recovered_once(r: redis.Redis, procs: Processes, log: str, layout: QueueKeys, job_id: str) -> None:
+    """The killed worker's run and the survivor's: two runs and one recovery, plus one of
+    each for a run its worker stopped on its local lease clock (a host starved under
+    .ci/stress), which may end before its horse logs its start (a spawned horse is slow)."""
+    stops = procs.self_fenced_stops(job_id)
+    assert 2 <= len(starts(log)) <= 2 + stops, (starts(log), stops)
+    assert r.hget(layout.stats, "recovered") == str(1 + stops).encode(), stops
+
+
 # -- custom job and queue namespaces ------------------------------------------------------
 
 
@@ -132,11 +141,9 @@ def test_custom_namespaces_a_killed_workers_job_is_recovered_and_finished(
     job = queue.enqueue("jobs.sleep_and_record", log, 2.0, job_timeout=60)
     victim = procs.worker(redis_url, name="victim", args=CUSTOM, **FAST)
     kill_worker_mid_job(r, procs, victim, log)
-    survivor = procs.worker(redis_url, name="survivor", args=CUSTOM, **FAST)
+    procs.worker(redis_url, name="survivor", args=CUSTOM, **FAST)
     wait_finished(r, f"custom:job:{job.id}")
-    assert len(starts(log)) == 2, procs.log(survivor)
-    layout = QueueKeys("default", "custom:queue:", "custom:job:")
-    assert r.hget(layout.stats, "recovered") == b"1"
+    assert_recovered_once(r, procs, log, QueueKeys("default", "custom:queue:", "custom:job:"), job.id)
     assert r.hget(f"custom:job:{job.id}", "worker_name") == b"survivor"
 
 
@@ -263,11 +270,9 @@ def test_rq_key_prefix_a_killed_workers_job_is_recovered_and_rqs_view_cleaned(
     cmd = [RQ_BIN, "worker", "-w", "rq_emq.LeaseWorker", "--url", redis_url]
     victim = procs.start([*cmd, "--name", "victim", "default"], env=env, name="worker")
     kill_worker_mid_job(r, procs, victim, log)
-    survivor = procs.start([*cmd, "--name", "survivor", "default"], env=env, name="worker")
+    procs.start([*cmd, "--name", "survivor", "default"], env=env, name="worker")
     wait_finished(r, f"alt:job:{job_id}")
-    assert len(starts(log)) == 2, procs.log(survivor)
-    layout = QueueKeys("default", "alt:queue:", "alt:job:")
-    assert r.hget(layout.stats, "recovered") == b"1"
+    assert_recovered_once(r, procs, log, QueueKeys("default", "alt:queue:", "alt:job:"), job_id)
     # the recovery took the dead run out of RQ's view: nothing left in flight, and nothing
     # written under RQ's default prefix (RQ's scheduler keys aside: a scheduler process of
     # another test on this session's server wrote them once, after this test's flush)
@@ -404,12 +409,9 @@ def test_a_user_forking_worker_class_horse_dies_with_it_and_its_job_is_recovered
         redis_url, worker_class=worker_class, name="victim", EMQ_TEST_AUDIT_LOG=audit, **FAST
     )
     kill_worker_mid_job(r, procs, victim, log)  # the horse died with it: no second run overlaps
-    survivor = procs.worker(
-        redis_url, worker_class=worker_class, name="survivor", EMQ_TEST_AUDIT_LOG=audit, **FAST
-    )
+    procs.worker(redis_url, worker_class=worker_class, name="survivor", EMQ_TEST_AUDIT_LOG=audit, **FAST)
     wait_finished(r, f"rq:job:{job.id}")
-    assert len(starts(log)) == 2, procs.log(survivor)
-    assert r.hget(QueueKeys("default").stats, "recovered") == b"1"
+    assert_recovered_once(r, procs, log, QueueKeys("default"), job.id)
 
 
 def test_lease_worker_returns_one_class_per_base_and_leaves_lease_classes_alone() -> None:
@@ -480,7 +482,7 @@ def test_spawn_worker_horse_dies_with_its_worker_and_the_job_is_recovered(
     kill_worker_mid_job(r, procs, victim, log)
     procs.worker(redis_url, worker_class="rq_emq.SpawnLeaseWorker", name="survivor", **FAST)
     wait_finished(r, f"rq:job:{job.id}")
-    assert len(starts(log)) == 2 and r.hget(QueueKeys("default").stats, "recovered") == b"1"
+    assert_recovered_once(r, procs, log, QueueKeys("default"), job.id)
 
 
 @spawn_only

@@ -40,11 +40,21 @@ def queued_twice_by_stock(line: str, ev: Any) -> bool:
     """A sample's "twice in the queue" that a stock neighbour made: the job's last run
     before the sample was that neighbour's, and stock RQ handled its end twice (a worker
     frozen while its horse raised: the horse's ``Retry`` and, on resume, the worker's
-    "terminated unexpectedly" failure each enqueue it). Our workers pushed neither copy."""
+    "terminated unexpectedly" failure each enqueue it). Our workers pushed neither copy.
+    Or a sample's "queued while leased" in that double enqueue's window: one of ours holds
+    the lease of one copy while the other waits (CI rehearsal 11); the frozen neighbour's
+    runs and faults show the double enqueue (:func:`frozen_double_enqueues`)."""
     parts = line.split(maxsplit=2)
-    if len(parts) < 3 or parts[2] != "twice in the queue":
+    if len(parts) < 3:
         return False
-    at, job_id = float(parts[0]), parts[1]
+    at, job_id, what = float(parts[0]), parts[1], parts[2]
+    if what == "queued while leased":
+        return any(
+            resumed <= at <= resumed + DOUBLE_ENQUEUE_WINDOW_S
+            for resumed in frozen_double_enqueues(job_id, ev)
+        )
+    if what != "twice in the queue":
+        return False
     before = [run for run in ev.runs.get(job_id, []) if run.started <= at]
     return by_stock(before, ev)
 
@@ -85,13 +95,24 @@ DOUBLE_ENQUEUE_WINDOW_S = 10.0
 def doubled_by_a_frozen_neighbour(job_id: str, run: Run, ev: Any) -> bool:
     """``run`` took one of the two copies that stock RQ's own double enqueue made, by the
     evidence of the runs and faults rather than a queue sample (the two copies can be taken
-    within milliseconds, between two samples): a stock neighbour's run of the job raised
-    while that neighbour was frozen (``stop_stock``), the neighbour itself ran the job again
-    after it resumed (one copy, popped without a lease), and ``run`` began within
-    :data:`DOUBLE_ENQUEUE_WINDOW_S` of the resume. Whoever runs the other copy, the two
-    runs' overlap is stock RQ's: the neighbour's copy holds no lease to refuse it."""
+    within milliseconds, between two samples): ``run`` began within
+    :data:`DOUBLE_ENQUEUE_WINDOW_S` of such a double enqueue (:func:`frozen_double_enqueues`).
+    Whoever runs the other copy, the two runs' overlap is stock RQ's: the neighbour's copy
+    holds no lease to refuse it."""
+    return any(
+        resumed <= run.started <= resumed + DOUBLE_ENQUEUE_WINDOW_S
+        for resumed in frozen_double_enqueues(job_id, ev)
+    )
+
+
+def frozen_double_enqueues(job_id: str, ev: Any) -> list[float]:
+    """When stock RQ enqueued the job twice, by the runs and faults: a stock neighbour's run
+    of the job raised while that neighbour was frozen (``stop_stock``), and the neighbour
+    itself ran the job again within :data:`DOUBLE_ENQUEUE_WINDOW_S` after it resumed (one
+    copy, popped without a lease). Returns each such resume time."""
     stock = set(getattr(ev, "stock_workers", []))
     runs = ev.runs.get(job_id, [])
+    resumes = []
     for earlier in runs:
         if earlier.ppid not in stock or earlier.outcome != "raise" or earlier.ended is None:
             continue
@@ -101,11 +122,9 @@ def doubled_by_a_frozen_neighbour(job_id: str, run: Run, ev: Any) -> bool:
             if not fault.started <= earlier.ended <= fault.ended + 0.5:
                 continue
             resumed = fault.ended
-            again = [
-                r
+            if any(
+                r.ppid == earlier.ppid and resumed <= r.started <= resumed + DOUBLE_ENQUEUE_WINDOW_S
                 for r in runs
-                if r.ppid == earlier.ppid and resumed <= r.started <= resumed + DOUBLE_ENQUEUE_WINDOW_S
-            ]
-            if again and resumed <= run.started <= resumed + DOUBLE_ENQUEUE_WINDOW_S:
-                return True
-    return False
+            ):
+                resumes.append(resumed)
+    return resumes

@@ -1140,3 +1140,34 @@ def test_the_copies_of_a_frozen_neighbours_double_enqueue_overlap_by_stock_rqs_d
     ev = evidence(runs, faults=[thawed], taken=1)
     ev.stock_workers = [OTHER_WORKER]
     assert any("went on" in v for v in evaluate(ev).violations)
+
+
+def test_a_copy_queued_while_ours_holds_the_other_in_a_frozen_neighbours_double_enqueue_is_stock_rqs() -> (
+    None
+):
+    """The same double enqueue, sampled between its two takes: ours holds the lease of one
+    copy while the other still waits in the queue (CI rehearsal 11). The sample is stock
+    RQ's within the double enqueue's window; with no freeze over the raise, or long after
+    the resume, a job queued while leased is ours and fails the soak."""
+    freeze = Fault("stop_stock", 2.0, "s", OTHER_WORKER, [OTHER_HORSE], "j", None, ended=4.0)
+    runs = [
+        run(0, 1.0, 3.9, "raise", pid=OTHER_HORSE, ppid=OTHER_WORKER),  # raised while frozen
+        run(1, 4.05, 5.0, "ok"),  # ours, from one copy
+        run(0, 4.60, 6.0, "ok", pid=OTHER_HORSE + 1, ppid=OTHER_WORKER),  # stock's, from the other
+    ]
+    for at, credited in (("4.3", True), ("30.0", False)):
+        ev = evidence(
+            runs,
+            final={"attempts": "1"},
+            faults=[freeze],
+            taken=1,
+            queue_violations=[f"{at} j queued while leased"],
+        )
+        ev.stock_workers = [OTHER_WORKER]
+        verdict = evaluate(ev)
+        assert verdict.counts["queued_twice_by_stock"] == int(credited), verdict.counts
+        assert any("queue sample" in v for v in verdict.violations) != credited, verdict.violations
+    thawed = Fault("stop_stock", 5.0, "s", OTHER_WORKER, [OTHER_HORSE], "j", None, ended=5.5)
+    ev = evidence(runs, faults=[thawed], taken=1, queue_violations=["4.3 j queued while leased"])
+    ev.stock_workers = [OTHER_WORKER]
+    assert any("queue sample" in v for v in evaluate(ev).violations)

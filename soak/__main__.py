@@ -123,6 +123,10 @@ def table(ev: Evidence, v: Verdict) -> str:
         ("finished / failed", f"{c['finished']} / {c['failed']}"),
         ("failed, by reason", ", ".join(f"{k} {n}" for k, n in sorted(c["failed_by_reason"].items())) or "-"),
         ("failed at max attempts (stalled every time)", c["failed_at_max_attempts"]),
+        (
+            "of them, Result still behind a drainer's live outbox claim (a drainer the soak hit)",
+            c.get("failure_commit_pending", 0),
+        ),
         ("lost (not finished after the drain)", c["lost"]),
         (
             "left in RQ's intermediate list by a stock neighbour's dequeue (stock RQ's loss)",

@@ -19,7 +19,7 @@ from .failovercheck import taken_in_window
 from .faults import Fault
 from .jobs import Run
 from .model import kind_of
-from .outcomes import failed_on_attempt
+from .outcomes import commit_pending, failed_on_attempt
 from .repeats import stale
 from .stockcredit import by_stock, stock_doubled
 from .verdict import Verdict
@@ -71,7 +71,7 @@ def check_attempts(ev: Any, v: Verdict) -> None:
             held = failed_on_attempt(state["failure"]) or 0
             if held != int(state["max_attempts"] or -1):
                 v.violations.append(f"{job_id}: failed at max attempts on attempt {held}")
-            if state["attempts"] is not None:
+            if state["attempts"] is not None and not commit_pending(job_id, state, ev):
                 v.violations.append(f"{job_id}: failed, its Result written, still holds emq_attempts")
             takes += max(0, held - last)
             skipped += max(0, held - last)

@@ -54,6 +54,20 @@ def _failure_context(state: dict[str, Any], runs: list[Run], faults: list[Fault]
     )
 
 
+#: A failure at max attempts whose Result is not (yet) RQ's.
+NO_RESULT = "failed at max attempts without RQ's Result saying so"
+
+
+def commit_pending(job_id: str, state: dict[str, Any], ev: Any) -> bool:
+    """The sweep failed the job at max attempts (``stalled on attempt n of n``) and its
+    outbox entry is still under a drainer's live claim at the end of the drain: RQ's Result
+    (and the count's clearing) is committed by that drainer, or by another once the claim
+    lapses (it outlasts the failure callback's timeout, so a callback never runs twice at
+    once). A drainer the soak killed or froze mid-drain holds it past the drain. An entry
+    whose claim lapsed and was not taken again is no such credit."""
+    return bool(state.get("failure")) and job_id in ev.registries.get("outbox_claimed", [])
+
+
 def _reason_ok(
     planned: Any, state: dict[str, Any], runs: list[Run], faults: list[Fault], lease: bool
 ) -> str | None:
@@ -72,7 +86,7 @@ def _reason_ok(
             return f"failed: {state['failure']}"
         if planned.max_attempts is not None and str(planned.max_attempts) != state["max_attempts"]:
             return f"failed at {state['max_attempts']} attempts; its own max is {planned.max_attempts}"
-        return None if "JobStalled" in reason else "failed at max attempts without RQ's Result saying so"
+        return None if "JobStalled" in reason else NO_RESULT
     if "ValueError: soak" in reason:
         return None if planned.outcome in ("raise", "flaky") else "failed with a planned error it never plans"
     if "AbandonedJobError" in reason and any(
@@ -144,6 +158,9 @@ def check_outcomes(ev: Any, v: Verdict, lease: bool) -> None:
             )
             continue
         problem = _reason_ok(planned, state, runs, faults, lease)
+        if problem == NO_RESULT and commit_pending(job_id, state, ev):
+            v.counts["failure_commit_pending"] = v.counts.get("failure_commit_pending", 0) + 1
+            problem = None  # its Result comes when the drainer's claim lapses, past the drain
         if problem:
             bad.append(job_id)
             v.violations.append(f"{job_id}: {problem}")

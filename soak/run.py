@@ -175,6 +175,12 @@ class Soak(Producer, Chaos, Watchers):
             # ours between an idle LeaseWorker's BLMOVE and its claim
             "intermediate": [v.decode() for v in self.client.lrange(q.intermediate, 0, -1)],
             "moving": [v.decode() for v in self.client.lrange(q.moving, 0, -1)],
+            # failures at max attempts whose Result waits on a drainer's live claim (the claim
+            # outlasts the failure callback's timeout, 90 s by default: a drainer the soak hit
+            # mid-drain holds it that long): the zset's score is when the claim lapses
+            "outbox_claimed": [
+                v.decode() for v in self.client.zrangebyscore(q.outbox, _redis_ms(self.client) + 1, "+inf")
+            ],
         }
         stats = {k.decode(): int(v) for k, v in self.client.hgetall(q.stats).items()}
         deaths = sum(
@@ -223,3 +229,9 @@ def _epoch(stamp: str | None) -> float | None:
         return utcparse(stamp).replace(tzinfo=timezone.utc).timestamp() if stamp else None
     except ValueError:
         return None
+
+
+def _redis_ms(client: Any) -> int:
+    """Redis's own clock in ms, which the outbox's scores are on."""
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000

@@ -1171,3 +1171,20 @@ def test_a_copy_queued_while_ours_holds_the_other_in_a_frozen_neighbours_double_
     ev = evidence(runs, faults=[thawed], taken=1, queue_violations=["4.3 j queued while leased"])
     ev.stock_workers = [OTHER_WORKER]
     assert any("queue sample" in v for v in evaluate(ev).violations)
+
+
+def test_a_failure_whose_result_waits_on_a_live_outbox_claim_is_pending_not_wrong() -> None:
+    """The sweep failed the job at max attempts and a drainer claimed its outbox entry,
+    then the soak killed or froze that drainer (CI rehearsal 13): RQ's Result waits for
+    the claim to lapse (it outlasts the failure callback's timeout), past the drain. While
+    the claim lives that is pending, counted apart; with no live claim it fails the soak."""
+    stalled = {"status": "failed", "attempts": "5", "failure": "stalled on attempt 5 of 5", "reason": ""}
+    kills = [kill("kill_group", 1.5 + i) for i in range(5)]
+    runs = [run(i + 1, 1.0 + i, None) for i in range(5)]
+    for claimed, passes in ((["j"], True), ([], False)):
+        ev = evidence(runs, final=stalled, faults=kills, taken=5)
+        ev.registries["outbox_claimed"] = claimed
+        verdict = evaluate(ev)
+        pending = [x for x in verdict.violations if "Result" in x or "emq_attempts" in x]
+        assert (not pending) == passes, verdict.violations
+        assert verdict.counts.get("failure_commit_pending", 0) == int(passes), verdict.counts

@@ -107,12 +107,14 @@ class Processes:
 
     def stop_all(self) -> None:
         for process in self.started:
-            # the whole group, even when its leader is gone: a worker the test killed (or one
-            # that exited) may leave children in its group, RQ's scheduler process among them,
-            # which would write to the next tests' Redis
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            if process.poll() is None:
+            # the whole group while its leader is not yet reaped (a zombie still holds the
+            # pid, so the group's id cannot name another group): a dead leader's children
+            # (RQ's scheduler process among them) would write to later tests' Redis. Once
+            # reaped, the id may be reused by another test's group (pid_max is 32768 here,
+            # and CI's two suites wrap it): never kill by it then (CI rehearsal 14).
+            if process.returncode is None:
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
                 process.wait(timeout=10)

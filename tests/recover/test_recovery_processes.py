@@ -144,8 +144,9 @@ def test_a_worker_paused_with_its_horse_past_the_local_deadline_stops_the_job_on
     """Self-fencing: a pair frozen past its local lease deadline cannot know, as it wakes,
     whether the job is still its own. The horse ends itself as it is resumed, before the
     job's code runs any further, even while its worker is still frozen (so nothing but
-    the horse itself can have stopped it); it writes nothing, and the job is recovered and
-    run again once, the runs apart in time."""
+    the horse itself, or the watchdog, which the freeze does not reach, can have stopped
+    it); it writes nothing, and the job is recovered and run again once, the runs apart in
+    time."""
     log = str(tmp_path / "runs.log")
     job = Queue(connection=r).enqueue("jobs.ticking_run", log, 3.0, job_timeout=30)
     worker = procs.worker(redis_url, **FAST)
@@ -173,7 +174,11 @@ def test_a_worker_paused_with_its_horse_past_the_local_deadline_stops_the_job_on
     assert len(spans) == 2 and [line.split()[0] for line in runs(log)].count("end") == 1
     (second_start, _), *_ = [span for pid, span in spans.items() if pid != horse]
     assert spans[horse][1] < second_start
-    assert "local lease clock ran out" in procs.log(worker)
+    # the worker says it stopped trusting the lease: on its own clock as it resumed, or, when
+    # the watchdog (never frozen) had already ended the frozen horse at its deadline, as it
+    # reaped that horse (CI rehearsal 15)
+    said = procs.log(worker)
+    assert "local lease clock ran out" in said or "after this worker stopped trusting its lease" in said, said
     assert r.zcard("rq:failed:default") == 0 and len(Job.fetch(job.id, connection=r).results()) == 1
     assert worker.poll() is None, procs.log(worker)
 

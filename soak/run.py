@@ -17,6 +17,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry as RedisRetry
 
 from rq_emq.keys import QueueKeys
+from rq_emq.operate.inspection import redis_now_ms
 
 from . import effects, lifecycle
 from .chaos import Chaos
@@ -179,7 +180,7 @@ class Soak(Producer, Chaos, Watchers):
             # outlasts the failure callback's timeout, 90 s by default: a drainer the soak hit
             # mid-drain holds it that long): the zset's score is when the claim lapses
             "outbox_claimed": [
-                v.decode() for v in self.client.zrangebyscore(q.outbox, _redis_ms(self.client) + 1, "+inf")
+                v.decode() for v in self.client.zrangebyscore(q.outbox, redis_now_ms(self.client) + 1, "+inf")
             ],
         }
         stats = {k.decode(): int(v) for k, v in self.client.hgetall(q.stats).items()}
@@ -229,9 +230,3 @@ def _epoch(stamp: str | None) -> float | None:
         return utcparse(stamp).replace(tzinfo=timezone.utc).timestamp() if stamp else None
     except ValueError:
         return None
-
-
-def _redis_ms(client: Any) -> int:
-    """Redis's own clock in ms, which the outbox's scores are on."""
-    seconds, micros = client.time()
-    return int(seconds) * 1000 + int(micros) // 1000

@@ -49,10 +49,7 @@ def queued_twice_by_stock(line: str, ev: Any) -> bool:
         return False
     at, job_id, what = float(parts[0]), parts[1], parts[2]
     if what == "queued while leased":
-        return any(
-            resumed <= at <= resumed + DOUBLE_ENQUEUE_WINDOW_S
-            for resumed in frozen_double_enqueues(job_id, ev)
-        )
+        return in_a_frozen_double_enqueue(job_id, at, ev)
     if what != "twice in the queue":
         return False
     before = [run for run in ev.runs.get(job_id, []) if run.started <= at]
@@ -99,9 +96,14 @@ def doubled_by_a_frozen_neighbour(job_id: str, run: Run, ev: Any) -> bool:
     :data:`DOUBLE_ENQUEUE_WINDOW_S` of such a double enqueue (:func:`frozen_double_enqueues`).
     Whoever runs the other copy, the two runs' overlap is stock RQ's: the neighbour's copy
     holds no lease to refuse it."""
+    return in_a_frozen_double_enqueue(job_id, run.started, ev)
+
+
+def in_a_frozen_double_enqueue(job_id: str, at: float, ev: Any) -> bool:
+    """``at`` falls within :data:`DOUBLE_ENQUEUE_WINDOW_S` after a frozen neighbour's
+    double enqueue of the job (:func:`frozen_double_enqueues`)."""
     return any(
-        resumed <= run.started <= resumed + DOUBLE_ENQUEUE_WINDOW_S
-        for resumed in frozen_double_enqueues(job_id, ev)
+        resumed <= at <= resumed + DOUBLE_ENQUEUE_WINDOW_S for resumed in frozen_double_enqueues(job_id, ev)
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 LEASES = "tests/hold/test_lease_scripts.py"
+FENCE = "tests/fence/test_fenced_writes.py"
 LIFE = "tests/lifecycle/test_lifecycle.py"
 LIFE_MODEL = "tests/lifecycle/test_state_machine_lifecycle.py::test_leases_hold_across_rqs_job_lifecycle"
 SWEEP = "tests/recover/test_sweep.py"
@@ -54,7 +55,7 @@ CATALOG: list[Mutation] = [
         "lua/finish_job-5.lua",
         "if state == 'lost' then\n  -- a late outcome",
         "if false then\n  -- a late outcome",
-        [f"{LEASES}::test_a_late_finish_by_a_worker_that_lost_its_lease_changes_nothing"],
+        [f"{FENCE}::test_a_late_finish_by_a_worker_that_lost_its_lease_changes_nothing"],
         "a worker that lost its lease writes the job's outcome",
     ),
     _m(
@@ -71,7 +72,7 @@ CATALOG: list[Mutation] = [
         "lua/guard_job_write-5.lua",
         "if state ~= 'held' then return {0} end",
         "if state == 'ended' then return {0} end",
-        [f"{LEASES}::test_a_guarded_start_commits_only_for_the_holder_and_keeps_the_lease"],
+        [f"{FENCE}::test_a_guarded_start_commits_only_for_the_holder_and_keeps_the_lease"],
         "a horse that wakes after its job was recovered marks it started again",
     ),
     _m(
@@ -136,7 +137,7 @@ CATALOG: list[Mutation] = [
         "rq_emq/fence/fencing.py",
         "if outcome != 1:",
         "if False:",
-        [f"{LEASES}::test_a_late_finish_by_a_worker_that_lost_its_lease_changes_nothing"],
+        [f"{FENCE}::test_a_late_finish_by_a_worker_that_lost_its_lease_changes_nothing"],
         "a refused finish looks committed to RQ",
     ),
     _m(
@@ -144,7 +145,7 @@ CATALOG: list[Mutation] = [
         "rq_emq/fence/fencing.py",
         "if session.refused:",
         "if False:",
-        [f"{LEASES}::test_after_a_refused_transaction_the_rest_of_the_fenced_block_is_refused"],
+        [f"{FENCE}::test_after_a_refused_transaction_the_rest_of_the_fenced_block_is_refused"],
         "after a refused outcome, RQ's next transaction in the block is checked again on its own",
     ),
     _m(
@@ -152,7 +153,7 @@ CATALOG: list[Mutation] = [
         "rq_emq/fence/fencing.py",
         "if owner is None or (owner.decode() if isinstance(owner, bytes) else owner) != fence.token:",
         "if False:",
-        [f"{LEASES}::test_a_finish_that_runs_a_script_of_its_own_is_checked_then_committed"],
+        [f"{FENCE}::test_a_finish_that_runs_a_script_of_its_own_is_checked_then_committed"],
         "a finish holding a script of its own commits without the owner check",
     ),
     # -- lease bookkeeping ----------------------------------------------------------------------
@@ -177,7 +178,7 @@ CATALOG: list[Mutation] = [
         "lua/finish_job-5.lua",
         "redis.call('DEL', KEYS[2])",
         "local _ = 0",
-        [f"{LEASES}::test_a_fenced_transaction_commits_and_releases_the_lease"],
+        [f"{FENCE}::test_a_fenced_transaction_commits_and_releases_the_lease"],
         "a finished job's lock lingers",
     ),
     _m(
@@ -185,7 +186,7 @@ CATALOG: list[Mutation] = [
         "lua/finish_job-5.lua",
         "if redis.call('HDEL', KEYS[1], unpack(ended)) > 0 then",
         "if redis.call('HEXISTS', KEYS[1], 'emq_token') == 1 then",
-        [f"{LEASES}::test_a_fenced_transaction_commits_and_releases_the_lease"],
+        [f"{FENCE}::test_a_fenced_transaction_commits_and_releases_the_lease"],
         "a job retried by RQ after a normal finish inherits its old stall count",
     ),
     _m(

@@ -6,8 +6,13 @@ import time
 
 import redis
 from procs import wait_for
+from rq import Queue
+from rq.job import Job
 
+from rq_emq.hold.lease import Lease
+from rq_emq.intake.take import Taker
 from rq_emq.keys import QueueKeys, job_key
+from rq_emq.settings import LeaseSettings
 
 # Short settings so that a test sees many lease lifetimes in a few seconds. The lease is
 # 800 ms (trusted locally for about 720 ms past a renewal sent every 100 ms): at 400 ms a
@@ -68,3 +73,11 @@ def count_pipelines(monkeypatch: object) -> list[int]:
 
     monkeypatch.setattr(redis.client.Pipeline, "execute", counting)  # type: ignore[attr-defined]
     return sent
+
+
+def leased_job(r: redis.Redis, queue: str = "q") -> tuple[Job, Lease]:
+    """A no-op job taken from ``queue`` by worker w1 (2 s lease), and its lease."""
+    job = Queue(queue, connection=r).enqueue("jobs.noop")
+    taken = Taker(r, "w1", LeaseSettings(lease_ms=2_000, renew_interval_ms=500)).pop([queue])
+    assert taken is not None and taken.job_id == job.id
+    return job, Lease(queue, job.id, taken.token)

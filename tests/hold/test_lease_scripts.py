@@ -1,4 +1,5 @@
-"""Take, renew and fence, driven directly against a real Redis (no worker process)."""
+"""Take, renew and hand back, driven directly against a real Redis (no worker process);
+the fence's writes are specified in tests/fence/."""
 
 from __future__ import annotations
 
@@ -8,12 +9,11 @@ from datetime import timezone
 
 import pytest
 import redis
-from helpers import count_pipelines
+from helpers import count_pipelines, leased_job
 from rq import Queue
-from rq.job import Job
 
 from rq_emq import scripts
-from rq_emq.fence.fencing import Fence, LeaseLost, fenced
+from rq_emq.fence.fencing import Fence
 from rq_emq.hold import lease as lease_module
 from rq_emq.hold.lease import Lease, LockManager
 from rq_emq.intake.take import Taker
@@ -225,15 +225,8 @@ def test_with_several_queues_a_job_on_any_queue_is_taken(r: redis.Redis) -> None
 
 
 # -- renew ------------------------------------------------------------------------------------
-def _leased(r: redis.Redis) -> tuple[Job, Lease]:
-    job = Queue("q", connection=r).enqueue("jobs.noop")
-    taken = taker(r).pop(["q"])
-    assert taken is not None
-    return job, Lease("q", job.id, taken.token)
-
-
 def test_renewal_extends_the_lease_and_unmarks_it(r: redis.Redis) -> None:
-    job, lease = _leased(r)
+    job, lease = leased_job(r)
     q = QueueKeys("q")
     r.pexpire(q.lock(job.id), 50)
     r.zadd(q.stalled, {job.id: 1})
@@ -247,7 +240,7 @@ def test_renewal_extends_the_lease_and_unmarks_it(r: redis.Redis) -> None:
 
 
 def test_a_holder_whose_lock_lapsed_sets_it_again_while_the_job_is_still_its_own(r: redis.Redis) -> None:
-    job, lease = _leased(r)
+    job, lease = leased_job(r)
     q = QueueKeys("q")
     r.delete(q.lock(job.id))  # as if the lock expired during a pause
     m = manager(r, [])
@@ -257,7 +250,7 @@ def test_a_holder_whose_lock_lapsed_sets_it_again_while_the_job_is_still_its_own
 
 
 def test_nobody_can_renew_a_lease_they_do_not_hold(r: redis.Redis) -> None:
-    job, lease = _leased(r)
+    job, lease = leased_job(r)
     q = QueueKeys("q")
     lost: list[Lease] = []
     m = manager(r, lost)
@@ -269,7 +262,7 @@ def test_nobody_can_renew_a_lease_they_do_not_hold(r: redis.Redis) -> None:
 
 
 def test_a_recovered_job_is_reported_lost_to_its_old_holder(r: redis.Redis) -> None:
-    job, lease = _leased(r)
+    job, lease = leased_job(r)
     r.hdel(job_key(job.id), "emq_token")  # what a recovery does to the owner record
     r.delete(QueueKeys("q").lock(job.id))
     lost: list[Lease] = []
@@ -323,7 +316,7 @@ def test_a_tick_splits_many_leases_into_bounded_script_calls_in_one_round_trip(
 
 
 def test_a_renewal_racing_the_finish_is_not_a_lost_lease(r: redis.Redis) -> None:
-    job, lease = _leased(r)
+    job, lease = leased_job(r)
     assert lease.fence.release(r)
     lost: list[Lease] = []
     m = manager(r, lost)
@@ -336,7 +329,7 @@ def test_renewal_records_rqs_heartbeat_on_the_job(r: redis.Redis) -> None:
     """RQ's views (rq info, dashboards) read the job's last heartbeat; a renewal is one."""
     from rq.utils import utcparse
 
-    job, lease = _leased(r)
+    job, lease = leased_job(r)
     r.hset(job_key(job.id), "last_heartbeat", "2000-01-01T00:00:00.000000Z")
     m = manager(r, [])
     m.add(lease)
@@ -347,7 +340,7 @@ def test_renewal_records_rqs_heartbeat_on_the_job(r: redis.Redis) -> None:
 
 
 def test_a_lease_found_lost_is_not_renewed_or_reported_again(r: redis.Redis) -> None:
-    job, lease = _leased(r)
+    job, lease = leased_job(r)
     r.hset(job_key(job.id), "emq_token", "someone-else")
     lost: list[Lease] = []
     m = manager(r, lost)
@@ -376,7 +369,7 @@ def test_a_run_that_ended_past_its_local_deadline_leaves_the_clock_line_in_the_l
 
 # -- hand back (a cold stop) --------------------------------------------------------------------
 def test_a_hand_back_refunds_the_attempt_and_puts_the_job_first(r: redis.Redis) -> None:
-    job, lease = _leased(r)
+    job, lease = leased_job(r)
     behind = Queue("q", connection=r).enqueue("jobs.noop")
     q = QueueKeys("q")
     assert lease.hand_back(r) is True
@@ -390,7 +383,7 @@ def test_a_hand_back_refunds_the_attempt_and_puts_the_job_first(r: redis.Redis) 
 def test_a_hand_back_by_a_worker_that_lost_its_lease_changes_nothing(r: redis.Redis) -> None:
     """A worker stopped cold after its job was recovered and taken by another worker must
     not hand back (requeue, refund, unlock) a job it no longer owns."""
-    job, stale = _leased(r)
+    job, stale = leased_job(r)
     q = QueueKeys("q")
     # recovered from this worker, then taken by another one
     r.hdel(job_key(job.id), "emq_token")
@@ -405,166 +398,3 @@ def test_a_hand_back_by_a_worker_that_lost_its_lease_changes_nothing(r: redis.Re
     assert r.get(q.lock(job.id)) == current.token.encode() and r.zscore(q.leases, job.id) is not None
     assert r.llen(q.rq_queue) == 0
     assert int(r.hget(q.stats, "fenced")) == 1
-
-
-# -- fence --------------------------------------------------------------------------------------
-def test_a_fenced_transaction_commits_and_releases_the_lease(r: redis.Redis) -> None:
-    job, lease = _leased(r)
-    q = QueueKeys("q")
-    with fenced(r, lease.fence):
-        pipe = r.pipeline()
-        pipe.hset(job_key(job.id), "status", "finished")
-        pipe.hgetall(job_key(job.id))
-        pipe.zadd("rq:finished:q", {job.id: 1})
-        replies = pipe.execute()
-    assert replies[0] == 0 and replies[1][b"status"] == b"finished" and replies[2] == 1
-    assert not r.exists(q.lock(job.id)) and r.zscore(q.leases, job.id) is None
-    assert r.hget(job_key(job.id), "status") == b"finished"
-    assert r.hget(job_key(job.id), "emq_attempts") is None
-
-
-def test_a_releasing_commit_is_announced_the_moment_it_lands_and_a_refusal_is_not(r: redis.Redis) -> None:
-    """What RQ does after its outcome's transaction (enqueuing the dependents it marked
-    ready) is bookkeeping, not a run: the horse learns of the commit before it starts."""
-    job, lease = _leased(r)
-    landed: list[bool] = []
-    with fenced(r, lease.fence, on_commit=lambda: landed.append(True)):
-        pipe = r.pipeline()
-        pipe.hset(job_key(job.id), "status", "finished")
-        pipe.execute()
-        assert landed == [True]
-        after = r.pipeline()
-        after.rpush("rq:queue:q", "dependent")
-        after.execute()
-    assert landed == [True]
-    other, stale = _leased(r)
-    r.hset(job_key(other.id), "emq_token", "someone-else")
-    with fenced(r, stale.fence, on_commit=lambda: landed.append(False)):
-        pipe = r.pipeline()
-        pipe.hset(job_key(other.id), "status", "finished")
-        with pytest.raises(LeaseLost):
-            pipe.execute()
-    assert landed == [True]
-
-
-def test_a_late_finish_by_a_worker_that_lost_its_lease_changes_nothing(
-    r: redis.Redis, caplog: pytest.LogCaptureFixture
-) -> None:
-    job, lease = _leased(r)
-    r.hset(job_key(job.id), "emq_token", "someone-else")
-    before = r.hgetall(job_key(job.id))
-    with caplog.at_level(logging.WARNING, logger="rq_emq.lease"), fenced(r, lease.fence):
-        pipe = r.pipeline()
-        pipe.hset(job_key(job.id), "status", "finished")
-        pipe.zadd("rq:finished:q", {job.id: 1})
-        with pytest.raises(LeaseLost):
-            pipe.execute()
-    assert r.hgetall(job_key(job.id)) == before
-    assert not r.exists("rq:finished:q")
-    assert job.id in caplog.text
-    assert int(r.hget(QueueKeys("q").stats, "fenced")) == 1
-
-
-def test_after_a_refused_transaction_the_rest_of_the_fenced_block_is_refused(r: redis.Redis) -> None:
-    """RQ may open a second transaction after its outcome's (stats, dependents); once the
-    outcome was refused, those write nothing either."""
-    job, lease = _leased(r)
-    r.hset(job_key(job.id), "emq_token", "someone-else")
-    with fenced(r, lease.fence):
-        first = r.pipeline()
-        first.hset(job_key(job.id), "status", "finished")
-        with pytest.raises(LeaseLost):
-            first.execute()
-        second = r.pipeline()
-        second.rpush("rq:queue:q", "dependent")
-        second.hset(job_key(job.id), "emq_token", lease.token)
-        with pytest.raises(LeaseLost):
-            second.execute()
-    assert not r.exists("rq:queue:q")
-    assert r.hget(job_key(job.id), "emq_token") == b"someone-else"
-    assert int(r.hget(QueueKeys("q").stats, "fenced")) == 1  # refused here, never sent to Redis
-
-
-def test_a_guarded_start_commits_only_for_the_holder_and_keeps_the_lease(r: redis.Redis) -> None:
-    job, lease = _leased(r)
-    q = QueueKeys("q")
-    with fenced(r, lease.fence, release=False):
-        pipe = r.pipeline()
-        pipe.hset(job_key(job.id), "status", "started")
-        assert pipe.execute() == [0]  # the field existed: RQ's reply, parsed as RQ expects
-    assert r.hget(job_key(job.id), "status") == b"started"
-    assert r.get(q.lock(job.id)) == lease.token.encode() and r.zscore(q.leases, job.id) is not None
-    assert r.hget(job_key(job.id), "emq_token") == lease.token.encode()
-    # recovered and finished elsewhere: a late start writes nothing
-    r.hset(job_key(job.id), mapping={"emq_token": "someone-else", "status": "finished"})
-    with fenced(r, lease.fence, release=False):
-        pipe = r.pipeline()
-        pipe.hset(job_key(job.id), "status", "started")
-        with pytest.raises(LeaseLost):
-            pipe.execute()
-    assert r.hget(job_key(job.id), "status") == b"finished"
-    assert int(r.hget(q.stats, "fenced")) == 1
-
-
-def test_transactions_after_the_outcome_run_unfenced(r: redis.Redis) -> None:
-    job, lease = _leased(r)
-    with fenced(r, lease.fence):
-        first = r.pipeline()
-        first.hset(job_key(job.id), "status", "finished")
-        first.execute()
-        second = r.pipeline()  # e.g. RQ enqueueing dependents after the commit
-        second.rpush("rq:queue:q", "dependent")
-        assert second.execute() == [1]
-
-
-def test_the_fence_keeps_rqs_watch(r: redis.Redis) -> None:
-    job, lease = _leased(r)
-    with fenced(r, lease.fence):
-        pipe = r.pipeline()
-        pipe.watch("dependents")
-        r.sadd("dependents", "x")  # changed under the watch
-        pipe.multi()
-        pipe.hset(job_key(job.id), "status", "finished")
-        with pytest.raises(redis.exceptions.WatchError):
-            pipe.execute()
-    assert r.hget(job_key(job.id), "emq_token").decode() == lease.token  # still ours, nothing written
-
-
-def test_a_flushed_script_cache_is_reloaded(r: redis.Redis) -> None:
-    job, lease = _leased(r)
-    r.script_flush()
-    with fenced(r, lease.fence):
-        pipe = r.pipeline()
-        pipe.hset(job_key(job.id), "status", "finished")
-        assert pipe.execute() == [0]
-    r.script_flush()
-    assert scripts.load("pop_job")(r, [], ["t", "w", 1000, 3, 10]) == []
-
-
-def test_release_reports_whether_the_lease_was_ours(r: redis.Redis) -> None:
-    job, lease = _leased(r)
-    assert Fence("q", job.id, "not-mine").release(r) is False
-    assert lease.fence.release(r) is True
-
-
-def test_a_finish_that_runs_a_script_of_its_own_is_checked_then_committed(r: redis.Redis) -> None:
-    # Lua cannot nest scripts: such a batch is owner-checked, committed, then released
-    job, lease = _leased(r)
-    incr = r.register_script("return redis.call('INCR', KEYS[1])")
-    with fenced(r, lease.fence):
-        pipe = r.pipeline()
-        pipe.hset(job_key(job.id), "status", "finished")
-        incr(keys=["counter"], client=pipe)
-        assert pipe.execute() == [0, 1]
-    assert r.hget(job_key(job.id), "emq_token") == f"done:{lease.token}".encode()
-    assert not r.exists(QueueKeys("q").lock(job.id))
-
-    other, other_lease = _leased(r)
-    r.hset(job_key(other.id), "emq_token", "someone-else")
-    with fenced(r, other_lease.fence):
-        pipe = r.pipeline()
-        pipe.hset(job_key(other.id), "status", "finished")
-        incr(keys=["counter"], client=pipe)
-        with pytest.raises(LeaseLost):
-            pipe.execute()
-    assert r.get("counter") == b"1" and r.hget(job_key(other.id), "status") == b"queued"

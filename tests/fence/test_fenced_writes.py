@@ -1,0 +1,178 @@
+"""Fenced writes, driven directly against a real Redis (no worker process): a write to a
+leased job lands only while its lease holds, a refused one changes nothing and is counted,
+and what RQ's own transactions rely on (WATCH, scripts of their own) keeps working inside
+the fence."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import redis
+from helpers import leased_job
+
+from rq_emq import scripts
+from rq_emq.fence.fencing import Fence, LeaseLost, fenced
+from rq_emq.keys import QueueKeys, job_key
+
+
+def test_a_fenced_transaction_commits_and_releases_the_lease(r: redis.Redis) -> None:
+    job, lease = leased_job(r)
+    q = QueueKeys("q")
+    with fenced(r, lease.fence):
+        pipe = r.pipeline()
+        pipe.hset(job_key(job.id), "status", "finished")
+        pipe.hgetall(job_key(job.id))
+        pipe.zadd("rq:finished:q", {job.id: 1})
+        replies = pipe.execute()
+    assert replies[0] == 0 and replies[1][b"status"] == b"finished" and replies[2] == 1
+    assert not r.exists(q.lock(job.id)) and r.zscore(q.leases, job.id) is None
+    assert r.hget(job_key(job.id), "status") == b"finished"
+    assert r.hget(job_key(job.id), "emq_attempts") is None
+
+
+def test_a_releasing_commit_is_announced_the_moment_it_lands_and_a_refusal_is_not(r: redis.Redis) -> None:
+    """What RQ does after its outcome's transaction (enqueuing the dependents it marked
+    ready) is bookkeeping, not a run: the horse learns of the commit before it starts."""
+    job, lease = leased_job(r)
+    landed: list[bool] = []
+    with fenced(r, lease.fence, on_commit=lambda: landed.append(True)):
+        pipe = r.pipeline()
+        pipe.hset(job_key(job.id), "status", "finished")
+        pipe.execute()
+        assert landed == [True]
+        after = r.pipeline()
+        after.rpush("rq:queue:q", "dependent")
+        after.execute()
+    assert landed == [True]
+    other, stale = leased_job(r)
+    r.hset(job_key(other.id), "emq_token", "someone-else")
+    with fenced(r, stale.fence, on_commit=lambda: landed.append(False)):
+        pipe = r.pipeline()
+        pipe.hset(job_key(other.id), "status", "finished")
+        with pytest.raises(LeaseLost):
+            pipe.execute()
+    assert landed == [True]
+
+
+def test_a_late_finish_by_a_worker_that_lost_its_lease_changes_nothing(
+    r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    job, lease = leased_job(r)
+    r.hset(job_key(job.id), "emq_token", "someone-else")
+    before = r.hgetall(job_key(job.id))
+    with caplog.at_level(logging.WARNING, logger="rq_emq.lease"), fenced(r, lease.fence):
+        pipe = r.pipeline()
+        pipe.hset(job_key(job.id), "status", "finished")
+        pipe.zadd("rq:finished:q", {job.id: 1})
+        with pytest.raises(LeaseLost):
+            pipe.execute()
+    assert r.hgetall(job_key(job.id)) == before
+    assert not r.exists("rq:finished:q")
+    assert job.id in caplog.text
+    assert int(r.hget(QueueKeys("q").stats, "fenced")) == 1
+
+
+def test_after_a_refused_transaction_the_rest_of_the_fenced_block_is_refused(r: redis.Redis) -> None:
+    """RQ may open a second transaction after its outcome's (stats, dependents); once the
+    outcome was refused, those write nothing either."""
+    job, lease = leased_job(r)
+    r.hset(job_key(job.id), "emq_token", "someone-else")
+    with fenced(r, lease.fence):
+        first = r.pipeline()
+        first.hset(job_key(job.id), "status", "finished")
+        with pytest.raises(LeaseLost):
+            first.execute()
+        second = r.pipeline()
+        second.rpush("rq:queue:q", "dependent")
+        second.hset(job_key(job.id), "emq_token", lease.token)
+        with pytest.raises(LeaseLost):
+            second.execute()
+    assert not r.exists("rq:queue:q")
+    assert r.hget(job_key(job.id), "emq_token") == b"someone-else"
+    assert int(r.hget(QueueKeys("q").stats, "fenced")) == 1  # refused here, never sent to Redis
+
+
+def test_a_guarded_start_commits_only_for_the_holder_and_keeps_the_lease(r: redis.Redis) -> None:
+    job, lease = leased_job(r)
+    q = QueueKeys("q")
+    with fenced(r, lease.fence, release=False):
+        pipe = r.pipeline()
+        pipe.hset(job_key(job.id), "status", "started")
+        assert pipe.execute() == [0]  # the field existed: RQ's reply, parsed as RQ expects
+    assert r.hget(job_key(job.id), "status") == b"started"
+    assert r.get(q.lock(job.id)) == lease.token.encode() and r.zscore(q.leases, job.id) is not None
+    assert r.hget(job_key(job.id), "emq_token") == lease.token.encode()
+    # recovered and finished elsewhere: a late start writes nothing
+    r.hset(job_key(job.id), mapping={"emq_token": "someone-else", "status": "finished"})
+    with fenced(r, lease.fence, release=False):
+        pipe = r.pipeline()
+        pipe.hset(job_key(job.id), "status", "started")
+        with pytest.raises(LeaseLost):
+            pipe.execute()
+    assert r.hget(job_key(job.id), "status") == b"finished"
+    assert int(r.hget(q.stats, "fenced")) == 1
+
+
+def test_transactions_after_the_outcome_run_unfenced(r: redis.Redis) -> None:
+    job, lease = leased_job(r)
+    with fenced(r, lease.fence):
+        first = r.pipeline()
+        first.hset(job_key(job.id), "status", "finished")
+        first.execute()
+        second = r.pipeline()  # e.g. RQ enqueueing dependents after the commit
+        second.rpush("rq:queue:q", "dependent")
+        assert second.execute() == [1]
+
+
+def test_the_fence_keeps_rqs_watch(r: redis.Redis) -> None:
+    job, lease = leased_job(r)
+    with fenced(r, lease.fence):
+        pipe = r.pipeline()
+        pipe.watch("dependents")
+        r.sadd("dependents", "x")  # changed under the watch
+        pipe.multi()
+        pipe.hset(job_key(job.id), "status", "finished")
+        with pytest.raises(redis.exceptions.WatchError):
+            pipe.execute()
+    assert r.hget(job_key(job.id), "emq_token").decode() == lease.token  # still ours, nothing written
+
+
+def test_a_flushed_script_cache_is_reloaded(r: redis.Redis) -> None:
+    job, lease = leased_job(r)
+    r.script_flush()
+    with fenced(r, lease.fence):
+        pipe = r.pipeline()
+        pipe.hset(job_key(job.id), "status", "finished")
+        assert pipe.execute() == [0]
+    r.script_flush()
+    assert scripts.load("pop_job")(r, [], ["t", "w", 1000, 3, 10]) == []
+
+
+def test_release_reports_whether_the_lease_was_ours(r: redis.Redis) -> None:
+    job, lease = leased_job(r)
+    assert Fence("q", job.id, "not-mine").release(r) is False
+    assert lease.fence.release(r) is True
+
+
+def test_a_finish_that_runs_a_script_of_its_own_is_checked_then_committed(r: redis.Redis) -> None:
+    # Lua cannot nest scripts: such a batch is owner-checked, committed, then released
+    job, lease = leased_job(r)
+    incr = r.register_script("return redis.call('INCR', KEYS[1])")
+    with fenced(r, lease.fence):
+        pipe = r.pipeline()
+        pipe.hset(job_key(job.id), "status", "finished")
+        incr(keys=["counter"], client=pipe)
+        assert pipe.execute() == [0, 1]
+    assert r.hget(job_key(job.id), "emq_token") == f"done:{lease.token}".encode()
+    assert not r.exists(QueueKeys("q").lock(job.id))
+
+    other, other_lease = leased_job(r)
+    r.hset(job_key(other.id), "emq_token", "someone-else")
+    with fenced(r, other_lease.fence):
+        pipe = r.pipeline()
+        pipe.hset(job_key(other.id), "status", "finished")
+        incr(keys=["counter"], client=pipe)
+        with pytest.raises(LeaseLost):
+            pipe.execute()
+    assert r.get("counter") == b"1" and r.hget(job_key(other.id), "status") == b"queued"

@@ -128,10 +128,22 @@ def stock_started_registry() -> Iterator[None]:
 
 
 @pytest.fixture
-def procs(tmp_path: object) -> Iterator[Processes]:
+def procs(tmp_path: object, request: pytest.FixtureRequest) -> Iterator[Processes]:
     processes = Processes(str(tmp_path))
+    request.node.started_processes = processes
     yield processes
     processes.stop_all()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test that started processes reports each one's state and log tail: a CI
+    failure then names what its workers did (their logs go with the temporary directory)."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    processes = getattr(item, "started_processes", None)
+    if report.when == "call" and report.failed and processes is not None and processes.started:
+        report.sections.append(("processes this test started", processes.describe()))
 
 
 @pytest.fixture

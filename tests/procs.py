@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rq_emq.run.process_tree import tree
 from soak.selffence import CLOCK_RAN_OUT
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -105,6 +106,19 @@ class Processes:
             for match in CLOCK_RAN_OUT.finditer(path.read_text(errors="replace"))
         )
 
+    def describe(self, lines: int = 25) -> str:
+        """Each process this test started, as a failure report shows it: its state now
+        (running, stopped, exited with what), its descendants' states, its log's last
+        ``lines``. Reaps nothing (a dead leader stays a zombie until :meth:`stop_all`)."""
+        out = []
+        for process in self.started:
+            out.append(f"== pid {process.pid}: {' '.join(process.args[1:4])}… {_state(process)}")
+            if process.returncode is None:
+                for pid in sorted(tree(process.pid) - {process.pid}):
+                    out.append(f"   descendant {pid} {_proc_state(pid)}: {_cmdline(pid)[:100]}")
+            out += [f"   | {line}" for line in self.log(process).splitlines()[-lines:]]
+        return "\n".join(out)
+
     def stop_all(self) -> None:
         for process in self.started:
             # the whole group while its leader is not yet reaped (a zombie still holds the
@@ -118,3 +132,28 @@ class Processes:
                 except (ProcessLookupError, PermissionError):
                     pass
                 process.wait(timeout=10)
+
+
+def _proc_state(pid: int) -> str:
+    """The kernel's state letter of ``pid`` (R, S, T stopped, Z zombie), or "gone"."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return cmdline.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "?"
+
+
+def _state(process: subprocess.Popen[bytes]) -> str:
+    if process.returncode is not None:
+        return f"exited {process.returncode}"
+    return {"Z": "dead, not yet reaped", "T": "STOPPED", "gone": "gone"}.get(
+        letter := _proc_state(process.pid), f"alive ({letter})"
+    )

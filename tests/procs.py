@@ -4,6 +4,7 @@ their logs kept, and every one of them (and its horse) reaped at the end."""
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -52,10 +53,14 @@ class Processes:
     def __init__(self, log_dir: str) -> None:
         self.log_dir = Path(log_dir)
         self.started: list[subprocess.Popen[bytes]] = []
+        #: in the environment of every process this test starts, and so of their
+        #: descendants: found by it, however they were re-parented
+        self.mark = secrets.token_hex(8)
 
     def env(self, **extra: str) -> dict[str, str]:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
+        env[MARK] = self.mark
         env.update(extra)
         return env
 
@@ -132,6 +137,38 @@ class Processes:
                 except (ProcessLookupError, PermissionError):
                     pass
                 process.wait(timeout=10)
+        # Whatever they started and left behind (a reaped leader's children are no longer
+        # in reach of its group: a pool's members, a job's daemon, a worker's scheduler)
+        # must not live on into later tests on the same Redis.
+        strays = marked(self.mark)
+        for pid in strays:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if strays and os.environ.get("RQ_EMQ_TEST_STRAYS"):
+            with open(os.environ["RQ_EMQ_TEST_STRAYS"], "a") as out:
+                out.writelines(f"{self.log_dir.name} {pid} {_cmdline(pid)[:120]}\n" for pid in strays)
+        wait_for(lambda: not marked(self.mark), timeout=10, what="the strays to end")
+
+
+#: the environment variable that marks the processes of one test
+MARK = "RQ_EMQ_TEST_PROCESSES"
+
+
+def marked(mark: str) -> list[int]:
+    """The live processes on this host whose environment carries ``mark``."""
+    needle = f"{MARK}={mark}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != os.getpid():
+            try:
+                with open(f"/proc/{name}/environ", "rb") as environ:
+                    if needle in environ.read().split(b"\0") and _proc_state(int(name)) not in ("Z", "gone"):
+                        found.append(int(name))
+            except OSError:
+                continue
+    return found
 
 
 def _proc_state(pid: int) -> str:

@@ -37,6 +37,8 @@ pytestmark = pytest.mark.slow
 # the sweep recovers no sooner than 1 s + 250 ms grace past it
 LEASE = {"RQ_EMQ_LEASE_MS": "1000", "RQ_EMQ_RENEW_INTERVAL_MS": "200", "RQ_EMQ_SWEEP_INTERVAL_MS": "250"}
 SETTINGS = LeaseSettings(lease_ms=1000, renew_interval_ms=200, sweep_interval_ms=250)
+#: the worker that reruns the job: any lease; the sweep interval sets how soon it recovers
+RECOVERER = {"RQ_EMQ_LEASE_MS": "5000", "RQ_EMQ_RENEW_INTERVAL_MS": "500", "RQ_EMQ_SWEEP_INTERVAL_MS": "250"}
 RUN_S = 4.0
 #: a rerun after a recovery only has to finish
 LATER_S = 0.3
@@ -84,7 +86,11 @@ def _assert_no_overlap(log: str, first_pid: int) -> float:
 
 
 def _recovered_elsewhere(r: redis.Redis, procs: Processes, redis_url: str, log: str, job_id: str) -> None:
-    procs.worker(redis_url, **LEASE)  # a healthy worker: its sweep recovers the job, then runs it
+    # a healthy worker: its sweep recovers the job (when the first, 1 s lease lapses), then
+    # runs it under a lease five times as long, so that the rerun is not self-fenced in turn
+    # on a starved host (CI rehearsal 17: a watchdog woke 0.6 s late, and the rerun's 1 s
+    # lease lapsed on each of its two attempts)
+    procs.worker(redis_url, **RECOVERER)
     wait_for(lambda: len(run_spans(log)) >= 2, timeout=20, what="a second run")
     wait_for(lambda: status(r, job_id) == "finished", timeout=20, what="the job to finish")
 

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from rq import Queue
 from rq.job import Job
 
@@ -92,12 +93,35 @@ def test_unsubscribing_ends_the_pubsub_thread_without_waiting_out_its_join(worke
     assert not thread.is_alive()
 
 
+def test_unsubscribing_as_the_pubsub_thread_closes_its_connection_raises_nothing(
+    r: redis.Redis, worker: LeaseWorker
+) -> None:
+    """Told to stop, the thread closes the pubsub's connection as its last step; a reply
+    it was already reading (the SUBSCRIBE's, late on a loaded host) lets it close it under
+    the UNSUBSCRIBE being sent, which raises (CI rehearsal 17: ``Bad file descriptor``).
+    The subscription ends with the connection: the worker's stop goes on."""
+    worker.subscribe()
+    thread, pubsub = worker.pubsub_thread, worker.pubsub
+    assert thread is not None and pubsub is not None
+    deadline = time.monotonic() + 10
+    while not thread._running.is_set() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+    def closed_under_the_send(*args: object) -> object:
+        r.publish(worker.pubsub_channel_name, "{}")  # a message wakes the stopped thread
+        thread.join(timeout=5)  # it has closed the pubsub
+        raise RedisConnectionError("Error 9 while writing to socket. Bad file descriptor.")
+
+    pubsub.unsubscribe = closed_under_the_send  # type: ignore[method-assign]
+    worker.unsubscribe()
+    assert not thread.is_alive()
+
+
 def test_a_redis_blip_as_the_scheduler_starts_is_waited_out(
     worker: LeaseWorker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``--with-scheduler``: Redis restarting as the worker starts its scheduler (right
     after it registered) no longer ends the worker; the start is tried again."""
-    from redis.exceptions import ConnectionError as RedisConnectionError
     from rq.scheduler import RQScheduler
 
     tries: list[int] = []

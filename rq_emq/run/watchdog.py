@@ -15,7 +15,12 @@ it again (a renewal moves it later), and once it has passed ends the run whole
 while a run lives and never while the worker is idle; it holds no Redis connection (it
 inherits no descriptor but stdio and the memory's).
 
-It dies with its worker (``PDEATHSIG``), and as it goes it ends a forked horse whole: a
+It leads a session of its own, so that a signal to the worker's process group does not
+reach it: a supervisor that kills the worker's group (supervisord's ``killasgroup``,
+``kill -9 -PGID``) kills the worker, and its watchdog then ends the horse, which RQ
+starts in a session of its own, out of that group's reach, where nothing else but the
+horse's own fence thread would stop it. It dies with its worker (``PDEATHSIG``), and as
+it goes it ends a forked horse whole: a
 horse whose worker runs a watchdog gets no ``PDEATHSIG`` of its own, so that the watchdog
 still finds the horse's descendants (the kernel would re-parent them as it ended the
 horse). It ignores SIGINT and SIGTERM: a warm stop (Ctrl+C, systemd's SIGTERM to the whole
@@ -70,6 +75,10 @@ class Watchdog:
                 [sys.executable, "-I", "-S", os.path.abspath(__file__), *args],
                 pass_fds=(fd,),
                 stdin=subprocess.DEVNULL,
+                # out of the worker's process group: a kill of that group (a supervisor's
+                # killasgroup, ``kill -9 -PGID``) ends the worker, not its watchdog, which
+                # then ends the horse (in a session of its own, out of the group's reach too)
+                start_new_session=True,
             )
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)

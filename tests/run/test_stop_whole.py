@@ -262,6 +262,26 @@ def test_a_job_holding_the_gil_past_its_lease_ends_before_the_job_runs_elsewhere
             os.kill(worker.pid, signal.SIGCONT)
 
 
+def test_a_kill_of_the_workers_process_group_ends_a_horse_that_holds_the_gil(
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path
+) -> None:
+    """A supervisor that kills the worker's whole process group (supervisord's
+    ``killasgroup``, ``kill -9 -PGID``) kills the worker, not its watchdog (a session of
+    its own), which ends the horse (RQ puts it in a session of its own, out of the group's
+    reach) at once, though the horse's code holds the GIL and its own fence cannot run."""
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("jobs.hold_gil_first_run", log, GIL_LETTERS, job_timeout=120)
+    worker = procs.worker(redis_url, **LEASE)
+    wait_for(lambda: runs(log), timeout=15, what="the first run to start")
+    first = int(runs(log)[0].split()[1])
+    os.killpg(worker.pid, signal.SIGKILL)
+    # the watchdog acts on its worker's death, not on the lease: within a lease, which
+    # leaves a starved host the lease's margin and grace before a sweep could take the job
+    wait_for(lambda: not pid_alive(first), timeout=SETTINGS.lease_ms / 1000, what="the horse to end")
+    _recovered_elsewhere(r, procs, redis_url, log, job.id)
+    _assert_no_overlap(log, first)
+
+
 def test_a_frozen_worker_and_horse_pair_is_ended_while_frozen(
     r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path
 ) -> None:

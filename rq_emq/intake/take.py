@@ -47,6 +47,12 @@ SKIP_BUDGET = 100
 #: A wait answered within this many seconds of being sent found a job already waiting.
 AT_ONCE_S = 0.02
 
+#: Less of the take's timeout than this left after a wait ends it: Redis counts a wait's
+#: timeout in whole milliseconds, rounded down, so a wait may end a moment before the
+#: deadline it was sent for, and another round of waits (one BLMOVE per queue) for what is
+#: left would find nothing the first did not.
+LEAST_WAIT_S = 0.01
+
 #: A worker whose waits Redis refused (its client limit) polls its queues this often with
 #: its one main connection, and tries the blocking waits again after RETRY_WAITS_S.
 POLL_WHEN_REFUSED_S = 0.5
@@ -253,7 +259,7 @@ class Taker:
             if taken is not None or deadline is None:
                 return taken
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining < LEAST_WAIT_S:
                 return None
             taken = self._wait_and_claim(queue_names, remaining, record)
             if taken is not None:

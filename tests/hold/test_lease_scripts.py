@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import timezone
+from types import SimpleNamespace
 
 import pytest
 import redis
@@ -202,6 +203,27 @@ def test_a_taker_back_from_the_wait_waits_at_once_and_a_busy_one_pops_straight_a
     assert t.take(queues, timeout=0.2) is None  # and the next take waits without a pop
     assert (calls(r, "blmove"), calls(r, "evalsha")) == (3, 0)
     assert all(r.llen(QueueKeys(q).moving) == 0 for q in queues)
+
+
+def test_a_wait_that_ends_a_moment_before_the_takes_deadline_is_not_followed_by_another(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis counts a wait's timeout in whole milliseconds, rounded down: a wait may end
+    just before the take's deadline (CI rehearsal 19: six BLMOVEs for one idle take)."""
+    clock = [1000.0]
+    waits: list[float] = []
+
+    def wait(queues: object, remaining: float, record: object) -> None:
+        waits.append(remaining)
+        clock[0] += remaining - (0.0005 if len(waits) == 1 else 0)  # the first, 0.5 ms early
+        return None
+
+    monkeypatch.setattr("rq_emq.intake.take.time", SimpleNamespace(monotonic=lambda: clock[0]))
+    t = taker(r)
+    monkeypatch.setattr(t, "_wait_and_claim", wait)
+    t._expect_empty = True  # back from a wait: no pop first
+    assert t.take(["q"], timeout=0.2) is None
+    assert waits == [pytest.approx(0.2)]
 
 
 def test_blocking_take_wakes_up_for_a_job_that_arrives(r: redis.Redis, redis_url: str) -> None:

@@ -4,6 +4,15 @@ the sweeper are both one of these."""
 from __future__ import annotations
 
 import threading
+from typing import Protocol
+
+
+class Stopping(Protocol):
+    """What a loop waits on: a ``threading.Event``, or a command's stop signals."""
+
+    def is_set(self) -> bool: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
 
 
 class BackgroundLoop:
@@ -14,7 +23,7 @@ class BackgroundLoop:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def loop(self, stop: threading.Event) -> None:
+    def loop(self, stop: Stopping) -> None:
         raise NotImplementedError
 
     def start(self) -> None:

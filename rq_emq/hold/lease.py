@@ -27,7 +27,7 @@ from rq.utils import now, utcformat
 from .. import events, scripts
 from ..connection.blips import BLIPS
 from ..keys import QueueKeys
-from .background import BackgroundLoop
+from .background import BackgroundLoop, Stopping
 from .held import Lease as Lease  # re-exported: where callers have always found it
 from .held import new_token as new_token
 
@@ -149,7 +149,7 @@ class LockManager(BackgroundLoop):
             return [lease for lease in self._leases.values() if not (lease.lost or lease.settled)]
 
     # -- the timer -----------------------------------------------------------------------
-    def loop(self, stop: threading.Event) -> None:
+    def loop(self, stop: Stopping) -> None:
         interval = self.renew_interval_ms / 1000.0
         down = False  # Redis went away: said once, not a traceback per tick (a failover)
         while not stop.wait(interval):
@@ -317,7 +317,7 @@ class _LeaseClock(BackgroundLoop):
         self.manager = manager
         self.interval_s = interval_s
 
-    def loop(self, stop: threading.Event) -> None:
+    def loop(self, stop: Stopping) -> None:
         while not stop.wait(self.interval_s):
             try:
                 self.manager.check_expiry()

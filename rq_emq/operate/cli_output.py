@@ -11,8 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import signal
-import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -23,6 +21,7 @@ from redis.exceptions import RedisError
 from ..recover.sweep import SweepReport
 from .inspection import COUNTERS, LeasePage, QueueStatus, remaining_buckets
 from .reports import short_report
+from .stop_signals import StopSignals
 
 
 def printable(value: object) -> str:
@@ -245,13 +244,7 @@ def watch(render: Callable[[], dict[str, Any] | str], interval: float, as_json: 
     line each. The signal only sets a flag, checked between refreshes: raised in the
     middle of a Redis call it could leave the connection pool's lock held, and the exit
     would then hang on it."""
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop.set()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with StopSignals() as stop:
         while not stop.is_set():
             try:
                 document = render()
@@ -265,6 +258,3 @@ def watch(render: Callable[[], dict[str, Any] | str], interval: float, as_json: 
                 click.echo(f"every {interval:g}s, {stamp} (Ctrl-C to stop)\n")
             emit(document, as_json, compact=True)
             stop.wait(interval)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

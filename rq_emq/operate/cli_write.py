@@ -5,8 +5,6 @@ sweep as a standalone process) and ``rollback`` (every leased job handed back to
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 from typing import Any
 
 import click
@@ -20,6 +18,7 @@ from ..settings import ENV_PREFIX
 from . import cli_output
 from .cli_connect import BadInput, Target, connect, load_serializer, select_queues
 from .cli_options import Classes, class_options, common, drain_options, layout_of, load_classes, redis_errors
+from .stop_signals import StopSignals
 
 
 def sweep_once(
@@ -197,13 +196,7 @@ def reaper(
         report = sweeper.sweep(queue, mode="dry-run")
         if report.refused:
             raise BadInput(report.refused)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: Any) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    names = ", ".join(map(cli_output.printable, queues))
-    click.echo(f"rq-emq reaper sweeping {names} every {target.settings.sweep_interval_ms} ms")
-    sweeper.loop(stop)
+    with StopSignals() as stop:
+        names = ", ".join(map(cli_output.printable, queues))
+        click.echo(f"rq-emq reaper sweeping {names} every {target.settings.sweep_interval_ms} ms")
+        sweeper.loop(stop)

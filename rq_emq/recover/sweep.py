@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +30,7 @@ from rq.utils import now, utcformat
 from .. import events, scripts
 from ..connection import failover
 from ..connection.blips import BLIPS
-from ..hold.background import BackgroundLoop
+from ..hold.background import BackgroundLoop, Stopping
 from ..keys import RQ_PREFIX, QueueKeys
 from ..settings import LeaseSettings
 from .election import SweeperElection
@@ -327,7 +326,7 @@ class Sweeper(OutboxDrain, BackgroundLoop):
             logger.warning("sweep: Redis unreachable (%s); retrying quietly until it answers", error)
         return True
 
-    def loop(self, stop: threading.Event) -> None:
+    def loop(self, stop: Stopping) -> None:
         # The first round runs at once, elected or not, so that a restarted worker recovers
         # its predecessor's job without waiting (one EXISTS when nothing is in flight).
         down = False

@@ -38,15 +38,8 @@ def blocked_clients(r: Any, *commands: str) -> int:
 
 
 def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purposes
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
+    """Whether ``pid`` runs (or is stopped): a zombie is dead for our purposes."""
+    return _proc_state(pid) not in ("Z", "gone")
 
 
 class Processes:
@@ -140,15 +133,15 @@ class Processes:
         # Whatever they started and left behind (a reaped leader's children are no longer
         # in reach of its group: a pool's members, a job's daemon, a worker's scheduler)
         # must not live on into later tests on the same Redis.
-        strays = marked(self.mark)
+        strays = {pid: _cmdline(pid) for pid in marked(self.mark)}  # named while they live
         for pid in strays:
             try:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        if strays and os.environ.get("RQ_EMQ_TEST_STRAYS"):
+        if strays and os.environ.get("RQ_EMQ_TEST_STRAYS"):  # a file to list them in
             with open(os.environ["RQ_EMQ_TEST_STRAYS"], "a") as out:
-                out.writelines(f"{self.log_dir.name} {pid} {_cmdline(pid)[:120]}\n" for pid in strays)
+                out.writelines(f"{self.log_dir.name} {pid} {line[:120]}\n" for pid, line in strays.items())
         wait_for(lambda: not marked(self.mark), timeout=10, what="the strays to end")
 
 
@@ -164,7 +157,7 @@ def marked(mark: str) -> list[int]:
         if name.isdigit() and int(name) != os.getpid():
             try:
                 with open(f"/proc/{name}/environ", "rb") as environ:
-                    if needle in environ.read().split(b"\0") and _proc_state(int(name)) not in ("Z", "gone"):
+                    if needle in environ.read().split(b"\0") and pid_alive(int(name)):
                         found.append(int(name))
             except OSError:
                 continue

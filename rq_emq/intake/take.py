@@ -251,6 +251,7 @@ class Taker:
         ``record`` registers the lease with its holder; the grant and ``record`` run with
         stop signals held back (:func:`stop_signals_deferred`)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        least = 0.0  # a first wait is sent for any time left; a later one only for LEAST_WAIT_S
         while True:
             taken = None
             if deadline is None or not self._expect_empty:
@@ -259,8 +260,9 @@ class Taker:
             if taken is not None or deadline is None:
                 return taken
             remaining = deadline - time.monotonic()
-            if remaining < LEAST_WAIT_S:
+            if remaining <= least:
                 return None
+            least = LEAST_WAIT_S
             taken = self._wait_and_claim(queue_names, remaining, record)
             if taken is not None:
                 return taken

@@ -187,7 +187,8 @@ def table(ev: Evidence, v: Verdict) -> str:
             ),
             (
                 f"fault -> requeued ms p50 / p95 / max (bound lease + 2 sweeps = {_ms(lat['bound_s'])}; "
-                f"{_ms(lat['double_bound_s'])} with another worker hit too ({lat['double']} such); "
+                f"{_ms(lat['double_bound_s'])} with another worker hit too ({lat['double']} such, "
+                f"{lat.get('outages', 0)} of them counted from an outage of every worker); "
                 f"+ {_ms(lat['slack_s'])} slack)",
                 f"{_ms(lat['fault_p50'])} / {_ms(lat['fault_p95'])} / {_ms(lat['fault_max'])}; "
                 f"over bound + slack: {lat['over_bound']}",

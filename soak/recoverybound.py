@@ -1,6 +1,7 @@
 """The recovery bound (``--worker lease``): a dead, long-stopped or cut-off holder's job
 leaves it within lease + 2 sweep intervals of the fault (hold + a line wait + 2 sweeps
-when another worker was hit too; a second for a horse crash its worker recovers at once),
+when another worker was hit too, counted from the end of any moment when every worker was
+hit, since nobody sweeps then; a second for a horse crash its worker recovers at once),
 plus the stated slack for a loaded machine; and the latencies the report shows.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from .faults import CRASHING, HELD, LAPSING, Fault
+from .faults import CRASHING, HELD, KILLS, LAPSING, Fault
 from .verdict import Verdict
 
 
@@ -41,18 +42,24 @@ def check_recovery_bound(
     after_lapse = [max(0.0, f.requeued_at - f.lapse_at) for f in seen if f.kind not in CRASHING]  # type: ignore[operator]
     after_fault = [f.requeued_at - f.started for f in seen]  # type: ignore[operator]
     after_crash = [t for f, t in zip(seen, after_fault, strict=True) if f.kind in CRASHING]
-    over, double = 0, 0
+    over, double, outages = 0, 0, 0
     for f, t in zip(seen, after_fault, strict=True):
-        bound, what = cfg.bound_s, "lease + 2 sweeps"
+        bound, what, since = cfg.bound_s, "lease + 2 sweeps", f"its {f.kind}"
+        outage_end = _fleet_hit_until(cfg, f, faults)
         if f.kind in CRASHING and not _own_worker_hit(cfg, f, faults):
             bound, what = cfg.crash_bound_s, "a horse crash: its worker recovers it at once"
+        elif outage_end is not None:
+            double, outages = double + 1, outages + 1
+            t = f.requeued_at - outage_end  # type: ignore[operator]
+            since = f"the end of an outage of every worker, {outage_end - f.started:.2f}s after its {f.kind}"
+            bound, what = cfg.double_bound_s, "a worker back from it takes the sweep: hold + a line wait + 2 sweeps"
         elif _another_worker_hit(cfg, f, faults):
             double += 1
             bound, what = cfg.double_bound_s, "another worker hit too: hold + a line wait + 2 sweeps"
         if t > bound + cfg.bound_slack_s:
             over += 1
             v.violations.append(
-                f"{f.job_id}: back {t:.2f}s after its {f.kind}; the bound is {bound:.2f}s "
+                f"{f.job_id}: back {t:.2f}s after {since}; the bound is {bound:.2f}s "
                 f"({what}) + {cfg.bound_slack_s:.2f}s slack"
             )
     for f in not_back:
@@ -68,6 +75,7 @@ def check_recovery_bound(
         "bound_s": cfg.bound_s,
         "double_bound_s": cfg.double_bound_s,
         "double": double,
+        "outages": outages,
         "slack_s": cfg.bound_slack_s,
         "lapse_p50": statistics.median(after_lapse) if after_lapse else None,
         "lapse_p95": _percentile(after_lapse, 0.95) if after_lapse else None,
@@ -94,6 +102,59 @@ def _another_worker_hit(cfg: Any, fault: Fault, faults: list[Fault]) -> bool:
         and max(other.ended or other.started, other.started + lease_s) >= start
         for other in faults
     )
+
+
+def _position(slot: str) -> str:
+    """A worker's place in the fleet, whichever process holds it (``soak-w1-3`` is the third
+    worker in place ``soak-w1``: a killed one's replacement takes its place)."""
+    head, _, generation = slot.rpartition("-")
+    return head if head and generation.isdigit() else slot
+
+
+def _hit_spans(cfg: Any, faults: list[Fault]) -> dict[str, list[tuple[float, float]]]:
+    """Per lease worker's place, the spans in which it could not sweep, merged: stopped, cut
+    off or hung until the fault's end; killed (or crashed) for a lease after, until its
+    roles lapse and its replacement runs (a stock neighbour sweeps nothing and is no place)."""
+    lease_s = cfg.lease_ms / 1000
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for f in faults:
+        if f.kind in HELD:
+            end = f.ended if f.ended is not None else float("inf")
+        elif f.kind in KILLS or f.kind == "crash":
+            end = f.started + lease_s
+        else:
+            continue
+        spans.setdefault(_position(f.slot), []).append((f.started, end))
+    merged: dict[str, list[tuple[float, float]]] = {}
+    for place, items in spans.items():
+        out: list[tuple[float, float]] = []
+        for start, end in sorted(items):
+            if out and start <= out[-1][1]:
+                out[-1] = (out[-1][0], max(out[-1][1], end))
+            else:
+                out.append((start, end))
+        merged[place] = out
+    return merged
+
+
+def _fleet_hit_until(cfg: Any, fault: Fault, faults: list[Fault]) -> float | None:
+    """The end of the last span, between the fault and its job's return, in which every
+    lease worker was hit at once (each killed, stopped, cut off or hung): nobody could sweep
+    then, so the job's bound counts from that end. None when one was free throughout."""
+    spans = _hit_spans(cfg, faults)
+    if len(spans) < cfg.workers:
+        return None
+    common: list[tuple[float, float]] = [(fault.started, fault.requeued_at or fault.started)]
+    for place_spans in spans.values():
+        common = [
+            (max(a, c), min(b, d))
+            for a, b in common
+            for c, d in place_spans
+            if max(a, c) < min(b, d)
+        ]
+        if not common:
+            return None
+    return max(end for _, end in common)
 
 
 def _own_worker_hit(cfg: Any, fault: Fault, faults: list[Fault]) -> bool:

@@ -428,6 +428,39 @@ def test_a_recovery_while_another_worker_was_hit_too_is_held_to_the_double_failu
     assert not late.passed and any("another worker hit too" in v for v in late.violations)
 
 
+def test_a_recovery_after_every_worker_was_hit_at_once_is_bounded_from_the_first_ones_return() -> None:
+    """Nobody sweeps while every worker is stopped, cut off or killed at once (CI stop 30:
+    the victim partitioned, then the other three stopped until 5.7-6.6 s after it, the job
+    back 7.0 s after its fault): the bound counts from the end of that outage, hold + a line
+    wait + 2 sweeps; one worker left free keeps the bound counted from the fault."""
+    cfg = Config()
+    assert cfg.workers == 4
+    double = cfg.double_bound_s + cfg.bound_slack_s
+
+    def outage(back_after_end: float, free: bool = False) -> Any:
+        victim = Fault("partition_long", 10.0, "soak-w1-2", WORKER, [HORSE], "j", b"t", ended=14.6)
+        victim.lapse_at, victim.requeued_at = 11.3, 16.0 + back_after_end
+        others = [
+            Fault("stop_worker", 11.8, "soak-w3-2", 300, [301], "k", b"t", ended=16.0),
+            Fault("stop_long", 12.0, "soak-w0-2", 400, [401], "m", b"t", ended=16.5),
+            # a killed worker's place is hit for a lease after the kill (its roles lapse)
+            Fault("kill_worker", 12.4, "soak-w2-1", 500, [501], "n", b"t", ended=12.4),
+            Fault("stop_worker", 13.5, "soak-w2-2", 600, [601], "p", b"t", ended=16.6),
+        ]
+        if free:  # place w2 neither killed nor stopped until 15.0: it could sweep meanwhile
+            others[-2:] = [Fault("stop_worker", 15.0, "soak-w2-1", 600, [601], "p", b"t", ended=16.6)]
+        # the last span with every place hit ends when the victim's partition heals, 14.6
+        return evaluate(evidence([run(1, 1.0)], faults=[victim, *others]))
+
+    assert 14.6 - 10.0 + double - 0.3 > double  # later than the bound from the fault itself
+    on_time = outage(double - 0.3 - (16.0 - 14.6))
+    assert on_time.passed, on_time.violations
+    late = outage(double + 0.2 - (16.0 - 14.6))
+    assert not late.passed and any("outage of every worker" in v for v in late.violations)
+    # one place free in it: the bound counts from the fault, and the same return is late
+    assert not outage(double - 0.3 - (16.0 - 14.6), free=True).passed
+
+
 def test_a_fault_whose_job_never_came_back_fails_the_soak() -> None:
     never = _recovered(_lapse("kill_group", 2.0, None))
     assert not never.passed and never.latency["not_seen"] == 1

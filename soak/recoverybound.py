@@ -52,7 +52,10 @@ def check_recovery_bound(
             double, outages = double + 1, outages + 1
             t = f.requeued_at - outage_end  # type: ignore[operator]
             since = f"the end of an outage of every worker, {outage_end - f.started:.2f}s after its {f.kind}"
-            bound, what = cfg.double_bound_s, "a worker back from it takes the sweep: hold + a line wait + 2 sweeps"
+            bound, what = (
+                cfg.double_bound_s,
+                "a worker back from it takes the sweep: hold + a line wait + 2 sweeps",
+            )
         elif _another_worker_hit(cfg, f, faults):
             double += 1
             bound, what = cfg.double_bound_s, "another worker hit too: hold + a line wait + 2 sweeps"
@@ -146,12 +149,7 @@ def _fleet_hit_until(cfg: Any, fault: Fault, faults: list[Fault]) -> float | Non
         return None
     common: list[tuple[float, float]] = [(fault.started, fault.requeued_at or fault.started)]
     for place_spans in spans.values():
-        common = [
-            (max(a, c), min(b, d))
-            for a, b in common
-            for c, d in place_spans
-            if max(a, c) < min(b, d)
-        ]
+        common = [(max(a, c), min(b, d)) for a, b in common for c, d in place_spans if max(a, c) < min(b, d)]
         if not common:
             return None
     return max(end for _, end in common)

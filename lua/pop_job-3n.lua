@@ -13,7 +13,7 @@ ARGV:
   1  token (>= 128 random bits + worker name)
   2  worker name
   3  lease_ms
-  4  how many dropped ids (deleted jobs, stray duplicates) to skip in this call
+  4  how many dropped ids (deleted jobs, stray copies) to skip in this call
   4+i  lease key prefix of queue i, `emq:{<q>}:`
   5+n  job key prefix (the job class's, `rq:job:`)
 Returns:
@@ -21,8 +21,8 @@ Returns:
   {0, skipped}                  only deleted jobs were found; call again
   {i, job_id, attempts, skipped, field, value, ...}  the job (its hash as HGETALL gives it)
   where `skipped` lists popped ids dropped unrun: a job whose hash no longer exists (as RQ
-  does), or a stray duplicate entry of a job in flight under a live lease (lib/lease.lua
-  `leased_live`: a push a client retried after a Redis restart).
+  does), or a stray copy (lib/lease.lua `stray_copy`: a push a client sent again after a
+  lost reply, found while the job runs under a live lease or once it has left every queue).
 ]]
 -- @include lib/lease.lua
 
@@ -39,7 +39,7 @@ for i = 1, n do
     local job_key = job_prefix .. job_id
     local hash = redis.call('HGETALL', job_key)
     local lock_key = ARGV[4 + i] .. job_id .. ':lock'
-    if #hash > 0 and not leased_live(hash, lock_key) then
+    if #hash > 0 and not stray_copy(hash, lock_key) then
       local attempts = grant_lease(job_key, lock_key, leases_key, stats_key, job_id, token, worker,
         lease_ms, hash)
       redis.call('LPOP', queue_key)
@@ -47,7 +47,7 @@ for i = 1, n do
       for k = 1, #hash do reply[4 + k] = hash[k] end
       return reply
     end
-    -- a deleted job's id, or a stray duplicate of a job another lease runs: dropped
+    -- a deleted job's id, or a stray copy (run under a live lease, or ended): dropped
     redis.call('LPOP', queue_key)
     skipped[#skipped + 1] = job_id
     if #skipped >= skip_budget then return {0, skipped} end

@@ -90,6 +90,28 @@ local function leased_live(hash, lock_key)
   return untouched(found, 2) and redis.call('GET', lock_key) == owner
 end
 
+-- Statuses RQ (2.0 to 3.x) writes only while the job sits in no queue list: ended
+-- (finished, failed, stopped, canceled) or waiting elsewhere (scheduled: the scheduled
+-- registry; deferred: its parents; RQ 3's rate_limited and ready_to_enqueue: the rate-limit
+-- and ready registries). Every push of a job, RQ's or ours, writes `queued` in the same
+-- step (`_enqueue_job`, the rate-limit promotion, `requeue`, `Retry`, the sweep's return).
+local NOT_WAITING = {
+  finished = true, failed = true, stopped = true, canceled = true,
+  scheduled = true, deferred = true, rate_limited = true, ready_to_enqueue = true,
+}
+
+-- Whether an entry of a job in a queue list is a stray copy, not a job waiting to run: a
+-- duplicate of a push that a client sent again after a lost reply (redis-py resends a
+-- command or a transaction after a connection error, whether or not Redis ran it: a
+-- producer's enqueue, RQ's scheduler moving a due job), found while the job runs under a
+-- live lease (`leased_live`) or once it has left every queue (`NOT_WAITING`). Running it
+-- would run the job again, or early.
+local function stray_copy(hash, lock_key)
+  local status = hash_field(hash, 'status')
+  if status and NOT_WAITING[status] then return true end
+  return leased_live(hash, lock_key)
+end
+
 -- Forget what the lease recorded: the job is no lease's now (handed back, recovered).
 local function forget_seen(job_key)
   redis.call('HDEL', job_key, unpack(RECORDED))

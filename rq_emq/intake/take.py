@@ -165,8 +165,8 @@ class Taker:
             skipped = [_text(v) for v in reply[1 if index == 0 else 3]]
             for job_id in skipped:
                 logger.warning(
-                    "job %s was in one of queues %s but its hash is gone, or it runs under a live "
-                    "lease (a stray duplicate entry); skipped",
+                    "job %s was in one of queues %s but its hash is gone, or the entry is a stray "
+                    "copy (the job runs under a live lease, or has left every queue); skipped",
                     job_id,
                     ",".join(queue_names),
                     extra={"job_id": job_id, "queue": None},
@@ -195,8 +195,8 @@ class Taker:
             )
         if status == -2:
             logger.warning(
-                "job %s was moved from queue %s but it runs under a live lease (a stray duplicate "
-                "entry); skipped",
+                "job %s was moved from queue %s but the entry is a stray copy (the job runs under "
+                "a live lease, or has left every queue); skipped",
                 job_id,
                 queue_name,
                 extra={"job_id": job_id, "queue": queue_name},

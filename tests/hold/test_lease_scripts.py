@@ -172,6 +172,60 @@ def test_a_stray_duplicate_entry_of_a_job_in_flight_is_dropped_never_run_twice(r
     assert again is not None and again.job_id == job.id
 
 
+@pytest.mark.parametrize(
+    "status",
+    [
+        "finished",
+        "failed",
+        "stopped",
+        "canceled",
+        "scheduled",
+        "deferred",
+        "rate_limited",
+        "ready_to_enqueue",
+    ],
+)
+def test_a_stray_copy_of_a_job_that_left_every_queue_is_dropped_never_run_again(
+    r: redis.Redis, caplog: pytest.LogCaptureFixture, status: str
+) -> None:
+    """A push sent again after a lost reply (redis-py resends a transaction after a
+    connection error, whether or not Redis ran it: RQ's scheduler moving a due job through
+    a cut connection, CI stop 30's soak) can land after the job already ran: the copy then
+    finds it finished, or failed, or waiting elsewhere (a delayed Retry, its parents, its
+    rate limit). RQ writes these statuses only with the job in no queue, and every push
+    writes ``queued``: the copy is dropped, and logged, by the pop and by the claim."""
+    queue = Queue("q", connection=r)
+    job, behind = queue.enqueue("jobs.noop"), queue.enqueue("jobs.noop")
+    q = QueueKeys("q")
+    r.hset(job_key(job.id), "status", status)
+    with caplog.at_level(logging.WARNING, logger="rq_emq.lease"):
+        taken = taker(r).pop(["q"])
+    assert taken is not None and taken.job_id == behind.id, "the copy was skipped, the next job taken"
+    assert job.id in caplog.text and "stray copy" in caplog.text
+    assert not r.exists(q.lock(job.id)) and r.llen(q.rq_queue) == 0
+    assert r.hget(job_key(job.id), "status") == status.encode(), "the job itself is left as it was"
+    # the idle wait's path: the copy moved into the moving list is dropped by the claim
+    r.lpush(q.rq_queue, job.id)
+    r.lmove(q.rq_queue, q.moving)
+    assert taker(r).claim("q", job.id) is None
+    assert r.llen(q.moving) == 0 and not r.exists(q.lock(job.id))
+
+
+def test_a_job_pushed_again_with_status_queued_is_taken_whatever_it_was_before(r: redis.Redis) -> None:
+    """A requeue, a Retry, a scheduler's move, the sweep's return: each writes ``queued``
+    with its push, so a job that finished or failed before and was enqueued again runs."""
+    queue = Queue("q", connection=r)
+    job = queue.enqueue("jobs.noop")
+    first = taker(r).pop(["q"])
+    assert first is not None
+    r.hset(job_key(job.id), "status", "finished")
+    r.hset(job_key(job.id), "status", "queued")  # enqueued again: RQ's _enqueue_job
+    r.rpush(QueueKeys("q").rq_queue, job.id)
+    r.delete(QueueKeys("q").lock(job.id))  # the first run's lease ended with its outcome
+    again = taker(r, "w2").pop(["q"])
+    assert again is not None and again.job_id == job.id
+
+
 def calls(r: redis.Redis, command: str) -> int:
     return int(r.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
 

@@ -10,7 +10,10 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 import redis
@@ -18,9 +21,12 @@ import rq
 from helpers import FAST, stat, status, wait_status
 from jobs import run_spans, runs
 from procs import Processes, wait_for
+from redis.backoff import NoBackoff
+from redis.retry import Retry as RedisRetry
 from rq import Queue, Retry
 from rq.job import Job
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
+from rq.scheduler import RQScheduler
 
 import rq_emq
 
@@ -148,6 +154,58 @@ def test_a_delayed_retry_of_a_rate_limited_job_is_scheduled_then_finishes(
     wait_status(r, job.id, "finished", timeout=SCHEDULER_S)
     assert len(runs(log)) == 2 + procs.self_fenced_stops(job.id)
     assert in_registries(queue, job.id) == {"finished"}
+
+
+# -- a push sent twice -------------------------------------------------------------------
+class ReplyLostOnce(redis.connection.Connection):
+    """Loses the reply to the first transaction that pushes to a list once Redis has run
+    it, as a cut connection or a Redis restart does: redis-py then sends it again."""
+
+    landed: ClassVar[list[Callable[[], object]]] = []
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        parts = command if isinstance(command, list) else [command]
+        payload = b"".join(bytes(part) for part in parts)
+        self.sent_exec = b"\r\nEXEC\r\n" in payload and b"PUSH\r\n" in payload
+        super().send_packed_command(command, check_health)
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self, "sent_exec", False) and self.landed:
+            wait_for(self.landed.pop(), what="the first send to land")
+            raise redis.ConnectionError("the reply was lost")
+        return super().read_response(*args, **kwargs)
+
+
+@WORKERS
+def test_a_due_job_that_rqs_scheduler_enqueues_twice_runs_once(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path, worker_class: str
+) -> None:
+    """RQ's scheduler moves a due job to its queue in one transaction; a connection cut as
+    the reply comes back (the soak's cuts, CI stop 30) makes redis-py send it again, and the
+    job's id lands in the queue twice. A lease worker drops the copy it finds once the job
+    has run (its status finished: lua/lib/lease.lua ``stray_copy``), so the job runs once;
+    stock RQ runs it twice."""
+    log = str(tmp_path / "runs.log")
+    queue = Queue(connection=r)
+    job = queue.enqueue_in(timedelta(seconds=-1), "jobs.sleep_and_record", log, 0.05)
+    flaky = redis.Redis.from_url(
+        redis_url,
+        connection_class=ReplyLostOnce,
+        retry=RedisRetry(NoBackoff(), 1),
+        retry_on_error=[redis.ConnectionError],
+    )
+    ReplyLostOnce.landed[:] = [lambda: job.id.encode() in r.lrange(queue.key, 0, -1)]
+    scheduler = RQScheduler([queue], connection=flaky)
+    assert scheduler.acquire_locks()
+    scheduler.enqueue_scheduled_jobs()
+    assert r.lrange(queue.key, 0, -1) == [job.id.encode()] * 2, "the transaction was sent twice"
+    worker = procs.worker(redis_url, worker_class=worker_class, burst=True, **STEADY)
+    assert worker.wait(timeout=30) == 0, procs.log(worker)
+    assert status(r, job.id) == "finished"
+    expected = 2 if worker_class == "rq.Worker" else 1
+    assert [line.split()[0] for line in runs(log)] == ["start", "end"] * expected, procs.log(worker)
+    if expected == 1:
+        assert "stray copy" in procs.log(worker)
 
 
 # -- exception handlers -------------------------------------------------------------------

@@ -153,6 +153,10 @@ def table(ev: Evidence, v: Verdict) -> str:
             f"{c['queued_twice']} / {c.get('queued_twice_by_stock', 0)} (in {c['queue_samples']} samples)",
         ),
         (
+            "stray copies RQ's own clients pushed: samples that saw one / copies our take dropped",
+            f"{c.get('stray_copies_seen', 0)} / {c.get('stray_copies_dropped', 0)}",
+        ),
+        (
             "runs / takes / takes that never started / stale runs",
             f"{c['runs']} / {c.get('takes', '-')} / {c.get('takes_never_started', '-')} / "
             f"{c.get('stale_runs', '-')}",

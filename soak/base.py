@@ -39,6 +39,8 @@ class SoakBase:
         self.faults: list[Fault] = []
         self.queue_violations: list[str] = []
         self.queue_samples = 0
+        #: (Redis time s, job id) of each push of a job by our scripts (soak/watchers.py)
+        self.our_pushes: list[tuple[float, str]] = []
         self._guard = threading.Lock()
         self._producing = threading.Event()
         self._stop = threading.Event()

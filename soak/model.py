@@ -145,6 +145,12 @@ class Evidence:
     #: (worker pid, job id) of each run a worker's local lease clock stopped, from its log
     #: (:mod:`soak.selffence`): the worker's own evidence for the job's next run
     self_fenced: list[tuple[int, str]] = field(default_factory=list)
+    #: (worker pid, job id) of each stray copy a lease worker's take dropped unrun, from its
+    #: log (:mod:`soak.straycopies`): a push of the job that RQ's own client sent again
+    stray_drops: list[tuple[int, str]] = field(default_factory=list)
+    #: (Redis time s, job id) of each push of a job to its queue by our scripts (a sweep's
+    #: recovery, a crashed horse's job put back), from the queue's event stream
+    our_pushes: list[tuple[float, str]] = field(default_factory=list)
     #: job id -> times its ``on_failure`` callback ran (the side-effect log's ``failure`` lines)
     failure_callbacks: dict[str, list[float]] = field(default_factory=dict)
     #: fenced job id -> its effects in Redis at the end: ``plain`` (plain twins landed),
@@ -198,6 +204,8 @@ def load(path: Path) -> Evidence:
         stock_workers=data.get("stock_workers", []),
         rq_info_calls=data.get("rq_info_calls", 0),
         self_fenced=[(int(pid), job_id) for pid, job_id in data.get("self_fenced", [])],
+        stray_drops=[(int(pid), job_id) for pid, job_id in data.get("stray_drops", [])],
+        our_pushes=[(float(at), job_id) for at, job_id in data.get("our_pushes", [])],
         failure_callbacks=data.get("failure_callbacks", {}),
         effects=data.get("effects", {}),
     )

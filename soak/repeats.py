@@ -23,6 +23,7 @@ from .faults import GLOBAL, REPEAT_EXCUSED, Fault
 from .jobs import Run
 from .selffence import fenced_runs
 from .stockcredit import stock_ran_its_own_duplicate
+from .straycopies import ran_a_seen_copy
 from .verdict import Verdict
 
 
@@ -91,7 +92,9 @@ def check_repeats(ev: Any, v: Verdict) -> None:
                 if (job_id, run.started) in ev.fenced_runs:
                     self_fenced += 1
                     continue
-                if stock_ran_its_own_duplicate(job_id, following, ev):
+                if stock_ran_its_own_duplicate(job_id, following, ev) or ran_a_seen_copy(
+                    job_id, following, ev
+                ):
                     stock_duplicates += 1
                     continue
                 unexplained += 1

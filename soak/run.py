@@ -26,6 +26,7 @@ from .jobs import read_failure_callbacks, read_runs
 from .model import Evidence, save
 from .producer import Producer
 from .selffence import read_stops
+from .straycopies import read_drops
 from .watchers import Watchers
 
 
@@ -190,6 +191,11 @@ class Soak(Producer, Chaos, Watchers):
         )
         if deaths:
             notes.append(f"RQ's scheduler quit {deaths} time(s) on a Redis error (RQ restarts it late)")
+        pid_of = {
+            f"soak-{'s' if slot.kind == 'stock' else 'w'}{slot.index}-{gen}": pid
+            for slot in self.fleet.slots
+            for gen, pid in enumerate(slot.pids, 1)
+        }
         evidence = Evidence(
             self.config,
             self.jobs,
@@ -207,14 +213,9 @@ class Soak(Producer, Chaos, Watchers):
             stock_workers=[pid for slot in self.fleet.neighbours for pid in slot.pids],
             rq_info_calls=self.rq_info_calls,
             failure_callbacks=read_failure_callbacks(self.log),
-            self_fenced=read_stops(
-                self.dir / "workers",
-                {
-                    f"soak-{'s' if slot.kind == 'stock' else 'w'}{slot.index}-{gen}": pid
-                    for slot in self.fleet.slots
-                    for gen, pid in enumerate(slot.pids, 1)
-                },
-            ),
+            self_fenced=read_stops(self.dir / "workers", pid_of),
+            stray_drops=read_drops(self.dir / "workers", pid_of),
+            our_pushes=list(self.our_pushes),
             effects=effects.collect(self.client, [j for j, p in self.jobs.items() if p.kind == "fenced"]),
         )
         return evidence

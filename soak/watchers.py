@@ -78,11 +78,13 @@ class Watchers(SoakBase):
         """Atomic snapshots of the queue (and, lease mode, the lease index): a job id twice
         in the queue, or queued while leased, is a job queued twice."""
         q = QueueKeys(QUEUE)
+        last_event = "0-0"
         while not self._stop.is_set():
             try:
                 pipe = self.client.pipeline(transaction=True)
                 pipe.lrange(q.rq_queue, 0, -1).zrange(q.leases, 0, -1)
                 queued, leased = pipe.execute()
+                last_event = self._read_our_pushes(q.events, last_event)
             except redis.RedisError:
                 time.sleep(0.1)
                 continue
@@ -94,3 +96,15 @@ class Watchers(SoakBase):
                 what = "twice in the queue" if job_id in twice else "queued while leased"
                 self.queue_violations.append(f"{time.time():.3f} {job_id} {what}")
             time.sleep(0.25)
+
+    def _read_our_pushes(self, stream: str, after: str) -> str:
+        """Our scripts' pushes of a job to its queue since ``after``, from the queue's event
+        stream (a recovery by the sweep, a crashed horse's job put back), as (Redis time in
+        seconds, job id) in ``self.our_pushes``: what soak/straycopies.py tells apart from
+        a copy RQ's own client pushed. Returns the last entry's id read."""
+        for entry_id, fields in self.client.xrange(stream, f"({after}", "+", count=1000):
+            after = entry_id.decode()
+            if fields.get(b"kind") in (b"recovered", b"crashed"):
+                millis = int(after.split("-")[0])
+                self.our_pushes.append((millis / 1000, fields.get(b"job", b"").decode()))
+        return after

@@ -10,6 +10,7 @@ from soak.faults import Fault
 from soak.jobs import Run, read_runs
 from soak.model import Config, Evidence, Planned
 from soak.selffence import read_stops
+from soak.straycopies import read_drops
 
 WORKER, HORSE, OTHER_WORKER, OTHER_HORSE = 100, 101, 200, 201
 
@@ -125,11 +126,16 @@ def test_a_job_queued_twice_after_a_stock_neighbours_run_is_stock_rqs_double_enq
     ours.stock_workers = [OTHER_WORKER]
     verdict = evaluate(ours)
     assert not verdict.passed and verdict.counts["queued_twice"] == 1
-    # a stock run that began after the sample does not explain it
+    # a stock run that began after the sample is no double enqueue of stock RQ's: a copy
+    # RQ's own client pushed, which the stock neighbour ran (soak/straycopies.py), but not
+    # when one of our scripts had pushed the job since its run before the sample
     later = evidence(
         [run(1, 1.0, 2.0, "raise"), run(2, 4.0, 5.0, "ok", ppid=OTHER_WORKER)], queue_violations=[line]
     )
     later.stock_workers = [OTHER_WORKER]
+    verdict = evaluate(later)
+    assert verdict.counts["queued_twice"] == 0 and verdict.counts["stray_copies_seen"] == 1
+    later.our_pushes = [(2.5, "j")]
     assert evaluate(later).counts["queued_twice"] == 1
 
 
@@ -157,6 +163,46 @@ def test_a_stock_neighbours_run_of_the_copy_its_own_double_enqueue_made_is_stock
     ev = evidence(ours, queue_violations=[line], taken=2)
     ev.stock_workers = [OTHER_WORKER]
     assert any("went on" in v for v in evaluate(ev).violations)
+
+
+def test_a_stray_copy_that_one_of_ours_dropped_is_rqs_and_one_that_ours_ran_fails_the_soak(
+    tmp_path: Any,
+) -> None:
+    """RQ's own clients push a job again after a lost reply (its scheduler through a cut
+    connection, its fan-in dependents race: CI stop 30, a rerun of seed 2): the sample that
+    saw the copy is counted apart when one of ours logged dropping it (read from the
+    worker's log); a copy that one of ours ran is a duplicate; a stock neighbour's run of
+    it is stock RQ's, unless one of our scripts had pushed the job since its last run."""
+    line = "3.0 j twice in the queue"
+    log = tmp_path / "soak-w0-1.log"
+    log.write_text(
+        "17:19:03 job j was in one of queues soak but its hash is gone, or the entry is a stray copy "
+        "(the job runs under a live lease, or has left every queue); skipped\n"
+        "17:19:04 job k was moved from queue soak but the entry is a stray copy (the job runs under "
+        "a live lease, or has left every queue); skipped\n"
+    )
+    drops = read_drops(tmp_path, {"soak-w0-1": WORKER})
+    assert drops == [(WORKER, "j"), (WORKER, "k")]
+    dropped = evidence([run(1, 1.0, 2.0, "ok")], queue_violations=[line])
+    dropped.stray_drops = drops
+    verdict = evaluate(dropped)
+    assert verdict.passed, verdict.violations
+    assert verdict.counts["stray_copies_seen"] == 1 and verdict.counts["stray_copies_dropped"] == 2
+    # ours ran the copy: a duplicate, and the sample stands too
+    ran = evidence([run(1, 1.0, 2.0, "ok"), run(1, 3.5, 4.0, "ok")], queue_violations=[line], taken=2)
+    verdict = evaluate(ran)
+    assert any("no fault explains" in v for v in verdict.violations)
+    assert any("queue sample" in v for v in verdict.violations)
+    # a stock neighbour ran it: stock RQ's way with any copy, unless the copy may be ours
+    stock_run = run(0, 3.5, 4.0, "ok", pid=OTHER_HORSE, ppid=OTHER_WORKER)
+    by_stock = evidence([run(1, 1.0, 2.0, "ok"), stock_run], queue_violations=[line], taken=1)
+    by_stock.stock_workers = [OTHER_WORKER]
+    verdict = evaluate(by_stock)
+    assert verdict.passed, verdict.violations
+    by_stock.our_pushes = [(2.5, "j")]
+    verdict = evaluate(by_stock)
+    assert any("queue sample" in v for v in verdict.violations)
+    assert any("no fault explains" in v for v in verdict.violations)
 
 
 def test_attempts_that_go_back_after_a_stall_fail_the_soak() -> None:
@@ -1200,9 +1246,13 @@ def test_a_copy_queued_while_ours_holds_the_other_in_a_frozen_neighbours_double_
         verdict = evaluate(ev)
         assert verdict.counts["queued_twice_by_stock"] == int(credited), verdict.counts
         assert any("queue sample" in v for v in verdict.violations) != credited, verdict.violations
+    # no freeze over the raise, and one of our scripts pushed the job since its last run:
+    # the copy may be ours (with no such push, it is a stray copy of RQ's client, which the
+    # stock neighbour then ran: soak/straycopies.py)
     thawed = Fault("stop_stock", 5.0, "s", OTHER_WORKER, [OTHER_HORSE], "j", None, ended=5.5)
     ev = evidence(runs, faults=[thawed], taken=1, queue_violations=["4.3 j queued while leased"])
     ev.stock_workers = [OTHER_WORKER]
+    ev.our_pushes = [(4.2, "j")]
     assert any("queue sample" in v for v in evaluate(ev).violations)
 
 

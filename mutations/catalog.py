@@ -197,6 +197,25 @@ CATALOG: list[Mutation] = [
         [f"{LEASES}::test_claim_leases_a_job_moved_to_the_moving_list"],
         "two workers claim one BLMOVEd job",
     ),
+    _m(
+        "take_runs_a_stray_copy_of_an_ended_job",
+        "lua/lib/lease.lua",
+        "if status and NOT_WAITING[status] then return true end",
+        "local _ = status",
+        [
+            f"{LEASES}::test_a_stray_copy_of_a_job_that_left_every_queue_is_dropped_never_run_again",
+            f"{LEASES}::test_a_stray_duplicate_entry_of_a_job_in_flight_is_dropped_never_run_twice",
+        ],
+        "a copy RQ's client pushed again (a resent transaction) runs a finished job once more",
+    ),
+    _m(
+        "take_runs_a_stray_copy_under_a_live_lease",
+        "lua/lib/lease.lua",
+        "  return leased_live(hash, lock_key)\nend",
+        "  return false\nend",
+        [f"{LEASES}::test_a_stray_duplicate_entry_of_a_job_in_flight_is_dropped_never_run_twice"],
+        "a copy of a job in flight is granted to a second worker: two runs overlap",
+    ),
     # -- the idle wait: one blocked BLMOVE per queue -------------------------------------------
     _m(
         "second_win_not_handed_back",

@@ -1271,3 +1271,18 @@ def test_a_failure_whose_result_waits_on_a_live_outbox_claim_is_pending_not_wron
         pending = [x for x in verdict.violations if "Result" in x or "emq_attempts" in x]
         assert (not pending) == passes, verdict.violations
         assert verdict.counts.get("failure_commit_pending", 0) == int(passes), verdict.counts
+
+
+def test_a_keep_directory_that_holds_an_earlier_runs_files_is_refused(tmp_path: Any, capsys: Any) -> None:
+    """The side-effect log appends: a second run kept in the same directory would judge the
+    first run's lines as its own (every one "ran, but the soak never enqueued it")."""
+    from soak.__main__ import main
+
+    (tmp_path / "runs.log").write_text("start j 1 1 1.0 1 1.0\n")
+    try:
+        main(["--keep", str(tmp_path)])
+    except SystemExit as stop:
+        assert stop.code == 2
+    else:
+        raise AssertionError("a non-empty --keep directory was accepted")
+    assert "--keep" in capsys.readouterr().err

@@ -5,6 +5,7 @@ another worker. Real processes, real signals, a real (or proxied) Redis."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -104,10 +105,24 @@ def test_a_worker_cut_off_from_redis_stops_its_run_before_the_job_runs_elsewhere
         assert not pid_alive(first)
     proxy.heal()
     time.sleep(0.5)
-    assert "local lease clock ran out" in procs.log(cut_off)
+    text = procs.log(cut_off)
+    if worker_class == "rq_emq.SimpleLeaseWorker" and starved_worker_ended_by_its_watchdog(text, cut_off.pid):
+        return  # the backstop did its part: the run stopped before the job ran elsewhere
+    assert "local lease clock ran out" in text
     # a job in Python code is interrupted in place: the worker lives on (its process is
     # ended only for a job that does not give way)
-    assert cut_off.poll() is None, procs.log(cut_off)
+    assert cut_off.poll() is None, text
+
+
+def starved_worker_ended_by_its_watchdog(text: str, worker_pid: int) -> bool:
+    """A SimpleLeaseWorker's run is its own process: when none of its threads got the CPU
+    past its local lease deadline (two suites side by side on 2 cores, CI rehearsal 25),
+    its watchdog, a process of its own, ends the whole worker one check interval after the
+    moment of its self-kill, and no thread of it lived to log the clock running out. That
+    is the designed backstop, and it counts only when the watchdog itself woke late, which
+    shows the host was starved (a worker whose threads run stops the job first)."""
+    found = re.search(rf"rq-emq watchdog \d+: run {worker_pid} past its deadline by (\d+) ms", text)
+    return found is not None and "local lease clock ran out" not in text and int(found.group(1)) >= 50
 
 
 def test_a_renewal_against_a_stalled_redis_gives_up_within_a_renew_interval(

@@ -46,7 +46,8 @@ def read_drops(log_dir: Path, pid_of: dict[str, int]) -> list[tuple[int, str]]:
 def copy_accounted_for(line: str, ev: Any) -> bool:
     """A queue sample's line (``<time> <job> twice in the queue|queued while leased``) saw a
     stray copy that one of ours dropped unrun, or that a stock neighbour ran after the
-    sample (stock RQ's own way with a copy)."""
+    sample (stock RQ's own way with a copy) when none of our scripts had pushed the job
+    since its last run (:func:`pushed_by_us`)."""
     parts = line.split(maxsplit=2)
     if len(parts) < 3:
         return False

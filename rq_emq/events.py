@@ -11,7 +11,8 @@ Seven kinds of event reach the hooks an application registers:
   the job back at the front of its queue, or failed it at max attempts (then ``failed``
   follows);
 - ``lease_lost``: a worker's renewal was refused (the job was recovered elsewhere, or
-  deleted) while the worker still ran it;
+  deleted) while the worker still ran it, or its local lease clock ran out (no renewal
+  landed in time): once per lease, whichever of the worker's threads saw it first;
 - ``no_progress``: a worker's renewal was refused because the job reported nothing for its
   progress timeout (``meta=rq_emq.progress_timeout(ms)``); the worker stops the run and the
   sweep recovers the job, attempt counted (the event carries the job's last report);

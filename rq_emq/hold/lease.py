@@ -82,6 +82,8 @@ class LockManager(BackgroundLoop):
         self._clock = _LeaseClock(self, check_interval_s or renew_interval_ms / 4000.0, f"{name}:clock")
         self._leases: dict[str, Lease] = {}
         self._guard = threading.Lock()
+        #: Serialises the marks on a lease (lost, expired), so that each loss is reported once
+        self._claims = threading.Lock()
         self.ticks = 0
         self._job_heartbeat_at = -math.inf  # monotonic time of the last tick that stamped jobs
 
@@ -102,21 +104,45 @@ class LockManager(BackgroundLoop):
         on its own thread, so a tick stuck on Redis (bounded by the client's socket
         timeout) never delays it."""
         now_m = time.monotonic()
-        expired = [lease for lease in self.held() if lease.valid_until < now_m]
-        for lease in expired:
-            lease.expired = True
-            lease.lost = True  # stop renewing: this holder no longer trusts the lease
-            logger.warning(
-                "job %s on queue %s: local lease clock ran out (no renewal landed for %d ms); stopping it",
-                lease.job_id,
-                lease.queue,
-                self.lease_ms - self.margin_ms,
-                extra={"job_id": lease.job_id, "queue": lease.queue},
-            )
-            events.emit("lease_lost", lease.queue, [lease.job_id], self.name)
-            if self.on_expired is not None:
+        expired = [lease for lease in self.held() if self.expire_if_due(lease, now_m)]
+        if self.on_expired is not None:
+            for lease in expired:
                 self.on_expired(lease)
         return expired
+
+    def expire_if_due(self, lease: Lease, now_m: float | None = None, ended: bool = False) -> bool:
+        """Mark ``lease`` expired if its local clock ran out and nothing marked it yet:
+        logs the one clock line and emits ``lease_lost``, once per lease, whichever of
+        the clock thread, the tick, the horse's reaper or the run's end sees it first
+        (the horse fences itself on the same deadline and may be reaped before the clock
+        thread looks). ``ended``: the run is already over (the line says so). Returns
+        whether this call marked it."""
+        now_m = time.monotonic() if now_m is None else now_m
+        with self._claims:
+            if lease.expired or lease.lost or lease.settled or lease.valid_until >= now_m:
+                return False
+            lease.expired = True
+            lease.lost = True  # stop renewing: this holder no longer trusts the lease
+        logger.warning(
+            "job %s on queue %s: local lease clock ran out (no renewal landed for %d ms)%s",
+            lease.job_id,
+            lease.queue,
+            self.lease_ms - self.margin_ms,
+            " by the end of its run" if ended else "; stopping it",
+            extra={"job_id": lease.job_id, "queue": lease.queue},
+        )
+        events.emit("lease_lost", lease.queue, [lease.job_id], self.name)
+        return True
+
+    def _claim_loss(self, lease: Lease, expired: bool = False) -> bool:
+        """Mark ``lease`` lost (and ``expired``) unless something marked it first; the
+        one caller that gets True reports it."""
+        with self._claims:
+            if lease.lost:
+                return False
+            lease.lost = True
+            lease.expired = lease.expired or expired
+            return True
 
     # -- the set of leases -------------------------------------------------------------
     def add(self, lease: Lease) -> None:
@@ -129,19 +155,8 @@ class LockManager(BackgroundLoop):
     def remove(self, job_id: str) -> Lease | None:
         with self._guard:
             lease = self._leases.pop(job_id, None)
-        if lease is not None and not (lease.expired or lease.lost or lease.settled):
-            if lease.valid_until < time.monotonic():
-                # the run ended (a horse that fenced itself on the same deadline) before
-                # check_expiry saw the clock run out: the same one line, so that whoever
-                # reads the log (the soak) sees why the job may run again
-                logger.warning(
-                    "job %s on queue %s: local lease clock ran out (no renewal landed for %d ms) "
-                    "by the end of its run",
-                    lease.job_id,
-                    lease.queue,
-                    self.lease_ms - self.margin_ms,
-                    extra={"job_id": lease.job_id, "queue": lease.queue},
-                )
+        if lease is not None:
+            self.expire_if_due(lease, ended=True)
         return lease
 
     def held(self) -> list[Lease]:
@@ -235,9 +250,8 @@ class LockManager(BackgroundLoop):
             self._no_progress(job_id)
         for job_id in lost:
             held = self.get(job_id)
-            if held is None or held.lost:
+            if held is None or not self._claim_loss(held):
                 continue
-            held.lost = True
             logger.warning(
                 "job %s on queue %s: lease lost (renewal refused)",
                 job_id,
@@ -259,10 +273,8 @@ class LockManager(BackgroundLoop):
         The run is stopped as on an expired lease clock (its writes fenced out, its lock
         left to lapse); the sweep recovers the job with the attempt counted."""
         lease = self.get(job_id)
-        if lease is None or lease.lost:
+        if lease is None or not self._claim_loss(lease, expired=True):
             return
-        lease.expired = True
-        lease.lost = True
         logger.warning(
             "job %s on queue %s: no progress reported for %d ms (its progress timeout); stopping it",
             job_id,

@@ -155,6 +155,9 @@ class HorseCrashMixin:
             # landed. RQ would now fail the job with "terminated unexpectedly", and its fence
             # would let that through while the token lives on in Redis (the lease's margin
             # past the local deadline): a job our own fence stopped, failed. The sweep decides.
+            # A clock that ran out before the clock thread looked is still said (and its
+            # lease_lost emitted) once, as the clock thread would have.
+            me.lock_manager.expire_if_due(lease, ended=True)
             lease.lost = True
             logger.warning(
                 "job %s: %s after this worker stopped trusting its lease; left to the sweep",

@@ -25,6 +25,7 @@ from rq import Callback, Queue, Retry
 
 import rq_emq
 from rq_emq import LeaseWorker
+from rq_emq.events import LeaseEvent
 from rq_emq.keys import QueueKeys, job_key
 
 pytestmark = pytest.mark.slow
@@ -325,13 +326,16 @@ def test_a_horse_past_its_local_lease_deadline_is_no_crash_of_its_workers(
 
 
 def test_a_horse_that_dies_after_its_worker_stopped_trusting_the_lease_is_left_to_the_sweep(
-    r: redis.Redis,
+    r: redis.Redis, seen: list[LeaseEvent]
 ) -> None:
     """Past the local deadline the horse fences itself (a SIGKILL of its own), and it can
     do so before the lock manager's thread has marked the lease lost, while the token
     lives on in Redis for the lease's margin. RQ's failure of that horse's job got
     through the fence then: a job our own fence stopped, failed (seen on RQ 2.12 in CI:
-    a job that never ran, failed). The job stays leased, for the sweep to recover."""
+    a job that never ran, failed). The job stays leased, for the sweep to recover, and
+    the lost lease is reported once, as the clock thread would have (CI stop 30: a
+    worker resumed from SIGSTOP reaped its watchdog-killed horse first, and no
+    ``lease_lost`` reached the application)."""
     queue = Queue("q", connection=r)
     worker = LeaseWorker([queue], connection=r, lease_ms=5_000)
     try:
@@ -351,5 +355,8 @@ def test_a_horse_that_dies_after_its_worker_stopped_trusting_the_lease_is_left_t
         worker.monitor_work_horse(job, queue, *execution)
         assert r.hget(job_key(job.id), "status") != b"failed", r.hget(job_key(job.id), "exc_info")
         assert r.exists(QueueKeys("q").lock(job.id))  # still its lease: the sweep recovers it
+        assert worker.lock_manager is not None
+        worker.lock_manager.check_expiry()  # the clock thread looks after the reaper
+        assert [(e.kind, e.job_id) for e in seen] == [("lease_lost", job.id)]
     finally:
         worker.teardown()

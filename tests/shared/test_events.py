@@ -4,8 +4,11 @@ application's hooks exactly once, with the job id and queue on it and in the log
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -99,6 +102,50 @@ def test_a_refused_renewal_is_reported_as_a_lost_lease(r: redis.Redis, seen: lis
     manager.tick()  # reported once, not on every tick
     assert kinds(seen) == [("lease_lost", job_id, "q")] and seen[0].source == "lm"
     assert [lease.job_id for lease in lost] == [job_id]
+
+
+def test_a_lease_whose_clock_ran_out_is_reported_lost_once_whoever_sees_it_first(
+    r: redis.Redis, seen: list[events.LeaseEvent]
+) -> None:
+    """The clock thread, the tick, the horse's reaper and the run's end may each be the
+    first to see a local lease clock run out (a worker resumed from SIGSTOP reaps a horse
+    its watchdog ended before its clock thread looks: CI stop 30). Each lost lease is
+    reported once, and the clock thread stops only a run still going."""
+    stopped: list[Lease] = []
+    manager = LockManager(r, 1000, 100, on_lost=stopped.append, on_expired=stopped.append, name="lm")
+    past = time.monotonic() - 0.001
+    for job_id in ("reaped", "clocked", "in-time"):
+        manager.add(Lease("q", job_id, "t", valid_until=past if job_id != "in-time" else math.inf))
+    manager.remove("reaped")  # its run ended before the clock thread looked
+    assert [lease.job_id for lease in manager.check_expiry()] == ["clocked"]
+    manager.remove("clocked")
+    manager.remove("in-time")
+    manager.check_expiry()
+    assert kinds(seen) == [("lease_lost", "reaped", "q"), ("lease_lost", "clocked", "q")]
+    assert [lease.job_id for lease in stopped] == ["clocked"]
+
+
+def test_racing_observers_of_one_run_out_clock_report_it_once(
+    r: redis.Redis, seen: list[events.LeaseEvent]
+) -> None:
+    manager = LockManager(r, 1000, 100, on_lost=lambda lease: None, name="lm")
+    leases = [Lease("q", f"j{i}", "t", valid_until=time.monotonic() - 0.001) for i in range(200)]
+    for lease in leases:
+        manager.add(lease)
+    start = threading.Barrier(4)
+
+    def observe() -> None:
+        start.wait()
+        for lease in leases:
+            manager.expire_if_due(lease)
+        manager.check_expiry()
+
+    threads = [threading.Thread(target=observe) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(e.job_id for e in seen) == sorted(lease.job_id for lease in leases)
 
 
 def test_event_hooks_setting_names_hooks_that_must_load() -> None:

@@ -29,6 +29,7 @@ JOB_LEASE = "tests/run/test_job_lease.py"
 REPORTS = "tests/hold/test_reports.py"
 DASHBOARD = "tests/operate/test_dashboard.py"
 SWEEP_RECORD = "tests/recover/test_record.py"
+EVENTS = "tests/shared/test_events.py"
 
 
 @dataclass(frozen=True)
@@ -572,10 +573,26 @@ CATALOG: list[Mutation] = [
     _m(
         "clock_line_missing_at_the_runs_end",
         "rq_emq/hold/lease.py",
-        "if lease.valid_until < time.monotonic():",
-        "if False:",
+        "            self.expire_if_due(lease, ended=True)\n",
+        "            pass\n",
         [f"{LEASES}::test_a_run_that_ended_past_its_local_deadline_leaves_the_clock_line_in_the_log"],
         "a horse that fenced itself first leaves no line saying why its job runs again",
+    ),
+    _m(
+        "clock_run_out_reported_by_every_observer",
+        "rq_emq/hold/lease.py",
+        "if lease.expired or lease.lost or lease.settled or lease.valid_until >= now_m:",
+        "if lease.settled or lease.valid_until >= now_m:",
+        [f"{EVENTS}::test_a_lease_whose_clock_ran_out_is_reported_lost_once_whoever_sees_it_first"],
+        "a run-out lease clock is reported lost (and its run stopped) by each thread that sees it",
+    ),
+    _m(
+        "untrusted_horse_death_reports_no_lost_lease",
+        "rq_emq/recover/horse_crash.py",
+        "            me.lock_manager.expire_if_due(lease, ended=True)\n",
+        "",
+        [f"{HORSE}::test_a_horse_that_dies_after_its_worker_stopped_trusting_the_lease_is_left_to_the_sweep"],
+        "a worker that reaps its fenced horse before its clock thread looks never reports the lost lease",
     ),
     _m(
         "soak_self_fence_from_any_worker",

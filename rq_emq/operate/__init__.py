@@ -1,8 +1,10 @@
 """The operate room: what operators run and read.
 
 It owns the ``rq-emq`` command (``cli``, its writing commands in ``cli_write``, with
-``cli_options``, ``cli_connect`` and ``cli_output``), the
-read-only view of leases and stalls (``inspection``), and the metrics built on it
-(``metrics``, ``prometheus``). It reads through the rooms below it (shared, fence, hold,
-take, recover) and never imports the run room: a worker process does not load it.
+``cli_options``, ``cli_connect``, ``cli_output``, ``cli_dashboard`` and the signal
+handling of its loops in ``stop_signals``), the read-only views of leases and stalls
+(``inspection`` per queue, ``lease_list`` per job, ``reports`` for what jobs told their
+leases), the metrics built on them (``metrics``, ``prometheus``) and the lease panel for
+rq-dashboard (``panel``, ``dashboard/``). It imports only the shared modules and the
+recover room below it, and never the run room: a worker process does not load it.
 """

@@ -24,7 +24,7 @@ from typing import Any
 import click
 
 from .._version import __version__
-from . import cli_dashboard, cli_output, cli_write, inspection, metrics
+from . import cli_dashboard, cli_output, cli_write, inspection, lease_list, metrics
 from .cli_connect import BadInput, Target, connect, redact, select_queues
 from .cli_options import class_options, common, layout_of, load_classes, watch_option
 
@@ -103,7 +103,7 @@ def leases(
     queues = select_queues(target, queue_options, queue_args, queue_class=classes[1])
 
     def render() -> dict[str, Any] | str:
-        pages = inspection.read_leases(target.client, queues, target.settings, limit, layout_of(classes))
+        pages = lease_list.read_leases(target.client, queues, target.settings, limit, layout_of(classes))
         return cli_output.leases_json(pages) if as_json else cli_output.leases_text(pages)
 
     show(target, render, as_json, watch)

@@ -19,7 +19,8 @@ import click
 from redis.exceptions import RedisError
 
 from ..recover.sweep import SweepReport
-from .inspection import COUNTERS, LeasePage, QueueStatus, remaining_buckets
+from .inspection import COUNTERS, QueueStatus, remaining_buckets
+from .lease_list import LeasePage
 from .reports import short_report
 from .stop_signals import StopSignals
 

@@ -1,6 +1,6 @@
 """The operator's view of lease state in Redis: what is in flight, stalled and counted, per
-queue and per leased job. Read only, and kept apart from how it is shown (``cli_output``,
-``metrics``).
+queue (the per-job view, built on the readers here, is :mod:`.lease_list`). Read only, and
+kept apart from how it is shown (``cli_output``, ``metrics``).
 
 Every read is bounded whatever the queue size: counts come from ZCARD/ZCOUNT/LLEN, the
 oldest entries from ZRANGE with a limit, per-job detail only for the first ``limit``
@@ -22,9 +22,7 @@ from redis.exceptions import ResponseError
 from rq.queue import Queue
 
 from ..keys import QueueKeys
-from ..recover.horse_crash import Crash, read_crashes
 from ..settings import LeaseSettings
-from .reports import NOTE_FIELDS, read_notes
 
 #: A queue's keys by its name (RQ's default layout, or the workers' job and queue classes').
 Layout = Callable[[str], QueueKeys]
@@ -51,7 +49,6 @@ COUNTERS = (
 )
 #: Upper bounds (seconds of lease left) of the remaining-time buckets after "overdue".
 REMAINING_BOUNDS_S = (5, 15, 60)
-TOKEN_PREFIX_CHARS = 8
 #: Leases (earliest deadline first) looked at to find the oldest one the sweep has not marked.
 OLDEST_LEASE_LOOKAHEAD = 50
 
@@ -104,47 +101,6 @@ class QueueStatus:
     problems: list[str] = field(default_factory=list)
 
 
-@dataclass
-class LeaseInfo:
-    """One leased job as its lease, its job hash and the sweep see it."""
-
-    queue: str
-    job_id: str
-    #: Until the deadline indexed in the leases zset (negative: overdue).
-    due_in_ms: int
-    #: ``held`` (lock_ttl_ms left), ``gone`` (lapsed: the sweep will mark it) or ``no-expiry``.
-    lock: str
-    lock_ttl_ms: int | None
-    job_exists: bool
-    status: str | None = None
-    worker: str | None = None
-    token_prefix: str | None = None
-    attempts: int | None = None
-    max_attempts: int | None = None
-    #: ``job`` (its own emq_max_attempts) or ``default`` (the configured max_attempts).
-    max_attempts_source: str = "default"
-    #: How long ago the sweep marked it stalled; None when not marked.
-    marked_ms_ago: int | None = None
-    #: Earlier attempts of this run whose horse died without an outcome (``emq_crashes``).
-    crashes: list[Crash] = field(default_factory=list)
-    #: The grant's fencing token, and what the job told its lease (:mod:`.reports`).
-    fencing_token: int | None = None
-    report: Any = None
-    progress_ms_ago: int | None = None
-    no_progress: str | None = None
-    problems: list[str] = field(default_factory=list)
-
-
-@dataclass
-class LeasePage:
-    """The first leases of one queue, earliest deadline first, and how many there are."""
-
-    queue: str
-    total: int | None
-    leases: list[LeaseInfo] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-
-
 def text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
@@ -172,7 +128,7 @@ def unknown_queues(client: Redis, names: Sequence[str], queue_class: Any = None)
     return [name for name, found in zip(candidates, pipe.execute(), strict=True) if not found]
 
 
-class _Batch:
+class Batch:
     """A pipeline whose replies are handed to parsers; a failed reply becomes a problem."""
 
     def __init__(self, client: Redis, transaction: bool = True) -> None:
@@ -187,20 +143,20 @@ class _Batch:
         replies = self.pipe.execute(raise_on_error=False)
         for (problems, what, parse), reply in zip(self.parsers, replies, strict=True):
             if isinstance(reply, ResponseError):
-                _problem(problems, f"cannot read {what}: {reply}")
+                problem(problems, f"cannot read {what}: {reply}")
                 continue
             try:
                 parse(reply)
             except (ValueError, TypeError) as error:
-                _problem(problems, f"malformed {what}: {error}")
+                problem(problems, f"malformed {what}: {error}")
 
 
-def _problem(problems: list[str], message: str) -> None:
+def problem(problems: list[str], message: str) -> None:
     logger.warning("%s", message)
     problems.append(message)
 
 
-def _int_or_none(raw: Any) -> int | None:
+def int_or_none(raw: Any) -> int | None:
     try:
         return int(text(raw))
     except ValueError:
@@ -212,13 +168,13 @@ def read_status(
 ) -> list[QueueStatus]:
     """Counts, remaining-time buckets, oldest lease and mark, and counters per queue."""
     now = redis_now_ms(client)
-    batch = _Batch(client)
+    batch = Batch(client)
     statuses = [QueueStatus(queue) for queue in queues]
     candidates: dict[str, list[tuple[str, int]]] = {}
     for status in statuses:
         _queue_status_reads(batch, status, now, candidates, layout)
     batch.run()
-    marks = _Batch(client)
+    marks = Batch(client)
     for status in statuses:
         first = candidates.get(status.queue)
         if not first:
@@ -243,7 +199,7 @@ def read_status(
 def _lease_ages(client: Redis, statuses: Sequence[QueueStatus], layout: Layout) -> None:
     """Each oldest lease's age from its own length: workers and readers may be
     configured with different lease_ms, so the reader's own says nothing."""
-    lengths = _Batch(client, transaction=False)  # one HGET per queue: nothing to keep consistent
+    lengths = Batch(client, transaction=False)  # one HGET per queue: nothing to keep consistent
     for status in statuses:
         oldest = status.oldest_lease
         if oldest is None:
@@ -252,9 +208,9 @@ def _lease_ages(client: Redis, statuses: Sequence[QueueStatus], layout: Layout) 
         def length(reply: Any, status: QueueStatus = status, oldest: OldestLease = oldest) -> None:
             if reply is None:
                 return  # granted before the field existed, or the job is gone: the reader's lease_ms
-            lease_ms = _int_or_none(reply)
+            lease_ms = int_or_none(reply)
             if lease_ms is None or lease_ms <= 0:
-                _problem(
+                problem(
                     status.problems,
                     f"emq_lease_ms of job {oldest.job_id} is not a positive number: {text(reply)!r}",
                 )
@@ -268,7 +224,7 @@ def _lease_ages(client: Redis, statuses: Sequence[QueueStatus], layout: Layout) 
 
 
 def _queue_status_reads(
-    batch: _Batch, status: QueueStatus, now: int, candidates: dict[str, list[tuple[str, int]]], layout: Layout
+    batch: Batch, status: QueueStatus, now: int, candidates: dict[str, list[tuple[str, int]]], layout: Layout
 ) -> None:
     q, pipe, problems = layout(status.queue), batch.pipe, status.problems
 
@@ -311,98 +267,9 @@ def _queue_status_reads(
     def counters(reply: Any) -> None:
         raw = {text(k): v for k, v in reply.items()}
         for name in (*COUNTERS, *sorted(set(raw) - set(COUNTERS))):
-            value = _int_or_none(raw.get(name, 0))
+            value = int_or_none(raw.get(name, 0))
             if value is None:
-                _problem(problems, f"counter {name} in {q.stats} is not a number: {text(raw[name])!r}")
+                problem(problems, f"counter {name} in {q.stats} is not a number: {text(raw[name])!r}")
             status.counters[name] = value
 
     batch.add(problems, q.stats, pipe.hgetall(q.stats), counters)
-
-
-JOB_FIELDS = (
-    *("status", "emq_worker", "emq_token", "emq_attempts", "emq_max_attempts", "emq_crashes"),
-    *NOTE_FIELDS,
-)
-
-
-def read_leases(
-    client: Redis, queues: Sequence[str], settings: LeaseSettings, limit: int, layout: Layout = QueueKeys
-) -> list[LeasePage]:
-    """Per queue, the ``limit`` leases due first, each with its lock, job hash and mark."""
-    now = redis_now_ms(client)
-    pages = [LeasePage(queue, total=None) for queue in queues]
-    first = _Batch(client)
-    entries: dict[str, list[tuple[str, int]]] = {}
-    for page in pages:
-        q = layout(page.queue)
-
-        def total(reply: Any, page: LeasePage = page) -> None:
-            page.total = int(reply)
-
-        def listed(reply: Any, queue: str = page.queue) -> None:
-            entries[queue] = [(text(member), int(score)) for member, score in reply]
-
-        first.add(page.problems, q.leases, first.pipe.zcard(q.leases), total)
-        first.add(
-            page.problems,
-            q.leases,
-            first.pipe.zrange(q.leases, 0, limit - 1, withscores=True),
-            listed,
-        )
-    first.run()
-
-    detail = _Batch(client)
-    for page in pages:
-        q = layout(page.queue)
-        for job_id, deadline in entries.get(page.queue, []):
-            info = LeaseInfo(
-                page.queue, job_id, deadline - now, lock="gone", lock_ttl_ms=None, job_exists=False
-            )
-            page.leases.append(info)
-            _lease_reads(detail, q, info, now, settings)
-    detail.run()
-    return pages
-
-
-def _lease_reads(batch: _Batch, q: QueueKeys, info: LeaseInfo, now: int, settings: LeaseSettings) -> None:
-    pipe, problems, job_id = batch.pipe, info.problems, info.job_id
-
-    def lock(reply: Any) -> None:
-        ttl = int(reply)
-        info.lock, info.lock_ttl_ms = (
-            ("held", ttl) if ttl >= 0 else ("no-expiry", None) if ttl == -1 else ("gone", None)
-        )
-
-    def job(reply: Any) -> None:
-        status, worker, token, attempts, max_attempts, crashes = reply[:6]
-        read_notes(info, now, reply[6:])
-        info.job_exists = any(value is not None for value in reply)
-        if not info.job_exists:
-            problems.append("job hash is gone (the sweep drops this entry)")
-            return
-        info.status = None if status is None else text(status)
-        info.worker = None if worker is None else text(worker)
-        # never the whole token: it is the proof of ownership the fence checks
-        info.token_prefix = None if token is None else text(token)[:TOKEN_PREFIX_CHARS]
-        info.attempts = 0 if attempts is None else _int_or_none(attempts)
-        if info.attempts is None:
-            _problem(problems, f"emq_attempts of job {job_id} is not a number: {text(attempts)!r}")
-        own_max = None if max_attempts is None else _int_or_none(max_attempts)
-        if max_attempts is not None and own_max is None:
-            _problem(problems, f"emq_max_attempts of job {job_id} is not a number: {text(max_attempts)!r}")
-        # as the sweep decides: the job's own number, else the configured default
-        info.max_attempts, info.max_attempts_source = (
-            (own_max, "job") if own_max is not None else (settings.max_attempts, "default")
-        )
-        history = read_crashes(crashes)
-        if history is None:
-            _problem(problems, f"emq_crashes of job {job_id} is not a crash history: {text(crashes)!r}")
-        info.crashes = history or []
-
-    def mark(reply: Any) -> None:
-        if reply is not None:
-            info.marked_ms_ago = now - int(reply)
-
-    batch.add(problems, q.lock(job_id), pipe.pttl(q.lock(job_id)), lock)
-    batch.add(problems, q.job(job_id), pipe.hmget(q.job(job_id), JOB_FIELDS), job)
-    batch.add(problems, q.stalled, pipe.zscore(q.stalled, job_id), mark)

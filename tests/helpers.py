@@ -19,6 +19,10 @@ from rq_emq.settings import LeaseSettings
 # worker beside two CPU burners and three other test processes went 452 ms without a
 # renewal landing, and its watchdog rightly ended the run (.ci/stress); twice the room.
 FAST = {"RQ_EMQ_LEASE_MS": "800", "RQ_EMQ_RENEW_INTERVAL_MS": "100", "RQ_EMQ_SWEEP_INTERVAL_MS": "100"}
+#: For tests of RQ's own behaviour that need no recovery (an order of takes, a job timeout,
+#: a stop command): a lease far longer than any run, so a starved host never makes a
+#: worker stop a run on its lease clock and the sweep run it again.
+STEADY = {"RQ_EMQ_LEASE_MS": "10000"}
 
 
 def status(r: redis.Redis, job_id: str) -> str | None:

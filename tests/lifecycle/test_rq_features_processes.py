@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import pytest
 import redis
 import rq
-from helpers import FAST, stat, status, wait_status
+from helpers import FAST, STEADY, stat, status, wait_status
 from jobs import run_spans, runs
 from procs import Processes, wait_for
 from redis.backoff import NoBackoff
@@ -38,8 +38,6 @@ SWEEP_S = int(FAST["RQ_EMQ_SWEEP_INTERVAL_MS"]) / 1000
 RECOVERY_S = LEASE_S + 2 * SWEEP_S + 1.5
 # RQ's scheduler polls every second (RQ 2.x: its own interval) and takes a lock first
 SCHEDULER_S = 15.0
-#: for a test of RQ's own bookkeeping, not of recovery: a lease no loaded machine runs out
-STEADY = {"RQ_EMQ_LEASE_MS": "10000"}
 WORKERS = pytest.mark.parametrize(
     "worker_class", ["rq_emq.LeaseWorker", "rq_emq.SimpleLeaseWorker", "rq.Worker"]
 )

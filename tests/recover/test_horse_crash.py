@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import redis
 import rq
-from helpers import FAST, stat, status, wait_status
+from helpers import FAST, STEADY, stat, status, wait_status
 from procs import Processes, wait_for
 from rq import Callback, Queue, Retry
 
@@ -42,10 +42,9 @@ LEASE_S = int(SLOW_LEASE["RQ_EMQ_LEASE_MS"]) / 1000
 #: The promised bound, "within a second", as a ratio of the settings: a quarter lease.
 RECOVERY_BOUND_S = LEASE_S / 4
 
-#: For RQ's own stops (a stop command, a cold stop), which need no recovery: a lease no
-#: starved host lets lapse before them (under .ci/stress the 800 ms test lease ran out
-#: between the two SIGTERMs of a cold stop, and the job was rightly left to the sweep).
-STEADY = {"RQ_EMQ_LEASE_MS": "10000"}
+# RQ's own stops (a stop command, a cold stop) need no recovery and run under STEADY: under
+# .ci/stress the 800 ms test lease ran out between the two SIGTERMs of a cold stop, and the
+# job was rightly left to the sweep.
 
 FORKING = ["rq_emq.LeaseWorker", "worker_classes.LeaseRoundRobinWorker"]
 #: leases for SpawnWorker need RQ 3 (RQ 2.12's spawned horse differs; the worker refuses it)

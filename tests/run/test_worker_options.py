@@ -98,6 +98,7 @@ def assert_recovered_once(r: redis.Redis, procs: Processes, log: str, layout: Qu
 
 
 # -- custom job and queue namespaces ------------------------------------------------------
+# Tests that count runs and need no recovery run under STEADY (see ``_run_order``).
 
 
 def test_job_class_and_queue_class_with_their_own_namespaces_run_every_job(
@@ -107,7 +108,7 @@ def test_job_class_and_queue_class_with_their_own_namespaces_run_every_job(
     queue = CustomNamespaceQueue("default", connection=r, job_class=CustomNamespaceJob)
     jobs = [queue.enqueue("jobs.record", log, f"job-{i}") for i in range(3)]
     assert r.llen("custom:queue:default") == 3 and not r.exists("rq:queue:default")
-    worker = procs.worker(redis_url, burst=True, args=CUSTOM, **FAST)
+    worker = procs.worker(redis_url, burst=True, args=CUSTOM, **STEADY)
     assert worker.wait(timeout=60) == 0, procs.log(worker)
     for job in jobs:
         assert status_of(r, f"custom:job:{job.id}") == "finished", procs.log(worker)
@@ -125,7 +126,7 @@ def test_a_custom_job_class_alone_is_never_dropped_by_the_take(
     log = str(tmp_path / "runs.log")
     job = Queue("default", connection=r, job_class=CustomNamespaceJob).enqueue("jobs.record", log, "once")
     worker = procs.worker(
-        redis_url, burst=True, args=("--job-class", "worker_classes.CustomNamespaceJob"), **FAST
+        redis_url, burst=True, args=("--job-class", "worker_classes.CustomNamespaceJob"), **STEADY
     )
     assert worker.wait(timeout=60) == 0, procs.log(worker)
     assert status_of(r, f"custom:job:{job.id}") == "finished", procs.log(worker)
@@ -157,7 +158,7 @@ def test_worker_pool_with_custom_namespaces_runs_every_job(
     jobs = [queue.enqueue("jobs.record", log, f"job-{i}") for i in range(4)]
     cmd = [RQ_BIN, "worker-pool", "-w", "rq_emq.LeaseWorker", "--url", redis_url, "-n", "2", "--burst"]
     classes = CUSTOM if POOL_HONOURS_QUEUE_CLASS else CUSTOM[:2]
-    pool = procs.start([*cmd, *classes, "default"], env=procs.env(**FAST), name="pool")
+    pool = procs.start([*cmd, *classes, "default"], env=procs.env(**STEADY), name="pool")
     assert pool.wait(timeout=90) == 0, procs.log(pool)  # burst: its workers are gone too
     for job in jobs:
         assert status_of(r, f"custom:job:{job.id}") == "finished", procs.log(pool)
@@ -392,7 +393,9 @@ def test_a_user_worker_class_with_lease_worker_runs_jobs_under_leases(
 ) -> None:
     log, audit = str(tmp_path / "runs.log"), str(tmp_path / "audit.log")
     job = Queue(connection=r).enqueue("jobs.record", log, "ran")
-    worker = procs.worker(redis_url, worker_class=worker_class, burst=True, EMQ_TEST_AUDIT_LOG=audit, **FAST)
+    worker = procs.worker(
+        redis_url, worker_class=worker_class, burst=True, EMQ_TEST_AUDIT_LOG=audit, **STEADY
+    )
     assert worker.wait(timeout=60) == 0, procs.log(worker)
     assert status_of(r, f"rq:job:{job.id}") == "finished" and tags(log) == ["ran"]
     assert r.hget(QueueKeys("default").stats, "taken") == b"1"  # taken under a lease
@@ -468,7 +471,9 @@ def test_spawn_worker_with_custom_job_and_queue_namespaces_runs_every_job(
     log = str(tmp_path / "runs.log")
     queue = CustomNamespaceQueue("default", connection=r, job_class=CustomNamespaceJob)
     jobs = [queue.enqueue("jobs.record", log, f"job-{i}") for i in range(2)]
-    worker = procs.worker(redis_url, worker_class="rq_emq.SpawnLeaseWorker", burst=True, args=CUSTOM, **FAST)
+    worker = procs.worker(
+        redis_url, worker_class="rq_emq.SpawnLeaseWorker", burst=True, args=CUSTOM, **STEADY
+    )
     assert worker.wait(timeout=90) == 0, procs.log(worker)
     for job in jobs:
         assert status_of(r, f"custom:job:{job.id}") == "finished", procs.log(worker)

@@ -571,6 +571,14 @@ CATALOG: list[Mutation] = [
         "a dead worker's job that is never recovered passes the soak",
     ),
     _m(
+        "soak_credits_a_shared_count_without_a_clock_stop",
+        "soak/attempts.py",
+        "        if holder is not None and stops[(holder.ppid, job_id)] > 0:",
+        "        if holder is not None:",
+        [f"{SOAK}::test_two_runs_reading_one_count_pass_only_when_one_runs_worker_stopped_it_on_its_clock"],
+        "two runs reading one attempt count pass the soak with no worker's evidence",
+    ),
+    _m(
         "clock_line_missing_at_the_runs_end",
         "rq_emq/hold/lease.py",
         "            self.expire_if_due(lease, ended=True)\n",

@@ -160,9 +160,9 @@ def table(ev: Evidence, v: Verdict) -> str:
             f"{c.get('stray_copies_seen', 0)} / {c.get('stray_copies_dropped', 0)}",
         ),
         (
-            "runs / takes / takes that never started / stale runs",
+            "runs / takes / takes that never started / stale runs / counts read after a self-fenced stop",
             f"{c['runs']} / {c.get('takes', '-')} / {c.get('takes_never_started', '-')} / "
-            f"{c.get('stale_runs', '-')}",
+            f"{c.get('stale_runs', '-')} / {c.get('attempts_read_after_a_self_fenced_stop', '-')}",
         ),
         ("worker respawns / crashes (exits the soak did not cause)", f"{c['respawns']} / {c['crashes']}"),
         (

@@ -211,6 +211,25 @@ def test_attempts_that_go_back_after_a_stall_fail_the_soak() -> None:
     assert any("went back" in v for v in verdict.violations)
 
 
+def test_two_runs_reading_one_count_pass_only_when_one_runs_worker_stopped_it_on_its_clock() -> None:
+    """A horse the host starved between its start and the job function begins after its
+    lease lapsed and the job was taken again: it reads the next holder's count, and its
+    worker's clock stops it (its log says so). That pair is one count read twice; the
+    same pair with no such line, or a line about another job, still fails."""
+    runs = [run(2, 1.0), run(2, 1.2, 2.0, "ok", pid=OTHER_HORSE, ppid=OTHER_WORKER)]
+
+    def judged(stops: list[tuple[int, str]]) -> Any:
+        ev = evidence(runs, taken=2)
+        ev.self_fenced = stops
+        return evaluate(ev)
+
+    verdict = judged([(WORKER, "j")])
+    assert verdict.passed, verdict.violations
+    assert verdict.counts["attempts_read_after_a_self_fenced_stop"] == 1
+    for stops in ([], [(WORKER, "other-job")], [(300, "j")]):
+        assert any("went back" in v for v in judged(stops).violations), stops
+
+
 def test_attempts_start_over_after_a_retry() -> None:
     runs = [run(1, 1.0, 1.5, "raise"), run(1, 2.0, 3.0, "ok", pid=OTHER_HORSE)]
     verdict = evaluate(evidence(runs, outcome="flaky", taken=2))

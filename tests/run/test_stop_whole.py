@@ -142,7 +142,10 @@ def test_a_killed_workers_run_ends_with_its_child_processes(
 ) -> None:
     log = str(tmp_path / "runs.log")
     job_id = _enqueue_with_child(r, log, how)
-    killed = procs.worker(redis_url, worker_class=worker_class, **LEASE)
+    # a lease five times the others': the run must still be going when the test kills its
+    # worker (a starved host self-fenced the first run under the 1 s lease before the
+    # kill, CI rehearsal 35), and the end it checks comes at once, not at the lease's end
+    killed = procs.worker(redis_url, worker_class=worker_class, **RECOVERER)
     first, child = _first_run(log)
     os.kill(killed.pid, signal.SIGKILL)  # the worker alone, as the OOM killer would
     # at once, not at the lease's end: the watchdog saw its worker go
@@ -162,7 +165,7 @@ def test_a_worker_killed_with_its_horse_leaves_no_child_of_the_run(
     watchdog ends what is left of the horse's group."""
     log = str(tmp_path / "runs.log")
     job_id = _enqueue_with_child(r, log, "group")
-    killed = procs.worker(redis_url, **LEASE)
+    killed = procs.worker(redis_url, **RECOVERER)  # alive until the kill, as above
     first, child = _first_run(log)
     for pid in (killed.pid, first):
         os.kill(pid, signal.SIGKILL)

@@ -139,7 +139,7 @@ def test_a_parent_with_10000_dependents_finishes_and_enqueues_them_once(
         pipe.execute()
     assert r.scard(parent.dependents_key) == 10_000
     # the finish of this fan-in holds Redis for a few hundred ms (one atomic script): a
-    # lease of FAST's 400 ms would lapse locally while it runs, which is not this test's subject
+    # lease of FAST's 800 ms could lapse locally while it runs, which is not this test's subject
     worker = procs.worker(redis_url, "parent", burst=True, **{**FAST, "RQ_EMQ_LEASE_MS": "5000"})
     # RQ's enqueue_dependents builds 10,000 jobs in Python: ~20 s on a quiet machine, 60 s
     # and more beside two CPU burners (.ci/stress); a wait, not a measure of speed

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from helpers import FAST, lease_state, started_members, stat, status, wait_status
+from helpers import FAST, STEADY, lease_state, started_members, stat, status, wait_status
 from jobs import runs
 from procs import Processes, pid_alive, wait_for
 from rq import Queue
@@ -182,7 +182,7 @@ def test_rq_semantics_hold_under_the_lease_worker(
     failing = queue.enqueue("jobs.fail", "bad input")
     retried = queue.enqueue("jobs.fail_and_record", log, retry=Retry(max=2))
     timed_out = queue.enqueue("jobs.sleep_and_record", str(tmp_path / "t.log"), 5.0, job_timeout=1)
-    worker = procs.worker(redis_url, burst=True, **FAST)
+    worker = procs.worker(redis_url, burst=True, **STEADY)
     assert worker.wait(timeout=60) == 0, procs.log(worker)
     assert ok.latest_result().return_value == 5  # type: ignore[union-attr]
     assert dependent.latest_result().return_value == 2  # type: ignore[union-attr]
@@ -201,7 +201,7 @@ def test_the_stop_job_command_stops_a_leased_job(
 
     log = str(tmp_path / "runs.log")
     job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 30.0, job_timeout=60)
-    worker = procs.worker(redis_url, burst=True, **FAST)
+    worker = procs.worker(redis_url, burst=True, **STEADY)
     wait_for(lambda: runs(log), what="the job to start")
     wait_for(lambda: status(r, job.id) == "started" and r.hget(job_key(job.id), "worker_name"))
     time.sleep(0.3)  # let the worker subscribe to its command channel
@@ -315,7 +315,7 @@ def test_several_queues_are_served_in_order_without_blpop(
     low = Queue("low", connection=r).enqueue("jobs.add", 1, 0)
     high = Queue("high", connection=r).enqueue("jobs.add", 2, 0)
     r.config_resetstat()
-    worker = procs.worker(redis_url, "high", "low", burst=True, **FAST)
+    worker = procs.worker(redis_url, "high", "low", burst=True, **STEADY)
     assert worker.wait(timeout=20) == 0, procs.log(worker)
     assert high.latest_result().return_value == 2 and low.latest_result().return_value == 1  # type: ignore[union-attr]
     assert high.latest_result().created_at <= low.latest_result().created_at  # type: ignore[union-attr]
@@ -355,7 +355,7 @@ def test_worker_pool_runs_lease_workers(r: redis.Redis, redis_url: str, procs: P
 
     pool = procs.start(
         [RQ_BIN, "worker-pool", "-w", "rq_emq.LeaseWorker", "--url", redis_url, "-n", "2", "default"],
-        env=procs.env(**FAST),
+        env=procs.env(**STEADY),
         name="pool",
     )
     for job in jobs:

@@ -25,6 +25,7 @@ FLEET = "tests/recover/test_fleet_sweep.py"
 CRASH = "tests/recover/test_recover_crashed_job.py"
 HORSE = "tests/recover/test_horse_crash.py"
 WHOLE = "tests/run/test_stop_whole.py"
+WATCHDOG = "tests/run/test_watchdog.py"
 JOB_LEASE = "tests/run/test_job_lease.py"
 REPORTS = "tests/hold/test_reports.py"
 DASHBOARD = "tests/operate/test_dashboard.py"
@@ -1013,6 +1014,24 @@ CATALOG: list[Mutation] = [
         ],
         "the watchdog never learns of a SimpleLeaseWorker's run: a job holding the GIL outlives its lease",
         fast=False,
+    ),
+    _m(
+        "horse_leaves_its_watchdog_asleep",
+        "rq_emq/run/horse_fence.py",
+        "                os.kill(watchdog, POKE)\n",
+        "                pass\n",
+        [
+            f"{WATCHDOG}::test_a_run_whose_worker_froze_before_telling_the_watchdog_is_still_ended_at_its_deadline"
+        ],
+        "a worker frozen between the fork and its poke leaves its watchdog asleep past the run's deadline",
+    ),
+    _m(
+        "horse_pokes_whatever_holds_the_watchdogs_pid",
+        "rq_emq/run/horse_fence.py",
+        "if watchdog and _parent_of(watchdog) == os.getppid():",
+        "if watchdog:",
+        [f"{WATCHDOG}::test_a_horse_never_signals_a_process_that_is_not_its_workers_watchdog"],
+        "a horse's poke (SIGUSR2, whose default ends a process) hits whatever reused a dead watchdog's pid",
     ),
     _m(
         "tree_ignores_other_sessions",

@@ -35,10 +35,13 @@ if __package__:
 else:  # imported by the watchdog's own interpreter (rq_emq/run/watchdog.py run as a script)
     from process_tree import kill_tree, libc  # type: ignore[no-redef]
 
-# bytes 0-7 the deadline (double), 8 settled, 9 stopping, 16-23 the pid of the run (int64;
-# 0: none); then the job's newest report: 24-31 its number (even once written whole),
-# 32-35 its length, 36- its JSON text (the horse writes, the worker's ticks read)
+# bytes 0-7 the deadline (double), 8 settled, 9 stopping, 12-15 the watchdog's pid
+# (int32; 0: none), 16-23 the pid of the run (int64; 0: none); then the job's newest
+# report: 24-31 its number (even once written whole), 32-35 its length, 36- its JSON text
+# (the horse writes, the worker's ticks read)
 REPORT_LIMIT_BYTES = 1024
+#: the signal that tells the watchdog to read this memory again (a run began)
+POKE = signal.SIGUSR2
 _REPORT_AT = 24
 _SIZE = _REPORT_AT + 12 + REPORT_LIMIT_BYTES
 
@@ -139,6 +142,29 @@ class HorseDeadline:
     def pid(self, pid: int) -> None:
         self._memory[16:24] = struct.pack("q", pid)
 
+    @property
+    def watchdog_pid(self) -> int:
+        return int(struct.unpack("i", self._memory[12:16])[0])
+
+    @watchdog_pid.setter
+    def watchdog_pid(self, pid: int) -> None:
+        self._memory[12:16] = struct.pack("i", pid)
+
+    def run_started_here(self) -> None:
+        """In the horse, as it starts: its own pid, and its worker's watchdog woken
+        (:data:`POKE`) to read it. The worker writes both after the fork returns, but a
+        starved worker may be frozen before it does while the horse already runs the job,
+        and a watchdog never told of the run would sleep through its deadline."""
+        self.pid = os.getpid()
+        watchdog = self.watchdog_pid
+        # the watchdog is this horse's sibling (the worker started both): a pid that names
+        # any other process is one reused since that watchdog died, and is left alone
+        if watchdog and _parent_of(watchdog) == os.getppid():
+            try:
+                os.kill(watchdog, POKE)
+            except (ProcessLookupError, PermissionError):
+                pass
+
     def set(self, deadline: float) -> None:
         self._memory[0:8] = struct.pack("d", deadline)
 
@@ -231,6 +257,15 @@ class HorseDeadline:
 
 
 _PR_SET_PDEATHSIG = 1
+
+
+def _parent_of(pid: int) -> int:
+    """The parent pid of ``pid``; 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return int(stat.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def die_with_parent(parent_pid: int) -> None:

@@ -26,7 +26,9 @@ still finds the horse's descendants (the kernel would re-parent them as it ended
 horse). It ignores SIGINT and SIGTERM: a warm stop (Ctrl+C, systemd's SIGTERM to the whole
 group) lets the running job finish, and the job stays guarded until then.
 
-Signals it waits for: ``POKE`` (a new run, re-read now) and ``GONE`` (its worker died).
+Signals it waits for: ``POKE`` (a new run, re-read now: from the worker after the fork,
+and from the horse as it starts, since a starved worker may be frozen before it pokes) and
+``GONE`` (its worker died).
 """
 
 from __future__ import annotations
@@ -39,14 +41,13 @@ import time
 from typing import Any
 
 if __package__:
-    from .horse_fence import _PR_SET_PDEATHSIG, HorseDeadline
+    from .horse_fence import _PR_SET_PDEATHSIG, POKE, HorseDeadline
     from .process_tree import kill_tree, libc
 else:  # the watchdog's own interpreter: this file as a script, its neighbours by path
     sys.path.append(os.path.dirname(os.path.abspath(__file__)))
-    from horse_fence import _PR_SET_PDEATHSIG, HorseDeadline  # type: ignore[no-redef]
+    from horse_fence import _PR_SET_PDEATHSIG, POKE, HorseDeadline  # type: ignore[no-redef]
     from process_tree import kill_tree, libc  # type: ignore[no-redef]
 
-POKE = signal.SIGUSR2
 GONE = signal.SIGHUP
 #: blocked from the start: a poke, a hangup or a Ctrl+C in its first instants must not end it
 _BLOCKED = {POKE, GONE, signal.SIGINT, signal.SIGTERM}
@@ -84,6 +85,7 @@ class Watchdog:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             os.close(fd)
         self.pid = self._process.pid
+        self.deadline.watchdog_pid = self.pid  # a horse wakes it (HorseDeadline.run_started_here)
 
     def poke(self) -> None:
         """Tell the watchdog a run began: it re-reads the shared memory now."""
@@ -100,6 +102,7 @@ class Watchdog:
     def stop(self) -> None:
         """As the worker stops (no run in flight any more)."""
         if self._process is not None:
+            self.deadline.watchdog_pid = 0
             self._process.kill()
             self._process.wait()
             self._process = None

@@ -61,7 +61,8 @@ class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, Worker):
             # no watchdog to end the whole run as the worker dies: the horse alone, then
             die_with_parent(self._worker_pid)
         if self._horse_deadline is not None and self.lease_settings.stop_on_lease_lost:
-            self._horse_deadline.pid = os.getpid()  # the worker may be frozen before it writes it
+            # the worker may be frozen before it writes the pid and pokes its watchdog
+            self._horse_deadline.run_started_here()
             self._horse_deadline.guard(
                 self.lease_settings.lease_check_interval_s, self._worker_pid if self._watched else 0
             )

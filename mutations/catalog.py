@@ -580,6 +580,14 @@ CATALOG: list[Mutation] = [
         "two runs reading one attempt count pass the soak with no worker's evidence",
     ),
     _m(
+        "soak_credits_a_listed_horse_however_late",
+        "soak/repeats.py",
+        "run.pid in fault.horse_pids and fault.started <= until and run.started <= end + STALE_WINDOW_S",
+        "run.pid in fault.horse_pids and fault.started <= until",
+        [f"{SOAK}::test_a_run_whose_start_line_follows_the_kill_of_its_worker_is_explained_by_that_kill"],
+        "a repeat passes the soak on any earlier fault that listed a pid the run's horse reused",
+    ),
+    _m(
         "clock_line_missing_at_the_runs_end",
         "rq_emq/hold/lease.py",
         "            self.expire_if_due(lease, ended=True)\n",

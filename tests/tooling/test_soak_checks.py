@@ -71,6 +71,18 @@ def test_a_second_run_after_its_worker_was_killed_is_explained() -> None:
     assert verdict.counts["repeated_runs"] == 1 and verdict.counts["duplicates"] == 0
 
 
+def test_a_run_whose_start_line_follows_the_kill_of_its_worker_is_explained_by_that_kill() -> None:
+    """A starved host forked the horse, then the soak killed the worker (listing that
+    horse) before the horse logged its start; the watchdog ended it, and the job ran again."""
+    runs = [run(1, 2.012), run(2, 4.5, 4.6, "ok", pid=OTHER_HORSE, ppid=OTHER_WORKER)]
+    assert evaluate(evidence(runs, faults=[kill("kill_worker", 2.0)])).passed
+    # a kill that listed another horse of that worker explains nothing of this late start
+    assert not evaluate(evidence(runs, faults=[kill("kill_worker", 2.0, horse=99)])).passed
+    # nor does one long over when the run began (its pid since reused)
+    late = [run(1, 9.0), run(2, 11.0, 11.1, "ok", pid=OTHER_HORSE, ppid=OTHER_WORKER)]
+    assert not evaluate(evidence(late, faults=[kill("kill_worker", 2.0)])).passed
+
+
 def test_a_short_stop_explains_no_second_run() -> None:
     stop = Fault("stop_short", 2.0, "w", WORKER, [HORSE], "j", b"token", ended=2.5)
     runs = [run(1, 1.0), run(2, 5.0, 6.0, "ok", pid=OTHER_HORSE, ppid=OTHER_WORKER)]

@@ -588,6 +588,16 @@ CATALOG: list[Mutation] = [
         "a repeat passes the soak on any earlier fault that listed a pid the run's horse reused",
     ),
     _m(
+        "soak_credits_any_runs_copy_to_stock_rq",
+        "soak/straycopies.py",
+        """    if run.ppid not in set(getattr(ev, "stock_workers", [])):
+        return False
+    for line in ev.queue_violations:""",
+        """    for line in ev.queue_violations:""",
+        [f"{SOAK}::test_a_fan_in_dependents_copy_run_by_a_stock_neighbour_beside_ours_is_stock_rqs"],
+        "a copy of RQ's double enqueue run by one of ours, beside the other copy, passes the soak as stock RQ's",
+    ),
+    _m(
         "clock_line_missing_at_the_runs_end",
         "rq_emq/hold/lease.py",
         "            self.expire_if_due(lease, ended=True)\n",

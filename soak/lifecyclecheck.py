@@ -105,7 +105,7 @@ def _check_dependent(job_id: str, planned: Any, state: dict[str, Any], ev: Any) 
             problems.append(f"ran although its parents ended {ended} (allow_failure {planned.allow_failure})")
         problems += [
             f"ran again at {r.started:.3f}, no fault explains it"
-            for r in unexplained_repeats(runs, ev.faults, getattr(ev, "fenced_runs", frozenset()))
+            for r in unexplained_repeats(runs, ev.faults, getattr(ev, "fenced_runs", frozenset()), ev)
         ]
     elif met:
         problems.append(f"never ran, though its parents ended ({', '.join(filter(None, parents.values()))})")
@@ -131,7 +131,7 @@ def _check_scheduled(job_id: str, planned: Any, state: dict[str, Any], ev: Any) 
         problems.append(f"started at {_began(runs[0]):.3f}, before it was due at {planned.scheduled_for:.3f}")
     problems += [
         f"ran again at {r.started:.3f}, no fault explains it"
-        for r in unexplained_repeats(runs, ev.faults, getattr(ev, "fenced_runs", frozenset()))
+        for r in unexplained_repeats(runs, ev.faults, getattr(ev, "fenced_runs", frozenset()), ev)
     ]
     return problems
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from .faults import Fault
 from .jobs import Run
-from .stockcredit import stock_ran_its_own_duplicate
+from .repeats import rq_ran_its_own_copy
 from .verdict import Verdict
 
 #: Kinds whose victim process dies at the fault (``kill_worker`` kills the horse too only
@@ -126,7 +126,7 @@ def check_overlap(ev: Any, v: Verdict, lease: bool) -> None:
     v.counts["overlap_by_kind"] = by_kind(found, ev.runs, ev.faults)
     for o in found:
         later = next((run for run in ev.runs.get(o.job_id, []) if run.pid == o.later_pid), None)
-        if later is not None and stock_ran_its_own_duplicate(o.job_id, later, ev):
+        if later is not None and rq_ran_its_own_copy(o.job_id, later, ev):
             continue  # counted with the repeats: stock RQ's
         if o.ms > (FROZEN_PAIR_OVERLAP_MS if o.frozen else 0.0):
             v.violations.append(

@@ -76,13 +76,24 @@ def stale(run: Run, faults: list[Fault]) -> bool:
     )
 
 
+def rq_ran_its_own_copy(job_id: str, run: Run, ev: Any) -> bool:
+    """``run`` is a stock neighbour's, of a copy that stock RQ itself pushed: its double
+    enqueue of a job frozen while it raised (:mod:`soak.stockcredit`), or a stray copy one
+    of RQ's clients pushed, such as RQ 3's fan-in dependents race (:mod:`soak.straycopies`).
+    A stock worker pops without a lease, so it runs that copy whoever runs the other, and
+    the repeat, and any overlap with the other copy's run, are stock RQ's."""
+    return stock_ran_its_own_duplicate(job_id, run, ev) or ran_a_seen_copy(job_id, run, ev)
+
+
 def unexplained_repeats(
     runs: list[Run],
     faults: list[Fault],
     fenced: set[tuple[str, float]] | frozenset[tuple[str, float]] = frozenset(),
+    ev: Any = None,
 ) -> list[Run]:
     """Runs that followed a run that neither raised (Retry), nor was hit by a fault, nor
-    was stopped by its worker's local lease clock (``fenced``, :mod:`soak.selffence`)."""
+    was stopped by its worker's local lease clock (``fenced``, :mod:`soak.selffence`), and
+    (given the evidence ``ev``) that are no stock neighbour's run of RQ's own copy."""
     return [
         following
         for run, following in zip(runs, runs[1:], strict=False)
@@ -90,6 +101,7 @@ def unexplained_repeats(
         and excused(run, following.started, faults) is None
         and not stale(following, faults)
         and (run.job_id, run.started) not in fenced
+        and not (ev is not None and rq_ran_its_own_copy(following.job_id, following, ev))
     ]
 
 
@@ -107,9 +119,7 @@ def check_repeats(ev: Any, v: Verdict) -> None:
                 if (job_id, run.started) in ev.fenced_runs:
                     self_fenced += 1
                     continue
-                if stock_ran_its_own_duplicate(job_id, following, ev) or ran_a_seen_copy(
-                    job_id, following, ev
-                ):
+                if rq_ran_its_own_copy(job_id, following, ev):
                     stock_duplicates += 1
                     continue
                 unexplained += 1

@@ -689,6 +689,41 @@ def test_a_dependent_that_runs_twice_with_no_fault_fails_the_soak() -> None:
     assert any("(dependent): ran again" in v for v in verdict.violations)
 
 
+def test_a_fan_in_dependents_copy_run_by_a_stock_neighbour_beside_ours_is_stock_rqs() -> None:
+    """Two parents ended together and RQ 3's fan-in race enqueued their dependent twice
+    (samples saw it twice in the queue): ours ran one copy under its lease while a stock
+    neighbour, which pops without one, ran the other (stress soak seed 1, kept). The repeat
+    and the overlap are stock RQ's, for the dependent check too; the same second run by one
+    of ours fails the soak, and so does a stock run with no such sample before it."""
+    jobs = [
+        planned("a", "parent"),
+        planned("a2", "parent", "raise"),
+        planned("b", "dependent", parents=["a", "a2"], allow_failure=True),
+    ]
+    final = {"a": "finished", "a2": "failed", "b": "finished"}
+
+    def judged(second_by: int, samples: list[str]) -> list[str]:
+        ours = second_by != OTHER_WORKER
+        runs = [
+            job_run("a", 1.0, 2.0),
+            job_run("a2", 1.5, 2.0, "raise", pid=HORSE + 10),
+            job_run("b", 3.0, 3.2, pid=HORSE + 20),  # ours, one copy
+            # the other copy: a stock run reads no attempt and takes nothing of ours
+            job_run("b", 3.01, 3.15, pid=OTHER_HORSE, ppid=second_by, attempt=1 if ours else None),
+        ]
+        ev = mix(jobs, final, runs)
+        ev.stats["taken"] = 4 if ours else 3
+        ev.stock_workers = [OTHER_WORKER]
+        ev.queue_violations = samples
+        return evaluate(ev).violations
+
+    seen = ["2.5 b twice in the queue"]
+    assert judged(OTHER_WORKER, seen) == []
+    assert any("went on" in v for v in judged(WORKER + 1, seen))  # one of ours ran the copy
+    assert any("(dependent): ran again" in v for v in judged(WORKER + 1, seen))
+    assert any("went on" in v for v in judged(OTHER_WORKER, []))  # no sample saw a copy
+
+
 def test_a_dependent_of_a_failed_parent_stays_deferred_unless_failure_is_allowed() -> None:
     runs = [job_run("a", 1.0, 2.0, "raise")]
     deferred = {"a": "failed", "b": "deferred"}

@@ -1046,7 +1046,7 @@ CATALOG: list[Mutation] = [
     _m(
         "horse_pokes_whatever_holds_the_watchdogs_pid",
         "rq_emq/run/horse_fence.py",
-        "if watchdog and _parent_of(watchdog) == os.getppid():",
+        "if watchdog and parent_and_group(watchdog)[0] == os.getppid():",
         "if watchdog:",
         [f"{WATCHDOG}::test_a_horse_never_signals_a_process_that_is_not_its_workers_watchdog"],
         "a horse's poke (SIGUSR2, whose default ends a process) hits whatever reused a dead watchdog's pid",

@@ -44,7 +44,7 @@ def _hit_before_its_start_line(run: Run, until: float, fault: Fault) -> bool:
     """The run's horse was alive as the fault began (the fault lists it), though its
     start line comes after the fault: a starved host ran the fork and the kill of its
     worker before the horse reached the job function, which then ran until the watchdog
-    ended it (stress soak seed 3: the line 12 ms after the kill). A horse is one run, so
+    ended it (stress soak seed 3: the line 12 ms after the kill ended). A horse is one run, so
     the fault hit this one; within :data:`STALE_WINDOW_S` of the fault's end, so that a
     pid reused much later is never credited."""
     end = fault.ended if fault.ended is not None else run.started

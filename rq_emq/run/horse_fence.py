@@ -31,9 +31,9 @@ import threading
 import time
 
 if __package__:
-    from .process_tree import kill_tree, libc
+    from .process_tree import kill_tree, libc, parent_and_group
 else:  # imported by the watchdog's own interpreter (rq_emq/run/watchdog.py run as a script)
-    from process_tree import kill_tree, libc  # type: ignore[no-redef]
+    from process_tree import kill_tree, libc, parent_and_group  # type: ignore[no-redef]
 
 # bytes 0-7 the deadline (double), 8 settled, 9 stopping, 12-15 the watchdog's pid
 # (int32; 0: none), 16-23 the pid of the run (int64; 0: none); then the job's newest
@@ -159,7 +159,7 @@ class HorseDeadline:
         watchdog = self.watchdog_pid
         # the watchdog is this horse's sibling (the worker started both): a pid that names
         # any other process is one reused since that watchdog died, and is left alone
-        if watchdog and _parent_of(watchdog) == os.getppid():
+        if watchdog and parent_and_group(watchdog)[0] == os.getppid():
             try:
                 os.kill(watchdog, POKE)
             except (ProcessLookupError, PermissionError):
@@ -257,15 +257,6 @@ class HorseDeadline:
 
 
 _PR_SET_PDEATHSIG = 1
-
-
-def _parent_of(pid: int) -> int:
-    """The parent pid of ``pid``; 0 once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return int(stat.read().rsplit(b")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
 
 
 def die_with_parent(parent_pid: int) -> None:

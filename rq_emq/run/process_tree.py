@@ -42,6 +42,16 @@ def become_subreaper() -> None:
         return
 
 
+def parent_and_group(pid: int) -> tuple[int, int]:
+    """(parent pid, process group) of ``pid``, from ``/proc``; (0, 0) once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return int(fields[1]), int(fields[2])
+    except (OSError, IndexError, ValueError):
+        return 0, 0
+
+
 def _parents() -> dict[int, tuple[int, int]]:
     """Every process on the host: pid -> (parent pid, process group)."""
     table: dict[int, tuple[int, int]] = {}
@@ -50,14 +60,10 @@ def _parents() -> dict[int, tuple[int, int]]:
     except OSError:
         return table
     for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # ended while we looked
-        table[int(name)] = (int(fields[1]), int(fields[2]))
+        if name.isdigit():
+            found = parent_and_group(int(name))
+            if found != (0, 0):  # else it ended while we looked
+                table[int(name)] = found
     return table
 
 

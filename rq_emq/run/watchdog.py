@@ -42,11 +42,11 @@ from typing import Any
 
 if __package__:
     from .horse_fence import _PR_SET_PDEATHSIG, POKE, HorseDeadline
-    from .process_tree import kill_tree, libc
+    from .process_tree import kill_tree, libc, parent_and_group
 else:  # the watchdog's own interpreter: this file as a script, its neighbours by path
     sys.path.append(os.path.dirname(os.path.abspath(__file__)))
     from horse_fence import _PR_SET_PDEATHSIG, POKE, HorseDeadline  # type: ignore[no-redef]
-    from process_tree import kill_tree, libc  # type: ignore[no-redef]
+    from process_tree import kill_tree, libc, parent_and_group  # type: ignore[no-redef]
 
 GONE = signal.SIGHUP
 #: blocked from the start: a poke, a hangup or a Ctrl+C in its first instants must not end it
@@ -181,21 +181,11 @@ def _read(deadline: HorseDeadline) -> tuple[int, float]:
 
 def _is_run(pid: int, worker: int) -> bool:
     """``pid`` is the worker itself or its child (never a pid reused since the run ended)."""
-    return pid == worker or _stat(pid)[0] == worker
+    return pid == worker or parent_and_group(pid)[0] == worker
 
 
 def _leads_group(pid: int) -> bool:
-    return _stat(pid)[1] == pid
-
-
-def _stat(pid: int) -> tuple[int, int]:
-    """(parent pid, process group) of ``pid``; (0, 0) once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
-        return int(fields[1]), int(fields[2])
-    except (OSError, IndexError, ValueError):
-        return 0, 0
+    return parent_and_group(pid)[1] == pid
 
 
 if __name__ == "__main__":

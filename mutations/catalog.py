@@ -1155,6 +1155,31 @@ CATALOG: list[Mutation] = [
         [f"{REPORTS}::test_a_report_goes_when_the_lease_ends_by_a_finish_a_hand_back_or_a_recovery"],
         "a recovered job shows its dead run's report (and progress clock) as if it were live",
     ),
+    # -- the panel's escaping and policy (rq_emq/operate/dashboard) ---------------------------
+    _m(
+        "panel_tooltip_through_tojson",
+        "rq_emq/operate/dashboard/templates/rq_emq/panels.html",
+        'title="{{ report_json(lease.report) }}"',
+        'title="{{ lease.report|tojson }}"',
+        [f"{DASHBOARD}::test_a_reports_tooltip_is_the_whole_report_and_adds_no_attribute"],
+        "a report's note breaks out of its tooltip into live attributes (stored XSS)",
+    ),
+    _m(
+        "panel_policy_allows_inline_handlers",
+        "rq_emq/operate/dashboard/csp.py",
+        "\"'none'\" if script_hashes is None else \" \".join([\"'self'\", *script_hashes])",
+        "\"'self' 'unsafe-inline'\"",
+        [f"{DASHBOARD}::test_the_page_lets_run_only_its_own_inline_scripts_and_the_fragment_none"],
+        "an escape missed anywhere on the panel runs the attacker's handler",
+    ),
+    _m(
+        "dashboard_listens_on_every_address",
+        "rq_emq/operate/cli_dashboard.py",
+        '"--bind", "-b", default="127.0.0.1"',
+        '"--bind", "-b", default="0.0.0.0"',
+        [f"{DASHBOARD}::test_the_dashboard_listens_on_loopback_unless_told_otherwise"],
+        "rq-dashboard's unauthenticated write actions are open to the network by default",
+    ),
     # -- the record the dashboard reads (lua/lib/record.lua) -----------------------------------
     _m(
         "recovery_not_recorded",

@@ -119,6 +119,16 @@ def report_progress(log: str, steps: int, every_s: float) -> str:
     return "done"
 
 
+def report_note(log: str, note: str, seconds: float) -> str:
+    """Report ``note`` (a filename, say: end-user data) once, then run for ``seconds``."""
+    _write(log, event="run", **_seen(log))
+    lease = rq_emq.current_lease()
+    assert lease is not None
+    lease.report(0.5, note=note)
+    time.sleep(seconds)
+    return "done"
+
+
 def silent(log: str, seconds: float) -> str:
     """Run for ``seconds`` without a report: a job hung on a dead socket, as a lease sees it."""
     _write(log, event="run", **_seen(log))

@@ -62,6 +62,11 @@ def short_report(report: Any, width: int = 48) -> str | None:
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
+def report_json(report: Any) -> str:
+    """A report in full, as JSON text (for a tooltip: plain text, escaped where it lands)."""
+    return json.dumps(report, ensure_ascii=False)
+
+
 def _progress(value: Any) -> str:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1:
         return f"{value:.0%}"

@@ -173,3 +173,141 @@ def test_the_panel_shows_a_crash_a_recovery_and_a_poison_pill_as_they_happen(
     if SCREENSHOTS:
         browser.set_window_size(1400, browser.execute_script("return document.body.scrollHeight") + 100)
         browser.save_screenshot(str(Path(SCREENSHOTS) / "dashboard-leases.png"))
+
+
+def hostile(where: str) -> str:
+    """User data an attacker wrote: it breaks out of a double-quoted attribute into live
+    ones (a focus handler that fires with no click, as reported), then tries an element,
+    a script and an entity. Run, any of it sets ``window.rq_emq_pwned`` to ``where``."""
+    run = f"window.rq_emq_pwned='{where}'"
+    return (
+        f'x" autofocus tabindex=0 onfocus="{run}" data-x="<img src=x onerror={run}>'
+        f"<script>{run}</script><svg onload={run}></svg> &amp; {where}"
+    )
+
+
+def test_hostile_user_data_runs_no_script_and_shows_as_written(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path, browser: Any
+) -> None:
+    """A queue name, a worker name, a job's description, meta and report note, and a stray
+    lease entry and event of the queue's record (job id, worker, kind, reason), each holding
+    markup: the panel's page and its refresh fragment, in a real browser, run none of it
+    and show each as the text it is, tooltips included. The page's policy forbids inline
+    handlers, so a script an escape missed would not run either."""
+    import json
+    import urllib.request
+
+    from rq_emq.keys import QueueKeys
+
+    queue_name, worker_name, note = hostile("queue"), hostile("worker"), hostile("note")
+    queue = Queue(queue_name, connection=r)
+    log = str(tmp_path / "note.log")
+    procs.worker(
+        redis_url, queue_name, name=worker_name, RQ_EMQ_LEASE_MS="5000", RQ_EMQ_RENEW_INTERVAL_MS="250"
+    )
+    job = queue.enqueue(
+        "lease_jobs.report_note",
+        log,
+        note,
+        120.0,
+        description=hostile("description"),
+        meta={"about": hostile("meta")},
+        job_timeout=300,
+    )
+    keys = QueueKeys(queue_name)
+    wait_for(lambda: r.hget(f"rq:job:{job.id}", "emq_report"), timeout=30, what="the job's report to land")
+    stray_id = hostile("stray id")
+    r.zadd(keys.leases, {stray_id: 32_503_680_000_000})  # a stray lease entry, no job hash
+    event = {name: hostile(name) for name in ("kind", "job", "worker", "reason")}
+    r.xadd(keys.events, event)  # type: ignore[arg-type]
+
+    base = start_dashboard(procs, redis_url)
+    with urllib.request.urlopen(f"{base}/leases", timeout=10) as answer:
+        csp = answer.headers["Content-Security-Policy"]
+    scripts = next(part for part in csp.split(";") if part.strip().startswith("script-src")).split()
+    assert "'unsafe-inline'" not in scripts and "'unsafe-hashes'" not in scripts, csp
+
+    def text_of(selector: str, attribute: str | None = None) -> str | None:
+        script = (
+            "var e = document.querySelector(arguments[0]); if (!e) { return null; }"
+            " return arguments[1] ? e.getAttribute(arguments[1]) : e.innerText;"
+        )
+        value = browser.execute_script(script, selector, attribute)
+        return None if value is None else str(value)
+
+    def nothing_ran_and_nothing_live(root: str) -> None:
+        assert browser.execute_script("return typeof window.rq_emq_pwned;") == "undefined", (
+            browser.execute_script("return window.rq_emq_pwned;")
+        )
+        live = browser.execute_script(
+            "var found = [];"
+            "document.querySelectorAll(arguments[0] + ' *').forEach(function (e) {"
+            "  var tag = e.tagName.toLowerCase();"
+            "  if (['script', 'img', 'iframe', 'object', 'embed'].indexOf(tag) >= 0) { found.push(tag); }"
+            "  if (tag === 'svg' && !e.classList.contains('rq-emq-chart')) { found.push('svg'); }"
+            "  Array.from(e.attributes).forEach(function (a) {"
+            "    if (/^on|^autofocus$/.test(a.name) || /^\\s*javascript:/i.test(a.value)) {"
+            "      found.push(tag + '@' + a.name); }"
+            "  });"
+            "});"
+            "return found;",
+            root,
+        )
+        assert live == [], live
+
+    def shown_as_written() -> None:
+        panel = f'.rq-emq-queue[data-queue="{css(queue_name)}"]'
+        assert text_of(f"{panel} h2") == queue_name
+        row = f'{panel} tr.rq-emq-lease[data-job-id="{job.id}"]'
+        assert text_of(f"{row} td.worker") == worker_name
+        description = str(text_of(f"{row} small.description"))
+        assert description.endswith("...") and hostile("description").startswith(description[:-3])
+        title = text_of(f"{row} td.report span.report-full", "title")
+        assert json.loads(str(title)) == {"progress": 0.5, "note": note}  # the whole report, as written
+        stray = f'{panel} tr.rq-emq-lease[data-job-id="{css(stray_id)}"]'
+        assert text_of(f"{stray} td.job a") == stray_id
+        listed = f'{panel} tr.rq-emq-event[data-job-id="{css(event["job"])}"]'
+        assert text_of(listed, "data-kind") == event["kind"]
+        for column, value in event.items():
+            assert text_of(f"{listed} td.{column}") == value, column
+
+    browser.get(f"{base}/leases")
+    wait_for(lambda: text_of(".rq-emq-queue h2"), timeout=15, what="the panels")
+    nothing_ran_and_nothing_live("#rq-emq-panels")
+    shown_as_written()
+    # the refresh fragment, as the page's own refresh inserts it (innerHTML: a handler in it
+    # would run), then alone at its own address
+    browser.execute_script("document.querySelector('#rq-emq-panels > .rq-emq-queue').rq_emq_old = 1;")
+    wait_for(
+        lambda: browser.execute_script(
+            "var e = document.querySelector('#rq-emq-panels > .rq-emq-queue'); return e && !e.rq_emq_old;"
+        ),
+        timeout=15,
+        what="the panels to refresh",
+    )
+    browser.execute_script(
+        "document.querySelectorAll('#rq-emq-panels [tabindex]').forEach(function (e) { e.focus(); });"
+    )
+    nothing_ran_and_nothing_live("#rq-emq-panels")
+    shown_as_written()
+    browser.get(f"{base}/0/view/leases/panels")
+    wait_for(lambda: text_of(".rq-emq-queue h2"), timeout=15, what="the fragment")
+    nothing_ran_and_nothing_live("body")
+    # the policy is in force: a handler that reached the page anyway does not run
+    browser.get(f"{base}/leases")
+    wait_for(lambda: text_of(".rq-emq-queue h2"), timeout=15, what="the panels")
+    browser.execute_script(
+        "window.rq_emq_blocked = 0;"
+        "document.addEventListener('securitypolicyviolation', function () { window.rq_emq_blocked += 1; });"
+        "document.body.insertAdjacentHTML('beforeend',"
+        ' \'<img src="data:,x" onerror="window.rq_emq_pwned=1">'
+        '<img src="/nowhere.png" onerror="window.rq_emq_pwned=2">\');'
+    )
+    wait_for(lambda: browser.execute_script("return window.rq_emq_blocked;"), timeout=10, what="a CSP report")
+    assert browser.execute_script("return typeof window.rq_emq_pwned;") == "undefined"
+    assert text_of("#rq-emq-leases-link") == "Leases"  # the trusted scripts ran: the link moved
+
+
+def css(value: str) -> str:
+    """``value`` inside a CSS attribute selector's double quotes."""
+    return value.replace("\\", "\\\\").replace('"', '\\"')

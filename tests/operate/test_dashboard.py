@@ -5,13 +5,19 @@ inside rq-dashboard (its frame, its navigation, its auth) and that it only ever 
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html as html_module
+import json
 import re
 from collections.abc import Iterator
+from html.parser import HTMLParser
+from pathlib import Path
 
 import pytest
 import redis
 from integration_scenarios import require
+from procs import RQ_BIN, Processes, wait_for
 from redis_server import RedisServer
 from rq import Queue
 from stalls import Q, next_round, stall, sweeper
@@ -22,6 +28,7 @@ from rq_emq.intake.take import Taker
 from rq_emq.keys import job_key
 from rq_emq.run.job_lease import encode_report
 from rq_emq.settings import LeaseSettings
+from rq_emq.testing import free_port
 
 require("rq_dashboard")
 from flask import Flask  # noqa: E402
@@ -29,6 +36,7 @@ from flask.testing import FlaskClient  # noqa: E402
 
 from rq_emq.operate.dashboard import create_app, lease_panel  # noqa: E402
 
+RQ_EMQ = str(Path(RQ_BIN).parent / "rq-emq")
 SETTINGS = LeaseSettings(lease_ms=60_000, renew_interval_ms=1_000)
 
 
@@ -230,3 +238,107 @@ def test_without_rq_dashboard_the_panel_says_what_it_needs(redis_url: str) -> No
     app.register_blueprint(lease_panel)
     answer = app.test_client().get("/leases")
     assert answer.status_code == 500 and b"rq-dashboard's blueprint" in answer.data
+
+
+def test_a_reports_tooltip_is_the_whole_report_and_adds_no_attribute(
+    r: redis.Redis, client: FlaskClient
+) -> None:
+    """A report's note is end-user data (a filename): in the tooltip it is text, whatever
+    quotes it holds, and it opens no attribute of its own (the reported XSS)."""
+    note = "x\" autofocus tabindex=0 onfocus=\"document.body.innerText='pwned'\" '<b>&amp;"
+    lease = held_job(r, encode_report(0.5, {"note": note}))
+    spans = ElementsOf("span").of(page(client))
+    (tooltip,) = [attrs for attrs in spans if attrs.get("class") == "report-full"]
+    assert tooltip == {"class": "report-full", "title": json.dumps({"progress": 0.5, "note": note})}
+    assert cell(page(client), lease.job_id, "report").startswith("50% note=")
+
+
+def test_the_page_lets_run_only_its_own_inline_scripts_and_the_fragment_none(
+    r: redis.Redis, client: FlaskClient
+) -> None:
+    """The policy allows each inline script of the page by its hash (rq-dashboard's, with
+    its settings, and ours), no inline handler, and no script at all in the fragment."""
+    held_job(r, encode_report(1, {"name": "<script>alert(1)</script>"}))
+    answer = client.get("/leases")
+    policy = dict(part.strip().split(" ", 1) for part in answer.headers["Content-Security-Policy"].split(";"))
+    html = answer.get_data(as_text=True)
+    inline = re.findall(r"<script(?![^>]*\bsrc=)[^>]*>(.*?)</script>", html, re.S)
+    assert len(inline) == 2  # rq-dashboard's settings and refresh, our navigation link
+    digests = (base64.b64encode(hashlib.sha256(script.encode()).digest()).decode() for script in inline)
+    expected = {f"'sha256-{digest}'" for digest in digests}
+    assert set(policy["script-src"].split()) == {"'self'", *expected}
+    assert policy["frame-ancestors"] == "'none'" and policy["object-src"] == "'none'"
+    fragment = client.get("/0/view/leases/panels")
+    assert "script-src 'none'" in fragment.headers["Content-Security-Policy"]
+    assert "<script" not in fragment.get_data(as_text=True)
+
+
+class ElementsOf(HTMLParser):
+    """The attributes of every ``tag`` element of a page, as a browser's parser reads them."""
+
+    def __init__(self, tag: str) -> None:
+        super().__init__()
+        self.tag, self.found = tag, []  # type: tuple[str, list[dict[str, str | None]]]
+
+    def of(self, html: str) -> list[dict[str, str | None]]:
+        self.feed(html)
+        return self.found
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == self.tag:
+            self.found.append(dict(attrs))
+
+
+def test_the_dashboard_listens_on_loopback_unless_told_otherwise(redis_url: str, procs: Processes) -> None:
+    """``rq-emq dashboard`` serves rq-dashboard's write actions (no CSRF token): by default
+    only this host reaches it."""
+    import psutil
+
+    port = free_port()
+    server = procs.start([RQ_EMQ, "dashboard", "--url", redis_url, "--port", str(port)], name="dashboard")
+
+    def listening() -> list[str]:
+        return [c.laddr.ip for c in psutil.Process(server.pid).net_connections("tcp") if c.status == "LISTEN"]
+
+    assert wait_for(listening, timeout=30, what="the dashboard to listen") == ["127.0.0.1"]
+    assert "warning" not in procs.log(server)
+
+
+@pytest.mark.parametrize(
+    "args, env, warnings",
+    [
+        ([], {}, []),
+        (["--bind", "0.0.0.0"], {}, ["listening on 0.0.0.0 without a password"]),
+        (["--bind", "::1"], {}, []),
+        (["--bind", "0.0.0.0", "--username", "ops"], {"RQ_DASHBOARD_PASSWORD": "s3cret"}, []),
+        (
+            ["--bind", "0.0.0.0", "--username", "ops", "--password", "s3cret"],
+            {},
+            ["--password shows in the process list (ps); set RQ_DASHBOARD_PASSWORD instead"],
+        ),
+    ],
+)
+def test_the_dashboard_warns_once_about_an_open_port_or_a_password_in_ps(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch, args: list[str], env: dict[str, str], warnings: list[str]
+) -> None:
+    from click.testing import CliRunner
+
+    from rq_emq.operate.cli import main
+
+    served: list[str] = []
+    monkeypatch.setattr(Flask, "run", lambda app, host, port, threaded: served.append(host))
+    result = CliRunner().invoke(main, ["dashboard", "--url", redis_url, *args], env=env)
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(lines) == len(warnings) and all(w in line for w, line in zip(warnings, lines, strict=True))
+    assert served == [args[args.index("--bind") + 1] if "--bind" in args else "127.0.0.1"]
+
+
+def test_a_username_without_a_password_is_refused_in_one_line(redis_url: str) -> None:
+    from click.testing import CliRunner
+
+    from rq_emq.operate.cli import main
+
+    result = CliRunner().invoke(main, ["dashboard", "--url", redis_url, "--username", "ops"], env={})
+    assert result.exit_code == 2 and "set RQ_DASHBOARD_PASSWORD" in result.output
+    assert "Traceback" not in result.output

@@ -30,8 +30,9 @@ from redis import Redis
 from ...settings import LeaseSettings
 from ..inspection import known_queues
 from ..panel import read_panels
-from ..reports import short_report
+from ..reports import report_json, short_report
 from .chart import svg
+from .csp import policy, trusted_script_hashes
 
 HERE = Path(__file__).resolve().parent
 #: rq-dashboard's blueprint name: the guards and templates the panel stands behind.
@@ -78,28 +79,41 @@ def _behind_rq_dashboards_guards() -> Any:
 @lease_panel.route("/<int:instance_number>/view/leases")
 def leases(instance_number: int) -> Response:
     """The panel's page: rq-dashboard's frame around every queue's panel."""
-    return _page("rq_emq/leases.html", instance_number)
+    return _page("rq_emq/leases.html", instance_number, scripts=True)
 
 
 @lease_panel.route("/<int:instance_number>/view/leases/panels")
 def panels(instance_number: int) -> Response:
     """The panels alone, which the page fetches again on each auto-refresh."""
-    return _page("rq_emq/panels.html", instance_number)
+    return _page("rq_emq/panels.html", instance_number, scripts=False)
 
 
-def _page(template: str, instance_number: int) -> Response:
+def _page(template: str, instance_number: int, scripts: bool) -> Response:
+    """``template`` rendered with every queue's panel, under a policy that lets run only the
+    inline scripts of the same page rendered with no panel (see :mod:`.csp`)."""
+    connection: Redis = current_app.redis_conn  # type: ignore[attr-defined]
+    settings = LeaseSettings.resolve()
+    queues = known_queues(connection)
+    context = _frame(instance_number)
+    body = render_template(template, panels=read_panels(connection, queues, settings), **context)
+    hashes = trusted_script_hashes(render_template(template, panels=[], **context)) if scripts else None
+    response = make_response(body)
+    response.headers.set("Cache-Control", "no-store")
+    response.headers.set("Content-Security-Policy", policy(hashes))
+    response.headers.set("X-Content-Type-Options", "nosniff")
+    return response
+
+
+def _frame(instance_number: int) -> dict[str, Any]:
+    """What the templates need beside the panels: rq-dashboard's frame and our helpers."""
     from rq import __version__ as rq_version
     from rq_dashboard.version import VERSION as rq_dashboard_version
     from rq_dashboard.web import escape_format_instance_list
 
-    connection: Redis = current_app.redis_conn  # type: ignore[attr-defined]
-    settings = LeaseSettings.resolve()
-    queues = known_queues(connection)
-    body = render_template(
-        template,
-        panels=read_panels(connection, queues, settings),
+    return dict(
         chart=svg,
         short_report=short_report,
+        report_json=report_json,
         ago=_ago,
         job_url=_job_urls(instance_number),
         panels_url=url_for(".panels", instance_number=instance_number),
@@ -112,9 +126,6 @@ def _page(template: str, instance_number: int) -> Response:
         poll_interval=current_app.config.get("RQ_DASHBOARD_POLL_INTERVAL", 2500),
         deprecation_options_usage=current_app.config.get("DEPRECATED_OPTIONS", False),
     )
-    response = make_response(body)
-    response.headers.set("Cache-Control", "no-store")
-    return response
 
 
 def _job_urls(instance_number: int) -> Callable[[str], str]:

@@ -1167,7 +1167,7 @@ CATALOG: list[Mutation] = [
     _m(
         "panel_policy_allows_inline_handlers",
         "rq_emq/operate/dashboard/csp.py",
-        "\"'none'\" if script_hashes is None else \" \".join([\"'self'\", *script_hashes])",
+        '"\'none\'" if script_hashes is None else " ".join(["\'self\'", *script_hashes])',
         "\"'self' 'unsafe-inline'\"",
         [f"{DASHBOARD}::test_the_page_lets_run_only_its_own_inline_scripts_and_the_fragment_none"],
         "an escape missed anywhere on the panel runs the attacker's handler",

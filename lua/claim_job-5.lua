@@ -11,12 +11,12 @@ KEYS:
   4  emq:{<q>}:leases
   5  emq:{<q>}:stats
 ARGV:
-  1 job id  2 token  3 worker name  4 lease_ms
+  1 job id  2 token  3 worker name  4 lease_ms  5 RQ's key prefix (`rq:`), for its registries
 Returns:
   {-1}  the job is no longer in the moving list (someone else handled it)
   {0}   the job hash no longer exists (the id is dropped, as RQ does)
   {-2}  the entry was a stray copy (lib/lease.lua `stray_copy`: the job runs under a live
-        lease, or has left every queue): dropped
+        lease, or RQ has it elsewhere): dropped
   {1, attempts, field, value, ...}  leased; the job's hash as HGETALL gives it
 ]]
 -- @include lib/lease.lua
@@ -31,8 +31,8 @@ local hash = redis.call('HGETALL', KEYS[2])
 -- those touch only our own keys and the hash read above.
 if redis.call('LREM', KEYS[1], 1, job_id) == 0 then return {-1} end
 if #hash == 0 then return {0} end
--- a stray copy of a job another lease runs, or of one that left every queue: dropped
-if stray_copy(hash, KEYS[3]) then return {-2} end
+-- a stray copy of a job another lease runs, or of one RQ has elsewhere: dropped
+if stray_copy(hash, KEYS[3], KEYS[2], job_id, ARGV[5]) then return {-2} end
 local attempts = grant_lease(KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, ARGV[2], ARGV[3],
   tonumber(ARGV[4]), hash)
 local reply = {1, attempts}

@@ -10,9 +10,11 @@ after a Redis stall that let every lease lapse at once.
 Phase 2 (recover): each job marked at least `grace_ms` ago
   - lock back, or no longer in flight: unmarked;
   - ended by RQ since the take (its owner token is no longer a lease's, or its status,
-    enqueue or start stamp is no longer what the lease's last write left: canceled,
-    failed or requeued by stock cleanup, run by a stock worker, ...; lib/lease.lua
-    `untouched`): only our lease entry goes, and the job is left as RQ put it;
+    enqueue or start stamp is no longer what the lease's last write left, and RQ put the
+    job where that status says: canceled, failed or requeued by stock cleanup, run by a
+    stock worker, ...; lib/lease.lua `untouched`, `placed_by_rq`): only our lease entry
+    goes, and the job is left as RQ put it (a stale whole-hash save puts it nowhere: the
+    job is still the dead run's, and is recovered);
   - else recovered: out of the started registry, the moving list and the lease
     index; then back to the front of its queue (status queued) or, when its attempts have
     reached its max attempts, to RQ's failed registry (status failed) with an outbox entry
@@ -82,14 +84,14 @@ end
 
 -- Whether a marked job is still in flight as we left it. Leased: its owner is a lease
 -- token (not `done:` after a finish, nor `outbox` after a stall failure) and RQ has not
--- changed its status since our last write. Found lock-less in the moving list (its
+-- moved it on since our last write (a changed field alone is no evidence: placed_by_rq). Found lock-less in the moving list (its
 -- worker died between BLMOVE and the lease): RQ still has it queued.
-local function still_in_flight(job_key, leased)
+local function still_in_flight(job_key, job_id, leased)
   local found = lease_fields(job_key)
   local owner = found[1]
   if not leased then return found[2] == 'queued' end
   if not owner or owner:sub(1, 5) == 'done:' or owner:sub(1, 6) == 'outbox' then return false end
-  return untouched(found, 2)
+  return untouched(found, 2) or not placed_by_rq(job_key, job_id, queue_key, rq_prefix)
 end
 
 -- Phase 2: recover what an earlier round marked and is still without a lock.
@@ -109,7 +111,7 @@ for _, job_id in ipairs(due_marks) do
       redis.call('LREM', moving_key, 0, job_id)
     end
     dropped[#dropped + 1] = job_id
-  elseif not still_in_flight(job_key, leased) then
+  elseif not still_in_flight(job_key, job_id, leased) then
     if not dry then
       redis.call('ZREM', stalled_key, job_id)
       redis.call('ZREM', leases_key, job_id)

@@ -16,13 +16,14 @@ ARGV:
   4  how many dropped ids (deleted jobs, stray copies) to skip in this call
   4+i  lease key prefix of queue i, `emq:{<q>}:`
   5+n  job key prefix (the job class's, `rq:job:`)
+  6+n  RQ's key prefix (`rq:`), for the registries RQ keeps a job in
 Returns:
   {}                            every queue is empty
   {0, skipped}                  only deleted jobs were found; call again
   {i, job_id, attempts, skipped, field, value, ...}  the job (its hash as HGETALL gives it)
   where `skipped` lists popped ids dropped unrun: a job whose hash no longer exists (as RQ
   does), or a stray copy (lib/lease.lua `stray_copy`: a push a client sent again after a
-  lost reply, found while the job runs under a live lease or once it has left every queue).
+  lost reply, found while the job runs under a live lease or while RQ has it elsewhere).
 ]]
 -- @include lib/lease.lua
 
@@ -30,7 +31,7 @@ local token, worker, lease_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local skip_budget = tonumber(ARGV[4])
 local skipped = {}
 local n = #KEYS / 3
-local job_prefix = ARGV[5 + n]
+local job_prefix, rq_prefix = ARGV[5 + n], ARGV[6 + n]
 for i = 1, n do
   local queue_key, leases_key, stats_key = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   while true do
@@ -39,7 +40,7 @@ for i = 1, n do
     local job_key = job_prefix .. job_id
     local hash = redis.call('HGETALL', job_key)
     local lock_key = ARGV[4 + i] .. job_id .. ':lock'
-    if #hash > 0 and not stray_copy(hash, lock_key) then
+    if #hash > 0 and not stray_copy(hash, lock_key, job_key, job_id, rq_prefix) then
       local attempts = grant_lease(job_key, lock_key, leases_key, stats_key, job_id, token, worker,
         lease_ms, hash)
       redis.call('LPOP', queue_key)

@@ -32,7 +32,8 @@ Returns:
 local HISTORY = 10
 local job_id, token, rq_prefix, cause = ARGV[1], ARGV[2], ARGV[3], ARGV[7]
 local job_key, lock_key, leases_key, stalled_key, stats_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local state = check_holder(job_key, lock_key, leases_key, stalled_key, stats_key, job_id, token)
+local state = check_holder(job_key, lock_key, leases_key, stalled_key, stats_key, job_id, token,
+  KEYS[6], rq_prefix)
 if state ~= 'held' then return {0, state} end
 
 local now = now_ms()

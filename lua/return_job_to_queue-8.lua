@@ -16,14 +16,14 @@ KEYS:
 ARGV:
   1  job id
   2  token
-  3  RQ's key prefix (`rq:`), for the job's executions
+  3  RQ's key prefix (`rq:`), for the job's executions and the registries RQ ends jobs in
 Returns: 1 when the job went back to its queue, 0 when the lease was no longer ours
 (or RQ had ended the job; its lease is then released).
 ]]
 -- @include lib/lease.lua
 
 local job_id, token = ARGV[1], ARGV[2]
-local state = check_holder(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, token)
+local state = check_holder(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, token, KEYS[6], ARGV[3])
 if state ~= 'held' then return 0 end
 release_started(KEYS[8], KEYS[1], job_id, ARGV[3])
 redis.call('LREM', KEYS[7], 0, job_id)  -- the moving list is short by construction

@@ -54,7 +54,7 @@ CATALOG: list[Mutation] = [
     # -- token checks (the fence) -------------------------------------------------------------
     _m(
         "finish_job_no_token_check",
-        "lua/finish_job-5.lua",
+        "lua/finish_job-6.lua",
         "if state == 'lost' then\n  -- a late outcome",
         "if false then\n  -- a late outcome",
         [f"{FENCE}::test_a_late_finish_by_a_worker_that_lost_its_lease_changes_nothing"],
@@ -62,7 +62,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "finish_job_no_token_check_model",
-        "lua/finish_job-5.lua",
+        "lua/finish_job-6.lua",
         "if state == 'lost' then\n  -- a late outcome",
         "if false then\n  -- a late outcome",
         [MODEL],
@@ -71,7 +71,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "guard_job_write_no_token_check",
-        "lua/guard_job_write-5.lua",
+        "lua/guard_job_write-6.lua",
         "if state ~= 'held' then return {0} end",
         "if state == 'ended' then return {0} end",
         [f"{FENCE}::test_a_guarded_start_commits_only_for_the_holder_and_keeps_the_lease"],
@@ -177,7 +177,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "release_keeps_lock",
-        "lua/finish_job-5.lua",
+        "lua/finish_job-6.lua",
         "redis.call('DEL', KEYS[2])",
         "local _ = 0",
         [f"{FENCE}::test_a_fenced_transaction_commits_and_releases_the_lease"],
@@ -185,7 +185,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "finish_keeps_attempts",
-        "lua/finish_job-5.lua",
+        "lua/finish_job-6.lua",
         "if redis.call('HDEL', KEYS[1], unpack(ended)) > 0 then",
         "if redis.call('HEXISTS', KEYS[1], 'emq_token') == 1 then",
         [f"{FENCE}::test_a_fenced_transaction_commits_and_releases_the_lease"],
@@ -202,7 +202,7 @@ CATALOG: list[Mutation] = [
     _m(
         "take_runs_a_stray_copy_of_an_ended_job",
         "lua/lib/lease.lua",
-        "if status and NOT_WAITING[status] then return true end",
+        "    if placed_by_rq(job_key, job_id, nil, rq_prefix) then return true end",
         "local _ = status",
         [
             f"{LEASES}::test_a_stray_copy_of_a_job_that_left_every_queue_is_dropped_never_run_again",
@@ -645,11 +645,44 @@ CATALOG: list[Mutation] = [
         ["tests/run/test_worker_direct.py::test_a_blip_as_the_worker_turns_idle_does_not_end_it"],
         "a CLIENT KILL as the worker turns idle ends rq worker",
     ),
+    # -- evidence, not absence: RQ's word is where it put the job (issue 33) -------------------
+    _m(
+        "a_changed_field_ends_the_lease",
+        "lua/lib/lease.lua",
+        "  if placed_by_rq(job_key, job_id, queue_key, rq_prefix) then return 'ended' end",
+        "  if true then return 'ended' end",
+        [f"{LIFE}::test_a_finish_after_a_stale_save_writes_the_runs_outcome"],
+        "a web process's stale job.save() discards the run's outcome and leaves the job in no place",
+    ),
+    _m(
+        "sweep_reads_a_changed_field_as_rqs_word",
+        "lua/move_stalled_jobs_to_wait-9.lua",
+        "  return untouched(found, 2) or not placed_by_rq(job_key, job_id, queue_key, rq_prefix)",
+        "  return untouched(found, 2)",
+        [f"{LIFE}::test_the_sweep_recovers_a_job_whose_dead_run_saw_a_stale_save"],
+        "a dead worker's job whose status a stale save overwrote is never recovered: lost",
+    ),
+    _m(
+        "take_drops_a_job_by_its_status_alone",
+        "lua/lib/lease.lua",
+        "  return registry ~= nil and redis.call('ZSCORE', rq_prefix .. registry .. origin, job_id) ~= false",
+        "  return registry ~= nil",
+        [f"{LIFE}::test_a_queued_job_whose_status_a_stale_save_overwrote_is_taken_not_dropped"],
+        "a requeued job whose old status a stale save wrote back is dropped from its queue: lost",
+    ),
+    _m(
+        "take_runs_a_copy_of_a_stock_run",
+        "lua/lib/lease.lua",
+        "      if score and tonumber(score) ~= math.huge then return true end",
+        "      if false then return true end",
+        [f"{LIFE}::test_a_copy_of_a_job_a_stock_worker_runs_is_dropped"],
+        "a copy of a job a stock worker runs is run beside it by a lease worker",
+    ),
     # -- RQ's lifecycle: what RQ ended stays ended (issue 10) ---------------------------------
     _m(
         "fences_ignore_what_rq_did",
         "lua/lib/lease.lua",
-        "if not untouched(found, 2) then return 'ended' end",
+        "  if placed_by_rq(job_key, job_id, queue_key, rq_prefix) then return 'ended' end",
         "",
         [f"{LIFE}::test_a_late_outcome_for_a_job_rq_ended_is_discarded_and_releases_the_lease"],
         "a worker's late outcome overwrites RQ's cancel (or stock cleanup's failure)",
@@ -657,7 +690,7 @@ CATALOG: list[Mutation] = [
     _m(
         "sweep_recovers_jobs_rq_ended",
         "lua/move_stalled_jobs_to_wait-9.lua",
-        "  return untouched(found, 2)",
+        "  return untouched(found, 2) or not placed_by_rq(job_key, job_id, queue_key, rq_prefix)",
         "  return true",
         [f"{LIFE}::test_the_sweep_never_recovers_a_job_rq_ended_while_it_was_leased"],
         "a canceled (or stock-failed) job is resurrected by the sweep and runs again",
@@ -665,7 +698,7 @@ CATALOG: list[Mutation] = [
     _m(
         "sweep_recovers_jobs_rq_ended_model",
         "lua/move_stalled_jobs_to_wait-9.lua",
-        "  return untouched(found, 2)",
+        "  return untouched(found, 2) or not placed_by_rq(job_key, job_id, queue_key, rq_prefix)",
         "  return true",
         [LIFE_MODEL],
         "the lifecycle model test alone finds a resurrected job",
@@ -921,8 +954,8 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "finish_keeps_the_crash_history",
-        "lua/finish_job-5.lua",
-        "if ARGV[3] ~= 'outbox_completed' then ended[#ended + 1] = 'emq_crashes' end",
+        "lua/finish_job-6.lua",
+        "if ARGV[4] ~= 'outbox_completed' then ended[#ended + 1] = 'emq_crashes' end",
         "local _ = 0",
         [f"{HORSE}::test_a_finish_after_crashes_starts_the_attempts_and_their_history_again"],
         "a job that finished keeps crashes that no longer count",
@@ -930,8 +963,8 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "outbox_drops_the_crash_history",
-        "lua/finish_job-5.lua",
-        "if ARGV[3] ~= 'outbox_completed' then ended[#ended + 1] = 'emq_crashes' end",
+        "lua/finish_job-6.lua",
+        "if ARGV[4] ~= 'outbox_completed' then ended[#ended + 1] = 'emq_crashes' end",
         "ended[#ended + 1] = 'emq_crashes'",
         [f"{HORSE}::test_a_poison_pill_fails_after_exactly_max_attempts_runs_naming_the_cause"],
         "a job failed at max attempts loses the record of what killed it",

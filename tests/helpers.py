@@ -85,3 +85,32 @@ def leased_job(r: redis.Redis, queue: str = "q") -> tuple[Job, Lease]:
     taken = Taker(r, "w1", LeaseSettings(lease_ms=2_000, renew_interval_ms=500)).pop([queue])
     assert taken is not None and taken.job_id == job.id
     return job, Lease(queue, job.id, taken.token)
+
+
+#: Where RQ (2.0 to 3.x) puts a job as it writes each status that takes it out of the
+#: queues: its registry, ``rq:<name>:<origin>`` (``stopped`` goes to the failed registry).
+REGISTRY_OF = {
+    "finished": "finished",
+    "failed": "failed",
+    "stopped": "failed",
+    "canceled": "canceled",
+    "scheduled": "scheduled",
+    "deferred": "deferred",
+    "ready_to_enqueue": "ready",
+}
+
+
+def rq_moves(r: redis.Redis, job_id: str, status: str, origin: str = "q", **fields: str) -> None:
+    """What RQ does as it ends or moves a job on with ``status`` (a cancel, stock cleanup, a
+    requeue, a stock worker's run): the status (and ``fields``, its stamps) on the job hash,
+    and the job where that status says: its registry, its queue list (``queued``), or an
+    execution of its own in the started registry (``started``: a stock run, finite score).
+    A write of the status alone is what a stale ``job.save()`` does instead."""
+    r.hset(job_key(job_id), mapping={"status": status, **fields})
+    if status in REGISTRY_OF:
+        r.zadd(f"rq:{REGISTRY_OF[status]}:{origin}", {job_id: time.time() + 600})
+    elif status == "queued":
+        r.rpush(QueueKeys(origin).rq_queue, job_id)
+    elif status == "started":
+        r.zadd(f"rq:executions:{job_id}", {"stock-run": time.time()})
+        r.zadd(f"rq:wip:{origin}", {f"{job_id}:stock-run": time.time() + 600})

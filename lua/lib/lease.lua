@@ -90,25 +90,59 @@ local function leased_live(hash, lock_key)
   return untouched(found, 2) and redis.call('GET', lock_key) == owner
 end
 
--- Statuses RQ (2.0 to 3.x) writes only while the job sits in no queue list: ended
--- (finished, failed, stopped, canceled) or waiting elsewhere (scheduled: the scheduled
--- registry; deferred: its parents; RQ 3's rate_limited and ready_to_enqueue: the rate-limit
--- and ready registries). Every push of a job, RQ's or ours, writes `queued` in the same
--- step (`_enqueue_job`, the rate-limit promotion, `requeue`, `Retry`, the sweep's return).
-local NOT_WAITING = {
-  finished = true, failed = true, stopped = true, canceled = true,
-  scheduled = true, deferred = true, rate_limited = true, ready_to_enqueue = true,
+-- Where RQ puts a job as it writes each status that takes it out of the queues: the
+-- registry `<RQ prefix><name>:<origin>` that holds it (RQ 2.0 to 3.x). A status is read as
+-- RQ's doing only with the job found there: a whole-hash `job.save()` of a copy a web
+-- process fetched earlier writes an old status back and puts the job nowhere.
+local PLACED_IN = {
+  finished = 'finished:', failed = 'failed:', stopped = 'failed:', canceled = 'canceled:',
+  scheduled = 'scheduled:', deferred = 'deferred:', ready_to_enqueue = 'ready:',
 }
+-- How far from each end of a queue list a job RQ pushed again is looked for: RQ pushes at
+-- the tail (at the head with `at_front`), so a push since the lease's last write sits near
+-- one end unless thousands were pushed after it. Bounded work whatever the queue's length.
+local QUEUE_LOOK = 1000
+
+-- Whether RQ put job_id somewhere its status says (the evidence "RQ moved it on" is read
+-- from): `queued` in its queue list (queue_key); `started` under an execution in RQ's
+-- started registry that is not a lease's pin (a stock worker's run: a finite score);
+-- an end or waiting status in its registry (PLACED_IN). RQ 3's `rate_limited` is kept in a
+-- set per limit key that the job does not name: taken as RQ's word.
+local function placed_by_rq(job_key, job_id, queue_key, rq_prefix)
+  local found = redis.call('HMGET', job_key, 'status', 'origin')
+  local status, origin = found[1], found[2]
+  if not status then return false end
+  if status == 'queued' then
+    return redis.call('LPOS', queue_key, job_id, 'MAXLEN', QUEUE_LOOK) ~= false
+      or redis.call('LPOS', queue_key, job_id, 'RANK', -1, 'MAXLEN', QUEUE_LOOK) ~= false
+  end
+  if status == 'rate_limited' then return true end
+  if not origin then return false end
+  if status == 'started' then
+    local started_key = rq_prefix .. 'wip:' .. origin
+    for _, execution_id in ipairs(redis.call('ZRANGE', rq_prefix .. 'executions:' .. job_id, 0, 63)) do
+      local score = redis.call('ZSCORE', started_key, job_id .. ':' .. execution_id)
+      if score and tonumber(score) ~= math.huge then return true end
+    end
+    return false
+  end
+  local registry = PLACED_IN[status]
+  return registry ~= nil and redis.call('ZSCORE', rq_prefix .. registry .. origin, job_id) ~= false
+end
 
 -- Whether an entry of a job in a queue list is a stray copy, not a job waiting to run: a
 -- duplicate of a push that a client sent again after a lost reply (redis-py resends a
 -- command or a transaction after a connection error, whether or not Redis ran it: a
--- producer's enqueue, RQ's scheduler moving a due job), found while the job runs under a
--- live lease (`leased_live`) or once it has left every queue (`NOT_WAITING`). Running it
--- would run the job again, or early.
-local function stray_copy(hash, lock_key)
+-- producer's enqueue, RQ's scheduler moving a due job, RQ 3's fan-in enqueueing a
+-- dependent twice), found while the job runs under a live lease (`leased_live`) or while
+-- RQ has it elsewhere (`placed_by_rq`: ended, scheduled, deferred, or started by a stock
+-- worker). Running it would run the job again, or early. A status that RQ's placement does
+-- not back (a stale whole-hash save) leaves the entry a job waiting to run.
+local function stray_copy(hash, lock_key, job_key, job_id, rq_prefix)
   local status = hash_field(hash, 'status')
-  if status and NOT_WAITING[status] then return true end
+  if status and status ~= 'queued' then
+    if placed_by_rq(job_key, job_id, nil, rq_prefix) then return true end
+  end
   return leased_live(hash, lock_key)
 end
 
@@ -118,13 +152,16 @@ local function forget_seen(job_key)
 end
 
 -- Whether `token` still holds job_key: 'held' when it owns the job and nothing but the
--- lease's own writes changed it since the take (`untouched`); 'ended' when it owns it but
--- RQ or an operator (cancel, stock cleanup, a requeue, a stock worker's run, ...) changed
--- it since, whatever its status reads now; 'lost' when the job is someone else's, or gone.
-local function lease_state(job_key, token)
+-- lease's own writes changed it since the take (`untouched`), or something did but RQ put
+-- the job nowhere (a stale whole-hash save: the job is still this run's, in no other
+-- place); 'ended' when it owns it but RQ or an operator (cancel, stock cleanup, a
+-- requeue, a stock worker's run, ...) changed it since and put it where its status says
+-- (`placed_by_rq`); 'lost' when the job is someone else's, or gone.
+local function lease_state(job_key, job_id, token, queue_key, rq_prefix)
   local found = lease_fields(job_key)
   if found[1] ~= token then return 'lost' end
-  if not untouched(found, 2) then return 'ended' end
+  if untouched(found, 2) then return 'held' end
+  if placed_by_rq(job_key, job_id, queue_key, rq_prefix) then return 'ended' end
   return 'held'
 end
 
@@ -212,8 +249,9 @@ end
 -- lease_state, with the bookkeeping of a refusal: a lease RQ ended is released (the
 -- holder's next renewal reads it as settled: the job is RQ's again) and counted in
 -- `ended_by_rq`; a lease that is not ours is counted in `fenced`. Returns the state.
-local function check_holder(job_key, lock_key, leases_key, stalled_key, stats_key, job_id, token)
-  local state = lease_state(job_key, token)
+local function check_holder(job_key, lock_key, leases_key, stalled_key, stats_key, job_id, token,
+    queue_key, rq_prefix)
+  local state = lease_state(job_key, job_id, token, queue_key, rq_prefix)
   if state == 'ended' then
     drop_lease(job_key, lock_key, leases_key, stalled_key, job_id, 'done:' .. token)
     redis.call('HINCRBY', stats_key, 'ended_by_rq', 1)

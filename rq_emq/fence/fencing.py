@@ -29,7 +29,7 @@ from redis.client import Pipeline
 from redis.exceptions import ResponseError, WatchError
 
 from .. import scripts
-from ..keys import QueueKeys
+from ..keys import RQ_PREFIX, QueueKeys
 from .packing import (
     MAX_PACKED_ARGS,
     command_name,
@@ -84,11 +84,11 @@ class Fence:
     @property
     def keys(self) -> list[str]:
         q = self.layout if self.layout is not None else QueueKeys(self.queue)
-        return [q.job(self.job_id), q.lock(self.job_id), q.leases, q.stalled, q.stats]
+        return [q.job(self.job_id), q.lock(self.job_id), q.leases, q.stalled, q.stats, q.rq_queue]
 
     def release(self, client: Redis) -> bool:
         """Release the lease without writing anything else; False when it was not ours."""
-        reply = scripts.load("finish_job")(client, self.keys, [self.job_id, self.token, self.counter, 0])
+        reply = scripts.load("finish_job")(client, self.keys, [self.job_id, self.token, RQ_PREFIX, self.counter, 0])
         return bool(reply and int(reply[0]) == 1)
 
     def lost(self, what: str = "outcome discarded (fenced finish)") -> LeaseLost:
@@ -191,9 +191,9 @@ class FencedPipelineMixin:
             return self._execute_checked(commands, raise_on_error)
         script, keys = scripts.load("finish_job" if session.release else "guard_job_write"), fence.keys
         if session.release:
-            packed: list[Any] = [fence.job_id, fence.token, fence.counter]
+            packed: list[Any] = [fence.job_id, fence.token, RQ_PREFIX, fence.counter]
         else:
-            packed = [fence.job_id, fence.token, *start_record(fence, commands, pieces)]
+            packed = [fence.job_id, fence.token, RQ_PREFIX, *start_record(fence, commands, pieces)]
         packed.extend(pack(pieces))
         watching = bool(pipe.watching)
         for attempt in (1, 2):

@@ -153,8 +153,8 @@ class Taker:
         for q in layouts:
             keys += [q.rq_queue, q.leases, q.stats]
             prefixes.append(q.prefix)
-        # one job class per worker: its prefix names every queue's job hashes
-        prefixes.append(layouts[0].job_prefix)
+        # one job class per worker: its prefix names every queue's job hashes; RQ's prefix its registries
+        prefixes += [layouts[0].job_prefix, RQ_PREFIX]
         while True:
             token = new_token(self.worker_name)
             args = [token, self.worker_name, self.settings.lease_ms, SKIP_BUDGET]
@@ -183,7 +183,7 @@ class Taker:
         queue_name = q.queue
         token = new_token(self.worker_name)
         keys = [q.moving, q.job(job_id), q.lock(job_id), q.leases, q.stats]
-        args = [job_id, token, self.worker_name, self.settings.lease_ms]
+        args = [job_id, token, self.worker_name, self.settings.lease_ms, RQ_PREFIX]
         reply, confirm = self._granted(scripts.load("claim_job"), keys, args)
         status = int(reply[0])
         if status == 0:

@@ -13,6 +13,7 @@ import time
 
 import pytest
 import redis
+from helpers import rq_moves
 from rq import Queue
 from rq.job import Job
 from rq.registry import FailedJobRegistry
@@ -175,7 +176,7 @@ def test_the_sweep_never_recovers_a_job_rq_ended_while_it_was_leased(r: redis.Re
     job = Queue("q", connection=r).enqueue("jobs.noop")
     lease = take(r)
     start(r, lease)
-    r.hset(job_key(job.id), "status", ended_as)  # job.cancel(), stock cleanup, an operator...
+    rq_moves(r, job.id, ended_as)  # job.cancel(), stock cleanup, an operator...
     lapse(r, job.id)  # ...then its worker dies
     _, (first, second) = sweep_twice(r)
     assert second.requeued == [] and second.failed == []  # type: ignore[attr-defined]
@@ -221,7 +222,7 @@ def test_a_late_outcome_for_a_job_rq_ended_is_discarded_and_releases_the_lease(r
     job = Queue("q", connection=r).enqueue("jobs.noop")
     lease = take(r)
     start(r, lease)
-    r.hset(job_key(job.id), "status", "canceled")  # canceled while it ran
+    rq_moves(r, job.id, "canceled")  # canceled while it ran
     with pytest.raises(LeaseLost):
         finish(r, lease, "finished")  # its worker lives and finishes: RQ's cancel stands
     assert status(r, job.id) == "canceled"
@@ -239,8 +240,9 @@ def test_a_status_that_left_and_came_back_is_not_the_leases(r: redis.Redis) -> N
     job = Queue("q", connection=r).enqueue("jobs.noop")
     lease = take(r)
     start(r, lease)
-    r.hset(job_key(job.id), mapping={"status": "queued", "enqueued_at": "2030-01-01T00:00:00.000001Z"})
-    r.hset(job_key(job.id), mapping={"status": "started", "started_at": "2030-01-01T00:00:01.000001Z"})
+    rq_moves(r, job.id, "queued", enqueued_at="2030-01-01T00:00:00.000001Z")
+    r.lrem(Q.rq_queue, 0, job.id)  # a stock worker took it...
+    rq_moves(r, job.id, "started", started_at="2030-01-01T00:00:01.000001Z")  # ...and runs it
     with pytest.raises(LeaseLost):
         finish(r, lease, "finished")
     assert status(r, job.id) == "started"
@@ -252,8 +254,9 @@ def test_the_sweep_leaves_a_job_whose_status_came_back_under_another_start(r: re
     lease = take(r)
     start(r, lease)
     lapse(r, job.id)  # its holder died
-    r.hset(job_key(job.id), mapping={"status": "queued", "enqueued_at": "2030-01-01T00:00:00.000001Z"})
-    r.hset(job_key(job.id), mapping={"status": "started", "started_at": "2030-01-01T00:00:01.000001Z"})
+    rq_moves(r, job.id, "queued", enqueued_at="2030-01-01T00:00:00.000001Z")
+    r.lrem(Q.rq_queue, 0, job.id)  # a stock worker took it...
+    rq_moves(r, job.id, "started", started_at="2030-01-01T00:00:01.000001Z")  # ...and runs it
     _, (first, second) = sweep_twice(r)
     assert first.marked == [job.id] and second.ended == [job.id]  # type: ignore[attr-defined]
     assert second.requeued == [] and status(r, job.id) == "started"  # type: ignore[attr-defined]
@@ -263,7 +266,7 @@ def test_the_sweep_leaves_a_job_whose_status_came_back_under_another_start(r: re
 def test_a_start_refused_because_rq_ended_the_job_releases_the_lease(r: redis.Redis) -> None:
     job = Queue("q", connection=r).enqueue("jobs.noop")
     lease = take(r)
-    r.hset(job_key(job.id), "status", "canceled")  # canceled between the take and the start
+    rq_moves(r, job.id, "canceled")  # canceled between the take and the start
     with pytest.raises(LeaseLost):
         start(r, lease)
     assert status(r, job.id) == "canceled"
@@ -273,7 +276,7 @@ def test_a_start_refused_because_rq_ended_the_job_releases_the_lease(r: redis.Re
 def test_a_cold_stop_does_not_hand_back_a_job_rq_ended(r: redis.Redis) -> None:
     job = Queue("q", connection=r).enqueue("jobs.noop")
     lease = take(r)
-    r.hset(job_key(job.id), "status", "canceled")
+    rq_moves(r, job.id, "canceled")
     assert lease.hand_back(r) is False
     assert queued_ids(r) == [] and status(r, job.id) == "canceled"
 
@@ -466,3 +469,55 @@ def test_a_watch_that_fires_inside_the_fenced_finish_lets_rqs_retry_commit(r: re
                 continue
     assert tries == 2 and status(r, lease.job_id) == "finished"
     assert r.hget(job_key(lease.job_id), "emq_token").decode() == "done:" + lease.token
+
+
+# -- evidence, not absence: a changed field is not RQ's word (issue 33, rule 1) ------------
+def stale_save(r: redis.Redis, job_id: str, status: str = "queued") -> None:
+    """A web process's ``job.save()`` of a copy read earlier: the old status written back,
+    the job put nowhere."""
+    r.hset(job_key(job_id), mapping={"status": status, "meta": "stale"})
+
+
+def test_a_finish_after_a_stale_save_writes_the_runs_outcome(r: redis.Redis) -> None:
+    job = Queue("q", connection=r).enqueue("jobs.noop")
+    lease = take(r)
+    start(r, lease)
+    stale_save(r, job.id)  # status queued, in no queue list
+    finish(r, lease, "finished")  # RQ's outcome goes through: the job was still this run's
+    assert status(r, job.id) == "finished" and queued_ids(r) == []
+    assert r.zscore(Q.leases, job.id) is None and not r.exists(Q.lock(job.id))
+    assert int(r.hget(Q.stats, "ended_by_rq") or 0) == 0
+
+
+def test_the_sweep_recovers_a_job_whose_dead_run_saw_a_stale_save(r: redis.Redis) -> None:
+    job = Queue("q", connection=r).enqueue("jobs.noop")
+    lease = take(r)
+    start(r, lease)
+    stale_save(r, job.id, "failed")  # a copy read after an earlier failed run: not in the registry
+    lapse(r, job.id)  # then its worker dies
+    _, (first, second) = sweep_twice(r)
+    assert first.marked == [job.id] and second.requeued == [job.id]  # type: ignore[attr-defined]
+    assert queued_ids(r) == [job.id] and status(r, job.id) == "queued"
+
+
+@pytest.mark.parametrize("written", ["failed", "finished", "started", "canceled"])
+def test_a_queued_job_whose_status_a_stale_save_overwrote_is_taken_not_dropped(
+    r: redis.Redis, written: str
+) -> None:
+    """A failed job requeued by an operator, then a web process's stale save writes its old
+    status back: the job sits in its queue, in no registry, and must run (it was dropped
+    as a stray copy, and lost)."""
+    job = Queue("q", connection=r).enqueue("jobs.noop")
+    stale_save(r, job.id, written)
+    lease = take(r)
+    assert lease.job_id == job.id
+
+
+def test_a_copy_of_a_job_a_stock_worker_runs_is_dropped(r: redis.Redis) -> None:
+    queue = Queue("q", connection=r)
+    job, behind = queue.enqueue("jobs.noop"), queue.enqueue("jobs.noop")
+    r.lrem(Q.rq_queue, 0, job.id)
+    rq_moves(r, job.id, "started")  # a stock worker took the first entry and runs it
+    r.lpush(Q.rq_queue, job.id)  # the resent push
+    assert take(r).job_id == behind.id and queued_ids(r) == []
+    assert not r.exists(Q.lock(job.id)) and status(r, job.id) == "started"

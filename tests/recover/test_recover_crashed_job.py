@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import redis
+from helpers import rq_moves
 from rq import Queue
 from rq.job import Job
 
@@ -60,7 +61,7 @@ def test_a_crash_recovery_by_a_worker_that_lost_its_lease_changes_nothing(r: red
 
 def test_a_job_rq_ended_meanwhile_is_left_as_rq_put_it(r: redis.Redis) -> None:
     job, lease = leased(r)
-    r.hset(job_key(job.id), "status", "canceled")  # RQ's cancel while the horse ran
+    rq_moves(r, job.id, "canceled")  # RQ's cancel while the horse ran
     assert recover_crashed(r, lease, KILL, 3) == [0, b"ended"]
     assert r.hget(job_key(job.id), "status") == b"canceled" and r.llen(Q.rq_queue) == 0
     assert not r.exists(Q.lock(job.id)) and r.zscore(Q.leases, job.id) is None  # released

@@ -21,14 +21,16 @@ KEYS:
   3  emq:{<q>}:leases
   4  emq:{<q>}:stalled
   5  emq:{<q>}:stats
+  6  <queue prefix><q>  (`rq:queue:<q>`: where RQ would have pushed the job again)
 ARGV:
   1  job id
   2  token
-  3  the job's own max attempts to record ('' for none)
-  4  whether to record the job's seen fields after RQ's commands as ours: '1' read them
+  3  RQ's key prefix (`rq:`), for the registries RQ puts an ended job in
+  4  the job's own max attempts to record ('' for none)
+  5  whether to record the job's seen fields after RQ's commands as ours: '1' read them
      back, '0' not at all (nothing to record, or the caller folded the record into RQ's
      own HSET of them)
-  5  number of commands; then per command: its argument count, then the arguments
+  6  number of commands; then per command: its argument count, then the arguments
 Returns:
   {0}               fenced out: the lease is not ours (or RQ ended the job since the
                     take, which also releases the lease), nothing was written
@@ -37,14 +39,14 @@ Returns:
 -- @include lib/lease.lua
 
 local job_id, token = ARGV[1], ARGV[2]
-local state = check_holder(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, token)
+local state = check_holder(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, token, KEYS[6], ARGV[3])
 if state ~= 'held' then return {0} end
-local replies = run_packed(6, tonumber(ARGV[5]))
+local replies = run_packed(7, tonumber(ARGV[6]))
 local record = {}
-if ARGV[4] == '1' then record = seen_record(KEYS[1]) end
-if ARGV[3] ~= '' then
+if ARGV[5] == '1' then record = seen_record(KEYS[1]) end
+if ARGV[4] ~= '' then
   record[#record + 1] = 'emq_max_attempts'
-  record[#record + 1] = ARGV[3]
+  record[#record + 1] = ARGV[4]
 end
 -- a job RQ's commands deleted is not re-created by the record
 if #record > 0 and redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], unpack(record)) end

@@ -11,19 +11,23 @@ KEYS:
   3  emq:{<q>}:leases
   4  emq:{<q>}:stalled
   5  emq:{<q>}:stats
+  6  <queue prefix><q>  (`rq:queue:<q>`: where RQ would have pushed the job again)
 ARGV:
   1  job id
   2  token
-  3  the counter in emq:{<q>}:stats this outcome counts in (`finished` for a lease
+  3  RQ's key prefix (`rq:`), for the registries RQ puts an ended job in
+  4  the counter in emq:{<q>}:stats this outcome counts in (`finished` for a lease
      holder's outcome, `outbox_completed`, `unreadable`)
-  4  number of commands; then per command: its argument count, then the arguments
+  5  number of commands; then per command: its argument count, then the arguments
 Returns:
   {0}               fenced out: the lease is not ours, nothing was written (the refusal
                     goes to the queue's record, lib/record.lua)
   {1, replies}      replies[i] is the i-th command's reply (an error reply in place)
-  {2, status}       RQ or an operator changed the job since the lease's last write
-                    (canceled, failed or requeued by stock cleanup, run by a stock worker,
-                    ...): nothing was written, the job is left as RQ put it, and the lease
+  {2, status}       RQ or an operator changed the job since the lease's last write and
+                    put it where that status says (canceled, failed or requeued by stock
+                    cleanup, run by a stock worker, ...; lib/lease.lua `placed_by_rq`; a
+                    stale whole-hash save puts it nowhere: the outcome is written): nothing
+                    was written, the job is left as RQ put it, and the lease
                     is released (the worker then records a canceled job's run in its
                     Result only: rq_emq/job_writes.py)
 ]]
@@ -31,19 +35,19 @@ Returns:
 -- @include lib/record.lua
 
 local job_id, token = ARGV[1], ARGV[2]
-local state = check_holder(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, token)
+local state = check_holder(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, token, KEYS[6], ARGV[3])
 if state == 'lost' then
   -- a late outcome of a replaced holder: refused, and kept in the record (a finish whose
   -- job is gone, or another's, is rare: the holder stops on its lost renewal first); a
   -- second outbox drainer's refusal is no holder's
-  if ARGV[3] ~= 'outbox_completed' then
+  if ARGV[4] ~= 'outbox_completed' then
     record_event(queue_prefix(KEYS[3]), {}, 'refused', job_id, token_worker(token),
       'outcome refused: the lease was no longer its own')
   end
   return {0}
 end
 if state == 'ended' then return {2, redis.call('HGET', KEYS[1], 'status') or ''} end
-local replies = run_packed(5, tonumber(ARGV[4]))
+local replies = run_packed(6, tonumber(ARGV[5]))
 -- the lease goes: lock, index entry, stall mark
 redis.call('DEL', KEYS[2])
 redis.call('ZREM', KEYS[3], job_id)
@@ -54,9 +58,9 @@ redis.call('ZREM', KEYS[4], job_id)
 -- re-created). Else the owner becomes `done:<token>`, so the holder's next renewal learns
 -- the job ended normally. A failure the outbox completes keeps its crash history to read.
 local ended = lease_only_fields('emq_attempts', 'emq_started')
-if ARGV[3] ~= 'outbox_completed' then ended[#ended + 1] = 'emq_crashes' end
+if ARGV[4] ~= 'outbox_completed' then ended[#ended + 1] = 'emq_crashes' end
 if redis.call('HDEL', KEYS[1], unpack(ended)) > 0 then
   redis.call('HSET', KEYS[1], 'emq_token', 'done:' .. token)
 end
-redis.call('HINCRBY', KEYS[5], ARGV[3], 1)
+redis.call('HINCRBY', KEYS[5], ARGV[4], 1)
 return {1, replies}

@@ -1,0 +1,63 @@
+"""Evidence, not absence (issue 33, rule 1), with real ``rq worker`` processes: "RQ ended
+it" is read from where RQ put the job, never from one changed field. A web process that
+fetched a job while it was queued and calls ``job.save()`` while a worker runs it writes
+``status=queued`` back, and puts the job nowhere: stock RQ finishes the job all the same,
+and so must every lease worker (the run's outcome written, nothing left pinned)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import redis
+from helpers import STEADY, started_members, wait_status
+from jobs import runs
+from procs import Processes, wait_for
+from rq import Queue
+from rq.job import Job
+from rq.registry import FinishedJobRegistry
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("worker_class", ["rq_emq.LeaseWorker", "rq_emq.SimpleLeaseWorker", "rq.Worker"])
+def test_a_web_process_saving_a_stale_copy_of_a_running_job_loses_nothing(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path, worker_class: str
+) -> None:
+    queue = Queue("q", connection=r)
+    log = str(tmp_path / "runs.log")
+    job = queue.enqueue("jobs.sleep_and_record", log, 1.5, job_timeout=60)
+    stale = Job.fetch(job.id, connection=r)  # a web process reads the job while it is queued
+    procs.worker(redis_url, "q", worker_class=worker_class, **STEADY)
+    wait_for(lambda: runs(log), timeout=20, what="the run to start")
+    stale.meta["seen_by"] = "web"
+    stale.save()  # the whole hash, as read: status queued, written over the run's `started`
+    assert Job.fetch(job.id, connection=r).get_status() == "queued"
+    wait_status(r, job.id, "finished", timeout=20)
+    done = Job.fetch(job.id, connection=r)
+    assert done.return_value() == "done" and done.meta == {"seen_by": "web"}
+    assert job.id in FinishedJobRegistry(queue=queue).get_job_ids()
+    assert job.id not in queue.get_job_ids() and [line.split()[0] for line in runs(log)] == ["start", "end"]
+    assert [m for m in started_members(r, "q") if m.startswith(job.id)] == []  # nothing left pinned
+    assert not r.exists(f"emq:{{q}}:{job.id}:lock") and r.zscore("emq:{q}:leases", job.id) is None
+
+
+def test_a_stray_copy_of_a_stock_workers_run_is_never_run_beside_it(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
+) -> None:
+    """A mixed fleet: one job id pushed twice (a resent push, RQ 3's fan-in enqueueing a
+    dependent twice). A stock worker runs the first entry; a lease worker finds the second
+    while that run goes on. ``started`` with the stock run's execution in RQ's started
+    registry is where RQ put the job: the copy is dropped, never run beside it."""
+    queue = Queue("q", connection=r)
+    log = str(tmp_path / "runs.log")
+    job = queue.enqueue("jobs.sleep_and_record", log, 3.0, job_timeout=60)
+    r.rpush(queue.key, job.id)  # the copy
+    procs.worker(redis_url, "q", worker_class="rq.Worker", burst=True)
+    wait_for(lambda: runs(log), timeout=20, what="the stock run to start")
+    ours = procs.worker(redis_url, "q", burst=True, **STEADY)
+    assert ours.wait(timeout=30) == 0  # found the copy, dropped it, and left
+    assert r.llen(queue.key) == 0 and [line.split()[0] for line in runs(log)] == ["start"]
+    wait_status(r, job.id, "finished", timeout=20)
+    assert [line.split()[0] for line in runs(log)] == ["start", "end"]  # one run, the stock one
+    assert "stray copy" in procs.log(ours)

@@ -35,7 +35,7 @@ Returns:
 -- @include lib/record.lua
 
 local job_id, token = ARGV[1], ARGV[2]
-local state = check_holder(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, token, KEYS[6], ARGV[3])
+local state, lease_ms = check_holder(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, token, KEYS[6], ARGV[3])
 if state == 'lost' then
   -- a late outcome of a replaced holder: refused, and kept in the record (a finish whose
   -- job is gone, or another's, is rare: the holder stops on its lost renewal first); a
@@ -54,13 +54,18 @@ redis.call('ZREM', KEYS[3], job_id)
 redis.call('ZREM', KEYS[4], job_id)
 -- Attempts (and their crash history) count consecutive takes that did not end normally;
 -- this one did. The take wrote both fields with the token, so finding neither means RQ's
--- commands deleted the job (result_ttl=0): then nothing is written back (no hash
--- re-created). Else the owner becomes `done:<token>`, so the holder's next renewal learns
--- the job ended normally. A failure the outbox completes keeps its crash history to read.
+-- commands deleted the job (result_ttl=0): then no hash is re-created, and the lock key
+-- keeps `done:<token>` for one lease instead: a renewal that raced this finish reads the
+-- holder's own finish there, where a job that vanished any other way (a delete, a Redis
+-- that lost its data) leaves nothing, and is lost. Else the owner becomes `done:<token>`,
+-- so the holder's next renewal learns the job ended normally. A failure the outbox
+-- completes keeps its crash history to read.
 local ended = lease_only_fields('emq_attempts', 'emq_started')
 if ARGV[4] ~= 'outbox_completed' then ended[#ended + 1] = 'emq_crashes' end
 if redis.call('HDEL', KEYS[1], unpack(ended)) > 0 then
   redis.call('HSET', KEYS[1], 'emq_token', 'done:' .. token)
+else
+  redis.call('SET', KEYS[2], 'done:' .. token, 'PX', lease_ms or 60000)
 end
 redis.call('HINCRBY', KEYS[5], ARGV[4], 1)
 return {1, replies}

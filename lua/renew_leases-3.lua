@@ -19,9 +19,11 @@ ARGV:
      last tick; JSON, `rq_emq.current_lease().report(...)`), its progress timeout in ms
      ('' for none: `meta=rq_emq.progress_timeout(ms)`)
 Returns: {lost, settled, no_progress}: ids whose lease is lost (the job was taken from this
-holder, or deleted while it ran); ids whose job this holder already finished (a tick raced
-the finish; a finish that deleted the job hash, as `result_ttl=0` does, counts too: the
-finish also removed the index entry, which a deletion during the run leaves); and ids
+holder, or deleted while it ran, or Redis lost it: a restart without persistence; a
+lease whose evidence vanished is lost, never settled); ids whose job this holder already
+finished (a tick raced the finish: the owner reads `done:<token>`, or, after a finish
+that deleted the job hash as `result_ttl=0` does, the lock key keeps `done:<token>` for
+one lease: finish_job); and ids
 whose job showed no progress for its progress timeout: not renewed, now or ever again
 under this grant (`emq_no_progress` says why), so the holder stops the run and the lock
 lapses; the sweep then recovers the job with the attempt counted, as after any stall
@@ -62,6 +64,7 @@ for i = 5, #ARGV, 4 do
   local progress_ms = count_value(ARGV[i + 3])
   local job_key = job_prefix .. job_id
   local owner = redis.call('HGET', job_key, 'emq_token')
+  local owner_done = 'done:' .. token
   local indexed = redis.call('ZSCORE', KEYS[1], job_id)
   if owner == token and indexed then
     if progress_ms and without_progress(job_key, report, progress_ms, job_id, token) then
@@ -81,7 +84,8 @@ for i = 5, #ARGV, 4 do
       if #fields > 0 then redis.call('HSET', job_key, unpack(fields)) end
       renewed = renewed + 1
     end
-  elseif owner == 'done:' .. token or (not owner and not indexed and redis.call('EXISTS', job_key) == 0) then
+  elseif owner == 'done:' .. token
+      or (not owner and not indexed and redis.call('GET', prefix .. job_id .. ':lock') == owner_done) then
     settled[#settled + 1] = job_id
   else
     lost[#lost + 1] = job_id

@@ -113,8 +113,8 @@ CATALOG: list[Mutation] = [
     _m(
         "renew_settled_reported_lost",
         "lua/renew_leases-3.lua",
-        "elseif owner == 'done:' .. token or (",
-        "elseif (",
+        "  elseif owner == 'done:' .. token\n",
+        "  elseif false\n",
         [f"{LEASES}::test_a_renewal_racing_the_finish_is_not_a_lost_lease"],
         "a tick racing the finish reports a lost lease (and stops nothing, but logs and counts)",
     ),
@@ -649,8 +649,8 @@ CATALOG: list[Mutation] = [
     _m(
         "a_changed_field_ends_the_lease",
         "lua/lib/lease.lua",
-        "  if placed_by_rq(job_key, job_id, queue_key, rq_prefix) then return 'ended' end",
-        "  if true then return 'ended' end",
+        "  if placed_by_rq(job_key, job_id, queue_key, rq_prefix) then return 'ended', lease_ms end",
+        "  if true then return 'ended', lease_ms end",
         [f"{LIFE}::test_a_finish_after_a_stale_save_writes_the_runs_outcome"],
         "a web process's stale job.save() discards the run's outcome and leaves the job in no place",
     ),
@@ -682,7 +682,7 @@ CATALOG: list[Mutation] = [
     _m(
         "fences_ignore_what_rq_did",
         "lua/lib/lease.lua",
-        "  if placed_by_rq(job_key, job_id, queue_key, rq_prefix) then return 'ended' end",
+        "  if placed_by_rq(job_key, job_id, queue_key, rq_prefix) then return 'ended', lease_ms end",
         "",
         [f"{LIFE}::test_a_late_outcome_for_a_job_rq_ended_is_discarded_and_releases_the_lease"],
         "a worker's late outcome overwrites RQ's cancel (or stock cleanup's failure)",
@@ -766,10 +766,18 @@ CATALOG: list[Mutation] = [
     _m(
         "deleted_hash_finish_reads_lost",
         "lua/renew_leases-3.lua",
-        "(not owner and not indexed and redis.call('EXISTS', job_key) == 0)",
-        "false",
+        "or (not owner and not indexed and redis.call('GET', prefix .. job_id .. ':lock') == owner_done)",
+        "",
         [f"{LIFE}::test_a_renewal_racing_a_finish_that_deleted_the_job_reads_settled_not_lost"],
         "result_ttl=0: a renewal racing the finish reports the lease lost and the job is killed",
+    ),
+    _m(
+        "vanished_lease_reads_settled",
+        "lua/renew_leases-3.lua",
+        "redis.call('GET', prefix .. job_id .. ':lock') == owner_done)",
+        "redis.call('EXISTS', job_key) == 0)",
+        [f"{LIFE}::test_a_lease_whose_evidence_vanished_is_lost_not_settled"],
+        "after Redis lost its data the old run goes on beside the resubmitted job's",
     ),
     _m(
         "take_pops_before_it_leases",
@@ -1141,10 +1149,18 @@ CATALOG: list[Mutation] = [
     _m(
         "fencing_token_not_raised_by_a_grant",
         "lua/lib/lease.lua",
-        "local fencing_token = (count_value((hash_field(hash, 'emq_fence'))) or 0) + 1",
-        "local fencing_token = 1",
+        "math.max((count_value((hash_field(hash, 'emq_fence'))) or 0) + 1, now)",
+        "1",
         [f"{LEASES}::test_the_fencing_token_rises_on_every_grant_and_nothing_lowers_it"],
         "a replaced holder's fencing token equals its successor's: an outside store cannot refuse it",
+    ),
+    _m(
+        "fencing_token_restarts_after_redis_lost_its_data",
+        "lua/lib/lease.lua",
+        "math.max((count_value((hash_field(hash, 'emq_fence'))) or 0) + 1, now)",
+        "(count_value((hash_field(hash, 'emq_fence'))) or 0) + 1",
+        [f"{LEASES}::test_a_token_granted_after_redis_lost_its_data_is_above_every_token_before"],
+        "after a restart without persistence the new holder's token is below the old run's",
     ),
     _m(
         "fenced_pipeline_checks_only_its_first_execute",

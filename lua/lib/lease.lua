@@ -69,10 +69,11 @@ local function untouched(found, at)
   return true
 end
 
--- HMGET of the owner, then SEEN, then RECORDED: what lease_state and the sweep compare.
+-- HMGET of the owner, then SEEN, then RECORDED: what lease_state and the sweep compare;
+-- last the lease's length (for the finish's tombstone, finish_job).
 local function lease_fields(job_key)
   return redis.call('HMGET', job_key, 'emq_token', 'status', 'enqueued_at', 'started_at',
-    'emq_status', 'emq_enqueued_at', 'emq_started_at')
+    'emq_status', 'emq_enqueued_at', 'emq_started_at', 'emq_lease_ms')
 end
 
 -- Whether job_key is in flight under a live lease: its lock is set, names the job's owner,
@@ -157,12 +158,14 @@ end
 -- place); 'ended' when it owns it but RQ or an operator (cancel, stock cleanup, a
 -- requeue, a stock worker's run, ...) changed it since and put it where its status says
 -- (`placed_by_rq`); 'lost' when the job is someone else's, or gone.
+-- The lease's length (ms, as granted) comes second.
 local function lease_state(job_key, job_id, token, queue_key, rq_prefix)
   local found = lease_fields(job_key)
   if found[1] ~= token then return 'lost' end
-  if untouched(found, 2) then return 'held' end
-  if placed_by_rq(job_key, job_id, queue_key, rq_prefix) then return 'ended' end
-  return 'held'
+  local lease_ms = count_value(found[8])
+  if untouched(found, 2) then return 'held', lease_ms end
+  if placed_by_rq(job_key, job_id, queue_key, rq_prefix) then return 'ended', lease_ms end
+  return 'held', lease_ms
 end
 
 -- Grant job_id to the holder of `token`: lock with a PX expiry, deadline in the index,
@@ -173,16 +176,20 @@ end
 -- without its own keeps "the configured default", which the sweep and `rq-emq leases`
 -- read as such.
 --
--- The fencing token (`emq_fence`) goes up by one on every grant of the job and nothing
--- else writes or removes it (a finish clears the attempts, never the token): an outside
--- store that keeps the highest token it has seen refuses a holder that was replaced.
+-- The fencing token (`emq_fence`) rises on every grant of the job, and nothing else writes
+-- or removes it (a finish clears the attempts, never the token): an outside store that
+-- keeps the highest token it has seen refuses a holder that was replaced. It is the
+-- grant's Redis time in ms, or one more than the last token when that is higher (two
+-- grants in one ms): a count kept only in Redis would start again at 1 after Redis lost
+-- its data (a restart without persistence) while the holder of a higher token still ran,
+-- and the clock is the one thing such a loss leaves. (Limit: a Redis clock set back.)
 local function grant_lease(job_key, lock_key, leases_key, stats_key, job_id, token, worker, lease_ms, hash)
   local now = now_ms()
   redis.call('SET', lock_key, token, 'PX', lease_ms)
   redis.call('ZADD', leases_key, now + lease_ms, job_id)
   -- one value only: hash_field's second return value is a position
   local attempts = (count_value((hash_field(hash, 'emq_attempts'))) or 0) + 1
-  local fencing_token = (count_value((hash_field(hash, 'emq_fence'))) or 0) + 1
+  local fencing_token = math.max((count_value((hash_field(hash, 'emq_fence'))) or 0) + 1, now)
   -- emq_lease_ms: the length its renewals keep too, so readers tell a lease's age from its deadline
   local fields = {'emq_attempts', tostring(attempts), 'emq_token', token, 'emq_worker', worker,
     'emq_lease_ms', string.format('%d', lease_ms), 'emq_fence', string.format('%d', fencing_token),
@@ -248,17 +255,18 @@ end
 
 -- lease_state, with the bookkeeping of a refusal: a lease RQ ended is released (the
 -- holder's next renewal reads it as settled: the job is RQ's again) and counted in
--- `ended_by_rq`; a lease that is not ours is counted in `fenced`. Returns the state.
+-- `ended_by_rq`; a lease that is not ours is counted in `fenced`. Returns the state (and
+-- the lease's length).
 local function check_holder(job_key, lock_key, leases_key, stalled_key, stats_key, job_id, token,
     queue_key, rq_prefix)
-  local state = lease_state(job_key, job_id, token, queue_key, rq_prefix)
+  local state, lease_ms = lease_state(job_key, job_id, token, queue_key, rq_prefix)
   if state == 'ended' then
     drop_lease(job_key, lock_key, leases_key, stalled_key, job_id, 'done:' .. token)
     redis.call('HINCRBY', stats_key, 'ended_by_rq', 1)
   elseif state == 'lost' then
     redis.call('HINCRBY', stats_key, 'fenced', 1)
   end
-  return state
+  return state, lease_ms
 end
 
 -- Take job_id out of RQ's view of "in flight": its executions (rq:executions:<id>, a

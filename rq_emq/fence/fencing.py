@@ -88,7 +88,8 @@ class Fence:
 
     def release(self, client: Redis) -> bool:
         """Release the lease without writing anything else; False when it was not ours."""
-        reply = scripts.load("finish_job")(client, self.keys, [self.job_id, self.token, RQ_PREFIX, self.counter, 0])
+        args = [self.job_id, self.token, RQ_PREFIX, self.counter, 0]
+        reply = scripts.load("finish_job")(client, self.keys, args)
         return bool(reply and int(reply[0]) == 1)
 
     def lost(self, what: str = "outcome discarded (fenced finish)") -> LeaseLost:

@@ -50,7 +50,7 @@ class Lease:
     #: default layout for ``queue``.
     layout: QueueKeys | None = None
     #: The attempt this take counted (1 for a first run), and the job's fencing token for
-    #: this grant (``emq_fence``: one more on every grant of the job, never less): what
+    #: this grant (``emq_fence``: higher on every grant of the job, never less): what
     #: the job itself reads through ``rq_emq.current_lease()``. 0: not known.
     attempt: int = 0
     fencing_token: int = 0

@@ -66,13 +66,19 @@ def test_a_job_hash_with_many_fields_is_taken_again_with_its_attempts_counted(r:
     assert r.hget(job_key(job.id), "emq_attempts") == b"3"
 
 
+def redis_ms(r: redis.Redis) -> int:
+    seconds, micros = r.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
 def test_the_fencing_token_rises_on_every_grant_and_nothing_lowers_it(r: redis.Redis) -> None:
-    """``emq_fence`` is one more on each grant, by pop and by claim, after a hand-back
-    (whose attempt is refunded) and after a finish (which clears the attempts): the job's
-    tokens, in grant order, strictly increase."""
+    """``emq_fence`` rises on each grant, by pop and by claim, after a hand-back (whose
+    attempt is refunded) and after a finish (which clears the attempts): the job's tokens,
+    in grant order, strictly increase, each at least the grant's Redis time in ms."""
     job = Queue("q", connection=r).enqueue("jobs.noop")
     q = QueueKeys("q")
     tokens = []
+    before = redis_ms(r)
     first = taker(r).pop(["q"])
     assert first is not None
     tokens.append(first.fencing_token)
@@ -87,7 +93,24 @@ def test_the_fencing_token_rises_on_every_grant_and_nothing_lowers_it(r: redis.R
     third = taker(r).pop(["q"])
     assert third is not None and third.attempts == 1
     tokens.append(third.fencing_token)
-    assert tokens == [1, 2, 3] and r.hget(job_key(job.id), "emq_fence") == b"3"
+    assert tokens == sorted(set(tokens)) and tokens[0] >= before, tokens
+    assert r.hget(job_key(job.id), "emq_fence") == str(tokens[-1]).encode()
+
+
+def test_a_token_granted_after_redis_lost_its_data_is_above_every_token_before(r: redis.Redis) -> None:
+    """Redis restarted without persistence (here: FLUSHALL) while a holder ran, and the
+    producer resubmitted the same job id: the new grant's token is above the old one's,
+    so a store that keeps the highest token refuses the old run's write, never the new."""
+    queue = Queue("q", connection=r)
+    for _ in range(3):  # crashes before the loss: the old token is past the first grant's
+        queue.enqueue("jobs.noop", job_id="idempotent-1")
+        old = taker(r).pop(["q"])
+        assert old is not None
+        r.delete(QueueKeys("q").lock(old.job_id))
+    r.flushall()
+    queue.enqueue("jobs.noop", job_id="idempotent-1")
+    new = taker(r).pop(["q"])
+    assert new is not None and new.fencing_token > old.fencing_token
 
 
 def test_tokens_carry_128_random_bits_and_the_worker_name(r: redis.Redis) -> None:

@@ -6,6 +6,7 @@ and so must every lease worker (the run's outcome written, nothing left pinned).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import redis
 from helpers import STEADY, started_members, wait_status
 from jobs import runs
 from procs import Processes, wait_for
+from redis_server import RedisServer
 from rq import Queue
 from rq.job import Job
 from rq.registry import FinishedJobRegistry
@@ -61,3 +63,56 @@ def test_a_stray_copy_of_a_stock_workers_run_is_never_run_beside_it(
     wait_status(r, job.id, "finished", timeout=20)
     assert [line.split()[0] for line in runs(log)] == ["start", "end"]  # one run, the stock one
     assert "stray copy" in procs.log(ours)
+
+
+@pytest.mark.parametrize("worker_class", ["rq_emq.LeaseWorker", "rq_emq.SimpleLeaseWorker"])
+def test_after_redis_lost_its_data_the_old_run_stops_before_the_resubmitted_job_runs_with_a_higher_token(
+    own_server: RedisServer, procs: Processes, tmp_path: Path, worker_class: str
+) -> None:
+    """Redis restarts without persistence while a job runs, and the producer resubmits the
+    job under its id (how users recover from such a restart). The renewal finds no hash, no
+    owner, no index entry: that is a lost lease, not a settled one (only the holder's own
+    finish settles it), so the old run stops, and the new grant's fencing token is above
+    the old one's. Before: the old run went on beside the new for the rest of its length,
+    both under token 1."""
+    url = own_server.url
+    r = redis.Redis.from_url(url)
+    log = str(tmp_path / "runs.log")
+    lease = {"RQ_EMQ_LEASE_MS": "2000", "RQ_EMQ_RENEW_INTERVAL_MS": "200"}
+    queue = Queue("q", connection=r)
+    queue.enqueue("jobs.ticking_run", log, 8.0, 0.5, job_id="order-17", job_timeout=60)
+    worker = procs.worker(url, "q", worker_class=worker_class, **lease)
+    wait_for(lambda: len(runs(log)) > 2, timeout=20, what="the first run to tick")
+    old_token = int(r.hget("rq:job:order-17", "emq_fence") or 0)
+    own_server.restart()  # every key gone: the job, its lease, its index entry, its lock
+    r = redis.Redis.from_url(url)
+    wait_for(lambda: r.ping(), timeout=10, what="Redis back")
+    time.sleep(5 * 0.2)  # renewals meet the empty Redis first (5 renew intervals), then the resubmission
+    Queue("q", connection=r).enqueue("jobs.ticking_run", log, 8.0, 0.5, job_id="order-17", job_timeout=60)
+    procs.worker(url, "q", worker_class=worker_class, **lease)  # a second worker may take it
+    wait_status(r, "order-17", "finished", timeout=40)
+    spans = sorted(each_run(log))
+    assert len(spans) == 2, spans
+    (first_start, first_last), (second_start, _) = spans
+    # the old run's last sign of life comes before the new one starts (no overlap), and
+    # within a lease of the restart's first refused renewal (slack: the 8 s run's rest)
+    assert first_last < second_start, f"overlap {first_last - second_start:.3f} s"
+    assert first_last - first_start < 8.0 - 1.0
+    assert int(r.hget("rq:job:order-17", "emq_fence") or 0) > old_token
+    assert worker.poll() is None, procs.log(worker)
+
+
+def each_run(log: str) -> list[tuple[float, float]]:
+    """(start, last sign of life) of each run in a ``jobs.ticking_run`` log, a run being
+    the lines of one pid from its ``start`` on (a SimpleLeaseWorker runs both in one pid)."""
+    spans: list[tuple[float, float]] = []
+    current: dict[str, int] = {}
+    for line in runs(log):
+        tag, pid, at = line.split()
+        if tag == "start":
+            current[pid] = len(spans)
+            spans.append((float(at), float(at)))
+        elif pid in current:
+            start, _ = spans[current[pid]]
+            spans[current[pid]] = (start, float(at))
+    return spans

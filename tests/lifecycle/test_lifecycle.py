@@ -374,6 +374,19 @@ def test_a_job_deleted_while_it_runs_is_a_lost_lease(r: redis.Redis) -> None:
     assert manager.tick() == [lease.job_id] and lost == [lease]
 
 
+def test_a_lease_whose_evidence_vanished_is_lost_not_settled(r: redis.Redis) -> None:
+    """Redis lost its data while the job ran (a restart without persistence; here FLUSHALL):
+    no hash, no owner, no index entry, no lock. Only the holder's own finish settles a
+    lease, and this one left nothing: the lease is lost and its run stops."""
+    Queue("q", connection=r).enqueue("jobs.noop", result_ttl=0)
+    lease = take(r)
+    lost: list[Lease] = []
+    manager = LockManager(r, SETTINGS.lease_ms, SETTINGS.renew_interval_ms, on_lost=lost.append)
+    manager.add(lease)
+    r.flushall()
+    assert manager.tick() == [lease.job_id] and lost == [lease] and not lease.settled
+
+
 # -- bad input never crashes a worker, never loses a job ----------------------------------
 @pytest.mark.parametrize("value", [True, "5", 5.0, 0, -1, 10**9, None])
 def test_max_attempts_helper_rejects_anything_but_a_sane_whole_number(value: object) -> None:

@@ -420,6 +420,9 @@ class Lifecycle(RuleBasedStateMachine):
         raw = job_id.encode()
         job = Job.fetch(raw.decode(), connection=self.r)
         pipe = self.r.pipeline()
+        # a stock worker's start: its execution in RQ's started registry (Worker.prepare_execution),
+        # then the job's own fields (prepare_for_execution)
+        Execution.create(job, 600, pipe)
         job.prepare_for_execution("stock-worker", pipe)
         pipe.execute()
         self.stock_running.add(job.id)

@@ -94,7 +94,7 @@ def test_a_leased_job_shows_its_worker_attempt_report_and_fencing_token(
     html = page(client)
     assert cell(html, lease.job_id, "worker") == "w1"
     assert cell(html, lease.job_id, "attempt") == "1 of 3"
-    assert cell(html, lease.job_id, "fencing-token") == "1"
+    assert cell(html, lease.job_id, "fencing-token") == r.hget(job_key(lease.job_id), "emq_fence").decode()
     assert cell(html, lease.job_id, "lock") == "held"
     assert cell(html, lease.job_id, "report").startswith('40% step="upload" (')
     assert re.fullmatch(r"\d+ ms|\d+\.\d s", cell(html, lease.job_id, "age"))

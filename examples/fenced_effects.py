@@ -114,8 +114,8 @@ def run(url: str) -> int:
         print(f"  SQL   orders[1]: paid_by_pid={row[0]}, fence_token={row[1]}")
         print(f"  Redis order:1: {order}, charges={int(r.get('order:1:charges') or 0)}")
         print(f"  job {job.id[:8]}: emq_fence={(r.hget(job_key(job.id), 'emq_fence') or b'-').decode()}")
-        first_token = run_lines()[0].split("(fencing token ")[1].split(")")[0]  # the frozen run's
-        stale = [line for line in run_lines() if f"(fencing token {first_token})" in line and "refused" in line]
+        frozen = run_lines()[0].split("(fencing token ")[1].split(")")[0]  # the frozen run's token
+        stale = [line for line in run_lines() if f"(fencing token {frozen})" in line and "refused" in line]
         return 0 if len(stale) == 2 and int(r.get("order:1:charges") or 0) == 1 else 1
     finally:
         for worker in workers:

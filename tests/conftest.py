@@ -148,7 +148,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 @pytest.fixture
 def seen() -> Iterator[list[LeaseEvent]]:
-    """Every lease event this process delivers while the test runs, in order."""
+    """Every lease event this process delivers while the test runs, in order. Hooks run on
+    a thread of their own: read it after ``events.flush()``."""
     received: list[LeaseEvent] = []
     hook = subscribe(received.append)
     yield received

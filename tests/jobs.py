@@ -57,6 +57,32 @@ def record_event(event: object) -> None:
         out.write(f"{event.kind} {event.job_id} {event.queue} {os.getpid()}\n")  # type: ignore[attr-defined]
 
 
+def slow_hook(event: object) -> None:
+    """A lease event hook that blocks on every event, as an HTTP call with no timeout does
+    (``RQ_EMQ_EVENT_HOOKS=jobs:slow_hook``): records the event as :func:`record_event`
+    does, then sleeps EMQ_TEST_HOOK_SECONDS."""
+    record_event(event)
+    time.sleep(float(os.environ["EMQ_TEST_HOOK_SECONDS"]))
+
+
+def report_steadily(log: str, seconds: float, every: float) -> int:
+    """Report progress every ``every`` seconds for ``seconds`` (``current_lease().report``),
+    one line per run in ``log``; returns this run's attempt."""
+    import rq_emq
+
+    lease = rq_emq.current_lease()
+    assert lease is not None
+    record(log, f"start:{lease.attempt}")
+    started = time.monotonic()
+    step = 0
+    while time.monotonic() - started < seconds:
+        lease.report(step)
+        step += 1
+        time.sleep(every)
+    record(log, "end")
+    return lease.attempt
+
+
 def sleep_record_and_fail(log: str, seconds: float) -> None:
     record(log, "start")
     time.sleep(seconds)

@@ -25,7 +25,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq.job import Job
 from rq.queue import Queue
 
-from .. import compat, scripts
+from .. import compat, events, scripts
 from ..connection import failover
 from ..connection.blips import BLIPS, wait_for_redis
 from ..fence import fencing
@@ -193,6 +193,9 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
             if self._taker is not None:
                 self._taker.close()
             self._stop_watchdog()
+            # the hooks' thread is a daemon: a short, bounded chance for the events still
+            # queued (a pool member ends with os._exit, which runs no atexit handler)
+            events.drain_at_exit()
         super().teardown()  # type: ignore[misc]
 
     def unsubscribe(self) -> None:

@@ -65,6 +65,7 @@ def test_a_report_rides_on_the_next_renewal_and_lands_with_the_time_it_landed(
     assert sent == [1]  # the renewal's own round trip, its own one script call
     assert json.loads(held.field("emq_report") or b"") == {"progress": 0.25, "step": "load"}
     assert int(held.field("emq_progress_at") or 0) > granted_at
+    events.flush()
     assert [(e.kind, e.job_id, e.report) for e in seen] == [
         ("reported", held.job.id, '{"progress":0.25,"step":"load"}')
     ]
@@ -72,6 +73,7 @@ def test_a_report_rides_on_the_next_renewal_and_lands_with_the_time_it_landed(
     landed_at = held.field("emq_progress_at")
     time.sleep(0.01)
     held.manager.tick()
+    events.flush()
     assert held.field("emq_progress_at") == landed_at and len(seen) == 1
 
 
@@ -173,6 +175,7 @@ def test_a_job_silent_past_its_progress_timeout_is_refused_for_good_and_its_run_
     assert 0 < r.pttl(Q.lock(held.job.id)) <= lock_ttl
     assert held.field("emq_no_progress") == b"no progress for 200 ms"
     assert r.hget(Q.stats, "no_progress") == b"1"
+    events.flush()
     assert [e.report for e in seen if e.kind == "no_progress"] == ['{"progress":"last words"}']
     # a report after the refusal (a tick whose reply was lost sends one more) revives nothing
     args = [

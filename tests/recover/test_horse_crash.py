@@ -24,7 +24,7 @@ from procs import Processes, wait_for
 from rq import Callback, Queue, Retry
 
 import rq_emq
-from rq_emq import LeaseWorker
+from rq_emq import LeaseWorker, events
 from rq_emq.events import LeaseEvent
 from rq_emq.keys import QueueKeys, job_key
 
@@ -140,10 +140,10 @@ def test_a_crash_is_counted_in_status_metrics_and_events_and_its_history_shown_i
     def cli(*args: str) -> str:
         return CliRunner().invoke(main, [*args, "--url", redis_url], catch_exceptions=False).output
 
-    log, events = str(tmp_path / "runs.log"), str(tmp_path / "events.log")
+    log, event_log = str(tmp_path / "runs.log"), str(tmp_path / "events.log")
     job = Queue(connection=r).enqueue("crash_jobs.crash_first", log, "kill", 1, then_sleep=30, job_timeout=60)
     worker = procs.worker(
-        redis_url, RQ_EMQ_EVENT_HOOKS="jobs:record_event", EMQ_TEST_EVENT_LOG=events, **SLOW_LEASE
+        redis_url, RQ_EMQ_EVENT_HOOKS="jobs:record_event", EMQ_TEST_EVENT_LOG=event_log, **SLOW_LEASE
     )
     wait_for(lambda: len(run_times(log)) == 2, timeout=20, what="the second run")
     [lease] = json.loads(cli("leases", "--json"))["queues"][0]["leases"]
@@ -153,7 +153,10 @@ def test_a_crash_is_counted_in_status_metrics_and_events_and_its_history_shown_i
     [queue] = json.loads(cli("status", "--json"))["queues"]
     assert queue["counters"]["crashed"] == 1
     assert 'rq_emq_horse_crashes_total{queue="default"} 1.0' in cli("metrics")
-    assert Path(events).read_text().split()[:2] == ["crashed", job.id]
+    # the hook runs on its own thread: its line may come a moment after the recovery
+    wait_for(
+        lambda: Path(event_log).exists() and Path(event_log).read_text().split()[:2] == ["crashed", job.id]
+    )
     worker.kill()
 
 
@@ -356,6 +359,7 @@ def test_a_horse_that_dies_after_its_worker_stopped_trusting_the_lease_is_left_t
         assert r.exists(QueueKeys("q").lock(job.id))  # still its lease: the sweep recovers it
         assert worker.lock_manager is not None
         worker.lock_manager.check_expiry()  # the clock thread looks after the reaper
+        events.flush()
         assert [(e.kind, e.job_id) for e in seen] == [("lease_lost", job.id)]
     finally:
         worker.teardown()

@@ -123,11 +123,14 @@ class LockManager(BackgroundLoop):
                 return False
             lease.expired = True
             lease.lost = True  # stop renewing: this holder no longer trusts the lease
+        trusted_ms = self.lease_ms - self.margin_ms
         logger.warning(
-            "job %s on queue %s: local lease clock ran out (no renewal landed for %d ms)%s",
+            "job %s on queue %s: local lease clock ran out (no renewal landed for %d ms; the last one that "
+            "did was sent %.0f ms ago)%s",
             lease.job_id,
             lease.queue,
-            self.lease_ms - self.margin_ms,
+            trusted_ms,
+            (now_m - lease.valid_until) * 1000 + trusted_ms,
             " by the end of its run" if ended else "; stopping it",
             extra={"job_id": lease.job_id, "queue": lease.queue},
         )

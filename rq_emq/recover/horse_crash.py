@@ -53,9 +53,11 @@ SIGNAL_NOTES: dict[int, str] = {
 }
 
 
-def describe_exit(status: int | None) -> str | None:
+def describe_exit(status: int | None, guess: bool = True) -> str | None:
     """The cause of a horse's end from its wait status, as the failure reason and the log
-    say it; None for a clean exit (status 0) or no status."""
+    say it; None for a clean exit (status 0) or no status. ``guess``: add what an
+    operator should read into the signal (:data:`SIGNAL_NOTES`), for a death nobody here
+    caused; not where the worker knows who sent it."""
     if not status:
         return None
     if os.WIFSIGNALED(status):
@@ -64,7 +66,7 @@ def describe_exit(status: int | None) -> str | None:
             name = signal.Signals(number).name
         except ValueError:
             name = "unknown signal"
-        note = SIGNAL_NOTES.get(number)
+        note = SIGNAL_NOTES.get(number) if guess else None
         return f"work horse killed by signal {number} ({name}{'; ' + note if note else ''})"
     if os.WIFEXITED(status):
         return f"work horse exited with status {os.WEXITSTATUS(status)} before writing an outcome"
@@ -158,10 +160,11 @@ class HorseCrashMixin:
             # A clock that ran out before the clock thread looked is still said (and its
             # lease_lost emitted) once, as the clock thread would have.
             me.lock_manager.expire_if_due(lease, ended=True)
+            why = distrust(lease, me.lock_manager.lease_ms - me.lock_manager.margin_ms)
             lease.lost = True
             logger.warning(
-                "job %s: %s after this worker stopped trusting its lease; left to the sweep",
-                *(job.id, cause),
+                "job %s: %s after this worker stopped trusting its lease (%s); left to the sweep",
+                *(job.id, describe_exit(ret_val, guess=False), why),
                 extra={"job_id": job.id, "queue": lease.queue},
             )
             raise _CrashHandled
@@ -231,6 +234,25 @@ def end_orphans(horse_pid: Any) -> None:
         os.killpg(horse_pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass  # no member left: the usual case
+
+
+def distrust(lease: Lease, trusted_ms: int, now_m: float | None = None) -> str:
+    """Why the worker no longer trusted ``lease`` as its horse died, said as what is known.
+    A horse past its local deadline was ended by the lease clock (its watchdog's or its
+    own fence's SIGKILL), not by the OOM killer; ``trusted_ms`` is how long a renewal is
+    trusted (lease - margin), from which the last landed renewal's send time follows."""
+    now_m = time.monotonic() if now_m is None else now_m
+    if lease.settled:
+        return "its outcome had landed"
+    if lease.expired and now_m > lease.valid_until:
+        age_ms = (now_m - lease.valid_until) * 1000 + trusted_ms
+        return (
+            "the run passed its local lease deadline, which ended it: no renewal landed within "
+            f"{trusted_ms} ms (the last one that did was sent {age_ms:.0f} ms ago)"
+        )
+    if lease.expired:
+        return "its job reported no progress for its progress timeout"
+    return "its lease was lost (a renewal refused it, or the worker handed it back)"
 
 
 def _trusted(lease: Lease) -> bool:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -328,7 +330,7 @@ def test_a_horse_past_its_local_lease_deadline_is_no_crash_of_its_workers(
 
 
 def test_a_horse_that_dies_after_its_worker_stopped_trusting_the_lease_is_left_to_the_sweep(
-    r: redis.Redis, seen: list[LeaseEvent]
+    r: redis.Redis, seen: list[LeaseEvent], caplog: pytest.LogCaptureFixture
 ) -> None:
     """Past the local deadline the horse fences itself (a SIGKILL of its own), and it can
     do so before the lock manager's thread has marked the lease lost, while the token
@@ -337,9 +339,12 @@ def test_a_horse_that_dies_after_its_worker_stopped_trusting_the_lease_is_left_t
     a job that never ran, failed). The job stays leased, for the sweep to recover, and
     the lost lease is reported once, as the clock thread would have (CI stop 30: a
     worker resumed from SIGSTOP reaped its watchdog-killed horse first, and no
-    ``lease_lost`` reached the application)."""
+    ``lease_lost`` reached the application). The log says what ended the run, the lease
+    clock and how old the last renewal was, not a guess at a signal's sender (issue 33:
+    it blamed the OOM killer for a kill of its own)."""
     queue = Queue("q", connection=r)
     worker = LeaseWorker([queue], connection=r, lease_ms=5_000)
+    trusted_ms = worker.lease_settings.lease_ms - worker.lease_settings.lease_margin_ms
     try:
         queue.enqueue("jobs.add", 1, 2)
         taken = worker.dequeue_job_and_maintain_ttl(None)
@@ -354,7 +359,16 @@ def test_a_horse_that_dies_after_its_worker_stopped_trusting_the_lease_is_left_t
         if pid == 0:  # the horse, fencing itself
             os.kill(os.getpid(), signal.SIGKILL)
         worker._horse_pid = pid
-        worker.monitor_work_horse(job, queue, *execution)
+        with caplog.at_level(logging.WARNING, logger="rq_emq.lease"):
+            worker.monitor_work_horse(job, queue, *execution)
+        (said,) = [
+            rec.getMessage() for rec in caplog.records if "stopped trusting its lease" in rec.getMessage()
+        ]
+        assert "OOM" not in said and "the run passed its local lease deadline, which ended it" in said, said
+        age = re.search(
+            rf"no renewal landed within {trusted_ms} ms \(the last one that did was sent (\d+) ms ago\)", said
+        )
+        assert age is not None and trusted_ms <= int(age.group(1)) < 2 * trusted_ms, said
         assert r.hget(job_key(job.id), "status") != b"failed", r.hget(job_key(job.id), "exc_info")
         assert r.exists(QueueKeys("q").lock(job.id))  # still its lease: the sweep recovers it
         assert worker.lock_manager is not None

@@ -149,7 +149,8 @@ def emit(kind: EventKind, queue: str, job_ids: Iterable[str], source: str, repor
         hooks = tuple(_hooks)
     if not hooks:
         return
-    _dispatcher().put([(LeaseEvent(kind, queue, job_id, source, report=report), hooks) for job_id in job_ids])
+    items = [(LeaseEvent(kind, queue, job_id, source, report=report), hooks) for job_id in job_ids]
+    _dispatcher().put(items)
 
 
 def flush(timeout: float = 5.0) -> bool:

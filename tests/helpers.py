@@ -62,6 +62,18 @@ def lease_state(r: redis.Redis, queue: str, job_id: str) -> dict[str, object]:
     }
 
 
+def take_away(r: redis.Redis, job_id: str, status: str, new_owner: str | None = None) -> None:
+    """What a recovery elsewhere does to the holder: lease gone, owner record changed."""
+    q = QueueKeys("default")
+    with r.pipeline() as pipe:
+        pipe.zrem(q.leases, job_id).delete(q.lock(job_id)).hset(job_key(job_id), "status", status)
+        if new_owner:
+            pipe.hset(job_key(job_id), "emq_token", new_owner)
+        else:
+            pipe.hdel(job_key(job_id), "emq_token")
+        pipe.execute()
+
+
 def now() -> float:
     return time.time()
 

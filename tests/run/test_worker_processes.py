@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from helpers import FAST, STEADY, lease_state, started_members, stat, status, wait_status
+from helpers import FAST, STEADY, lease_state, started_members, stat, status, take_away, wait_status
 from jobs import runs
 from procs import Processes, pid_alive, wait_for
 from rq import Queue
@@ -19,18 +19,6 @@ from rq.registry import StartedJobRegistry
 from rq_emq.keys import QueueKeys, job_key
 
 WORKERS = ["rq_emq.LeaseWorker", "rq_emq.SimpleLeaseWorker"]
-
-
-def take_away(r: redis.Redis, job_id: str, status: str, new_owner: str | None = None) -> None:
-    """What a recovery elsewhere does to the holder: lease gone, owner record changed."""
-    q = QueueKeys("default")
-    with r.pipeline() as pipe:
-        pipe.zrem(q.leases, job_id).delete(q.lock(job_id)).hset(job_key(job_id), "status", status)
-        if new_owner:
-            pipe.hset(job_key(job_id), "emq_token", new_owner)
-        else:
-            pipe.hdel(job_key(job_id), "emq_token")
-        pipe.execute()
 
 
 pytestmark = pytest.mark.slow

@@ -222,3 +222,25 @@ def hold_gil_first_run(log: str, letters: int) -> str:
         re.match(r"(a+)+$", "a" * letters + "b")
         ticking_run(log, 0.0)
     return "done"
+
+
+def _tick(log: str, tag: str) -> None:
+    """One :func:`ticking_run` line: ``<tag> <pid> <monotonic>``."""
+    with open(log, "a") as out:
+        out.write(f"{tag} {os.getpid()} {time.monotonic():.6f}\n")
+
+
+def swallowing_run(log: str, seconds: float, later_s: float | None = None) -> str:
+    """A :func:`ticking_run` that swallows every exception in a bare ``except:`` and carries
+    on (``swallowed`` lines): a stop's interrupt never ends it, only the end of its process."""
+    seconds = _this_runs_length(log, seconds, later_s)
+    _tick(log, "start")
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        try:
+            time.sleep(0.02)
+            _tick(log, "tick")
+        except:  # noqa: E722 - the point: it swallows SystemExit and the lease interrupt too
+            _tick(log, "swallowed")
+    _tick(log, "end")
+    return "done"

@@ -17,6 +17,8 @@ import logging
 import math
 import os
 import signal
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -165,6 +167,10 @@ class SimpleRunGuard:
     _watchdog: Watchdog | None
     _run_is_horse = False
     _watched_job_id: str | None = None
+    _running_job_id: str | None
+    #: When (monotonic) the run must have given way to a stop it was told of (the lease
+    #: lost, a cold stop): the self-kill's moment, whatever its lease says
+    _give_way_by = math.inf
 
     def _watch_run(self, job: Job) -> None:
         """The watchdog ends this process (and its descendants) one check interval after
@@ -174,6 +180,7 @@ class SimpleRunGuard:
             me._start_watchdog()  # again, if it was killed on its own
         lease = me.lock_manager.get(job.id) if me.lock_manager is not None else None
         self._watched_job_id = job.id
+        self._give_way_by = math.inf
         if self._horse_deadline is not None and lease is not None:
             self._horse_deadline.reset(me._run_deadline(lease), pid=os.getpid())
             if self._watchdog is not None:
@@ -196,7 +203,31 @@ class SimpleRunGuard:
         # itself first, with the log line that names the job
         me: Any = self
         check_s = me.lease_settings.lease_check_interval_s
-        return float(super()._run_deadline(lease)) + self._self_kill_delay_s() + check_s  # type: ignore[misc]
+        by_lease = float(super()._run_deadline(lease)) + self._self_kill_delay_s()  # type: ignore[misc]
+        return min(by_lease, self._give_way_by) + check_s
+
+    def _end_run_unless_it_gives_way(self, job_id: str, why: str) -> None:
+        """The job was just interrupted (``why``: what stopped it). If its code has not
+        given way within the self-kill's delay (it swallows the interrupt, its clean-up
+        runs long, it is stuck in C code where no exception lands), end this process and
+        its descendants; the watchdog one check interval later, if no thread of it runs.
+        Nothing is handed back then: the lease lapses and the sweep recovers the job."""
+        me: Any = self
+        delay = self._self_kill_delay_s()
+        by = time.monotonic() + delay
+        if by >= self._give_way_by:
+            return  # an earlier stop's self-kill is already on its way
+        self._give_way_by = by
+        lease = me.lock_manager.get(job_id) if me.lock_manager is not None else None
+        if self._horse_deadline is not None and lease is not None and job_id == self._watched_job_id:
+            self._horse_deadline.set(self._run_deadline(lease))
+        timer = threading.Timer(delay, self._exit_if_still_running, args=(job_id, why))
+        timer.daemon = True
+        timer.start()
+
+    def _exit_if_still_running(self, job_id: str, why: str) -> None:
+        if self._running_job_id == job_id:
+            self._end_this_run(job_id, why)
 
     def _on_lease_renewed(self, lease: Lease) -> None:
         if self._horse_deadline is not None and lease.job_id == self._watched_job_id:
@@ -207,11 +238,12 @@ class SimpleRunGuard:
         if self._horse_deadline is not None:
             self._horse_deadline.settle()
 
-    def _end_this_run(self, job_id: str) -> None:
+    def _end_this_run(self, job_id: str, why: str) -> None:
         """The self-kill: this process and its descendants (the job's own processes)."""
         logger.critical(
-            "job %s did not stop when its local lease clock ran out; ending the worker process",
+            "job %s did not %s; ending the worker process",
             job_id,
+            why,
             extra={"job_id": job_id},
         )
         logging.shutdown()

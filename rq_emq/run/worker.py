@@ -141,25 +141,16 @@ class SimpleLeaseWorker(SimpleRunGuard, LeaseMixin, SimpleWorker):
             signal.signal(self.interrupt_signal, previous)
 
     def _stop_lost_job(self, lease: Lease) -> None:
+        """Interrupt the job; if its code does not give way (it swallows the interrupt, or
+        is stuck in C code, where no Python exception lands) within half the margin and
+        half a renew interval, end the whole process: a run that cannot be stopped must
+        not outlive its lease while another worker runs the job (the sweep's grace is at
+        least 1.25 renew intervals, so a self-kill on the lease clock still lands before
+        any recovery; on a lease found lost, the job may be running elsewhere already)."""
         self._interrupt_job_id = lease.job_id
         signal.pthread_kill(threading.main_thread().ident or 0, self.interrupt_signal)
-
-    def _on_lease_expired(self, lease: Lease) -> None:
-        """Interrupt the job; if its code does not give way (stuck in C code, where no
-        Python exception lands) within half the margin and half a renew interval, end the
-        whole process: a run that cannot be stopped must not outlive its lease while
-        another worker runs the job (the sweep's grace is at least 1.25 renew intervals, so
-        this exit still lands before any recovery)."""
-        super()._on_lease_expired(lease)
-        if not self.lease_settings.stop_on_lease_lost:
-            return
-        timer = threading.Timer(self._self_kill_delay_s(), self._exit_if_still_running, args=(lease.job_id,))
-        timer.daemon = True
-        timer.start()
-
-    def _exit_if_still_running(self, job_id: str) -> None:
-        if self._running_job_id == job_id:
-            self._end_this_run(job_id)
+        why = "stop when its local lease clock ran out" if lease.expired else "stop when its lease was lost"
+        self._end_run_unless_it_gives_way(lease.job_id, why)
 
     def _interrupt_lost_job(self, signum: int, frame: FrameType | None) -> None:
         job_id, self._interrupt_job_id = self._interrupt_job_id, None

@@ -230,6 +230,24 @@ def _tick(log: str, tag: str) -> None:
         out.write(f"{tag} {os.getpid()} {time.monotonic():.6f}\n")
 
 
+def ticking_run_with_finally(log: str, seconds: float, finally_s: float, later_s: float | None = None) -> str:
+    """A :func:`ticking_run` whose clean-up, once the run is interrupted (a stop's
+    ``SystemExit``), goes on in its ``finally:`` for ``finally_s``, ticking (``cleanup``
+    lines, then ``cleaned``), as a job that closes a transfer or rolls back its work does."""
+    interrupted = True
+    try:
+        ticking_run(log, _this_runs_length(log, seconds, later_s))
+        interrupted = False
+    finally:
+        if interrupted:
+            until = time.monotonic() + finally_s
+            while time.monotonic() < until:
+                time.sleep(0.02)
+                _tick(log, "cleanup")
+            _tick(log, "cleaned")
+    return "done"
+
+
 def swallowing_run(log: str, seconds: float, later_s: float | None = None) -> str:
     """A :func:`ticking_run` that swallows every exception in a bare ``except:`` and carries
     on (``swallowed`` lines): a stop's interrupt never ends it, only the end of its process."""

@@ -358,13 +358,16 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
 
     # -- stop now --------------------------------------------------------------------------
     def request_force_stop(self, signum: int, frame: FrameType | None) -> None:
-        if not compat.is_repeated_stop_signal(self):
-            self._stop_running_job()
+        # a job moves only after the run that had it is over (docs/guarantees.md)
+        if not compat.is_repeated_stop_signal(self) and self._stop_running_job():
             self._hand_back_leases()
         super().request_force_stop(signum, frame)  # type: ignore[misc]
 
-    def _stop_running_job(self) -> None:
-        """Fork mode kills the horse first; in simple mode the job is in this very thread."""
+    def _stop_running_job(self) -> bool:
+        """End the running job's run; True once it is over, so its job may be handed back
+        now. Fork mode kills and reaps the horse; in simple mode the job runs in this very
+        thread, and it hands its job back itself once its frame has unwound (False)."""
+        return True
 
     def _hand_back_leases(self, unstarted_only: bool = False) -> None:
         if self.lock_manager is None:

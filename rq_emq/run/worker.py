@@ -116,10 +116,11 @@ class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, Worker):
         if self.horse_pid:
             self.kill_horse(signal.SIGKILL)
 
-    def _stop_running_job(self) -> None:
+    def _stop_running_job(self) -> bool:
         if self.horse_pid:
             self.kill_horse(signal.SIGKILL)
             self.wait_for_horse()
+        return True  # the horse is reaped, its whole tree ended
 
 
 class SimpleLeaseWorker(SimpleRunGuard, LeaseMixin, SimpleWorker):
@@ -129,11 +130,14 @@ class SimpleLeaseWorker(SimpleRunGuard, LeaseMixin, SimpleWorker):
 
     #: Delivered to the main thread to interrupt a job whose lease was lost.
     interrupt_signal = signal.SIGUSR1
+    #: The job a cold stop interrupted in this thread: handed back once its frame unwinds.
+    _cold_stopped_job_id: str | None = None
 
     def execute_job(self, job: Job, queue: Queue) -> Any:
         previous = signal.signal(self.interrupt_signal, self._interrupt_lost_job)
         self._interrupt_job_id: str | None = None
         self._interrupt_job = job
+        self._cold_stopped_job_id = None
         self._watch_run(job)
         try:
             return super().execute_job(job, queue)
@@ -151,6 +155,27 @@ class SimpleLeaseWorker(SimpleRunGuard, LeaseMixin, SimpleWorker):
         signal.pthread_kill(threading.main_thread().ident or 0, self.interrupt_signal)
         why = "stop when its local lease clock ran out" if lease.expired else "stop when its lease was lost"
         self._end_run_unless_it_gives_way(lease.job_id, why)
+
+    def _stop_running_job(self) -> bool:
+        """The cold stop, in the signal handler, in this very thread: the job is
+        interrupted by RQ's ``SystemExit``, raised next, and handed back only once its
+        frame has unwound (:meth:`handle_execution_ended`); a job that does not give way
+        within the self-kill's delay ends with this process, and is not handed back."""
+        job_id = self._running_job_id
+        if job_id is None:
+            return True  # no code of a job runs (before its start, or writing its outcome)
+        self._cold_stopped_job_id = job_id
+        delay = self._self_kill_delay_s()
+        self._end_run_unless_it_gives_way(job_id, f"give way to the cold stop within {delay:.1f} s")
+        return False
+
+    def handle_execution_ended(self, job: Job, *args: Any, **kwargs: Any) -> Any:
+        if self._cold_stopped_job_id == job.id:
+            # the job's frame has unwound: its run is over, and the job may move now. Its
+            # code has given way, so the self-kill stands down before the round trip.
+            self._running_job_id = None
+            self._hand_back_leases()
+        return super().handle_execution_ended(job, *args, **kwargs)
 
     def _interrupt_lost_job(self, signum: int, frame: FrameType | None) -> None:
         job_id, self._interrupt_job_id = self._interrupt_job_id, None

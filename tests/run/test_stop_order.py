@@ -1,31 +1,135 @@
 """A job moves only after the run that had it is over (issue 33, rule 3).
 
-A ``SimpleLeaseWorker`` job interrupted on a lost lease that does not give way within the
-self-kill's delay (it swallows the interrupt) is ended with its worker process.
+A ``SimpleLeaseWorker`` runs the job in its own main thread: its cold stop (a second
+SIGTERM, or ``RQ_EMQ_SHUTDOWN_TIMEOUT_MS`` after one) interrupts the job there, and hands
+the job back to its queue only once the job's frame has unwound. A job that does not give
+way within the self-kill's delay (it swallows the interrupt) is ended with its worker
+process, not handed back: its lease lapses and the sweep recovers it, as after a crash.
+A job that swallows the interrupt of a lost lease is ended that long after the loss.
 
-Real ``rq worker`` processes, real signals, a real Redis. Times are the runs' own
-timestamps (``jobs.run_spans``, CLOCK_MONOTONIC: one clock for every process here).
+Real ``rq worker`` processes, real signals, a real Redis, and a second worker on the same
+queue that takes the job the moment it is handed back. Overlap is measured by the runs'
+own timestamps (``jobs.run_spans``, CLOCK_MONOTONIC: one clock for every process here).
 """
 
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import redis
-from helpers import take_away
+from helpers import stat, status, take_away
 from jobs import run_spans, runs
 from procs import Processes, wait_for
-from rq import Queue
+from rq import Queue, Worker
 
 from rq_emq.settings import LeaseSettings
 
 pytestmark = pytest.mark.slow
 
+#: the one SIGTERM's wait before the cold stop (``RQ_EMQ_SHUTDOWN_TIMEOUT_MS``)
+SHUTDOWN_TIMEOUT_MS = 1500
+#: how each test turns the warm stop cold: a second SIGTERM (RQ ignores one within 1 s of
+#: the first), or the shutdown timeout after one
+STOPS = pytest.mark.parametrize("stop", ["second-sigterm", "shutdown-timeout"])
+
+#: a lease long enough that the self-kill's delay (half the margin plus half a renew
+#: interval: 8 s here) leaves a clean-up of CLEANUP_S time to finish and hand the job back
+PATIENT = {"RQ_EMQ_LEASE_MS": "40000", "RQ_EMQ_RENEW_INTERVAL_MS": "8000"}
+#: 3/8 of PATIENT's self-kill delay: 5 s of room for a loaded host
+CLEANUP_S = 3.0
+#: a short lease, so that the sweep recovers a self-killed run's job within seconds
+BRIEF = {"RQ_EMQ_LEASE_MS": "2000", "RQ_EMQ_RENEW_INTERVAL_MS": "400", "RQ_EMQ_SWEEP_INTERVAL_MS": "250"}
+BRIEF_SETTINGS = LeaseSettings(lease_ms=2000, renew_interval_ms=400, sweep_interval_ms=250)
+#: the second worker: takes a handed-back job at once, and sweeps every 250 ms
+TAKER = {"RQ_EMQ_LEASE_MS": "5000", "RQ_EMQ_RENEW_INTERVAL_MS": "500", "RQ_EMQ_SWEEP_INTERVAL_MS": "250"}
 #: the first run would go on this long: only the stop ends it
 RUN_S = 60.0
+#: a later run only has to finish
+LATER_S = 0.3
+
+
+def _start(
+    r: redis.Redis, procs: Processes, redis_url: str, log: str, first: dict[str, str], stop: str
+) -> subprocess.Popen[bytes]:
+    """The first worker (running the job), then the second, idle on the same queue."""
+    if stop == "shutdown-timeout":
+        first = {**first, "RQ_EMQ_SHUTDOWN_TIMEOUT_MS": str(SHUTDOWN_TIMEOUT_MS)}
+    worker = procs.worker(redis_url, worker_class="rq_emq.SimpleLeaseWorker", **first)
+    wait_for(lambda: runs(log), timeout=15, what="the first run to start")
+    procs.worker(redis_url, **TAKER)
+    wait_for(lambda: len(Worker.all(connection=r)) == 2, timeout=15, what="the second worker")
+    time.sleep(0.3)  # registered, then blocked on the queue
+    return worker
+
+
+def _cold_stop(worker: subprocess.Popen[bytes], stop: str) -> float:
+    """Stop the worker cold; returns when (monotonic) the cold stop was due."""
+    worker.send_signal(signal.SIGTERM)  # warm: would wait for the job
+    if stop == "shutdown-timeout":
+        return time.monotonic() + SHUTDOWN_TIMEOUT_MS / 1000
+    time.sleep(1.3)  # RQ ignores a second signal within 1 s of the first
+    worker.send_signal(signal.SIGTERM)
+    return time.monotonic()
+
+
+def _first_run(log: str) -> tuple[int, float, float]:
+    """(pid, last seen alive, the second run's start)."""
+    spans = run_spans(log)
+    first_pid = int(runs(log)[0].split()[1])
+    later_starts = [start for pid, (start, _) in spans.items() if pid != first_pid]
+    assert later_starts, "the job was not run again"
+    return first_pid, spans[first_pid][1], min(later_starts)
+
+
+@STOPS
+def test_a_cold_stop_hands_the_job_back_only_after_its_finally_block_has_run(
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, stop: str
+) -> None:
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue(
+        "jobs.ticking_run_with_finally", log, RUN_S, CLEANUP_S, later_s=LATER_S, job_timeout=120
+    )
+    worker = _start(r, procs, redis_url, log, PATIENT, stop)
+    cold_at = _cold_stop(worker, stop)
+    # the first run is over once its worker is: read its last line after that
+    assert worker.wait(timeout=20) == 0, procs.log(worker)
+    wait_for(lambda: status(r, job.id) == "finished", timeout=30, what="the job to finish")
+    _, first_last, second_start = _first_run(log)
+    assert first_last < second_start, f"runs overlap by {1000 * (first_last - second_start):.0f} ms"
+    # the clean-up ran to its end, and the job was handed back (not left to the sweep)
+    assert [line.split()[0] for line in runs(log)].count("cleaned") == 1
+    assert first_last - cold_at >= CLEANUP_S * 0.9  # the interrupt came with the cold stop
+    assert stat(r, "default", "returned") == 1
+    assert "handed back to the front of queue" in procs.log(worker)
+
+
+@STOPS
+def test_a_job_that_swallows_the_cold_stop_ends_with_its_worker_and_is_recovered(
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, stop: str
+) -> None:
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("jobs.swallowing_run", log, RUN_S, later_s=LATER_S, job_timeout=120)
+    worker = _start(r, procs, redis_url, log, BRIEF, stop)
+    cold_at = _cold_stop(worker, stop)
+    wait_for(lambda: worker.poll() is not None, timeout=10, what="the worker to end itself")
+    assert worker.returncode == -signal.SIGKILL, procs.log(worker)
+    wait_for(lambda: status(r, job.id) == "finished", timeout=30, what="the job to finish")
+    _, first_last, second_start = _first_run(log)
+    assert first_last < second_start, f"runs overlap by {1000 * (first_last - second_start):.0f} ms"
+    assert "swallowed" in [line.split()[0] for line in runs(log)]  # the interrupt did land
+    # ended within the self-kill's delay (by itself), or a check interval later (by its
+    # watchdog); the slack, three times that bound, is for a loaded host's late timers
+    bound = BRIEF_SETTINGS.lease_margin_ms / 2000 + BRIEF_SETTINGS.renew_interval_ms / 2000
+    bound += BRIEF_SETTINGS.lease_check_interval_s
+    assert first_last - cold_at < 3 * bound
+    # never handed back: the sweep recovered it, as after a crash
+    assert stat(r, "default", "returned") == 0
+    said = procs.log(worker)
+    assert "did not give way to the cold stop" in said or "past its deadline" in said, said
 
 
 #: renewals every 400 ms of an 8 s lease: the self-kill's delay is 0.6 s (half the 800 ms

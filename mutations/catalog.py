@@ -31,6 +31,7 @@ REPORTS = "tests/hold/test_reports.py"
 DASHBOARD = "tests/operate/test_dashboard.py"
 SWEEP_RECORD = "tests/recover/test_record.py"
 EVENTS = "tests/shared/test_events.py"
+STOP_ORDER = "tests/run/test_stop_order.py"
 
 
 @dataclass(frozen=True)
@@ -1132,6 +1133,28 @@ CATALOG: list[Mutation] = [
         "pass",
         [f"{WHOLE}::test_rqs_stop_command_ends_the_jobs_child_processes[session]"],
         "RQ's killpg alone: a job's child in a session of its own survives the stop",
+        fast=False,
+    ),
+    _m(
+        "simple_cold_stop_hands_back_before_the_job_gives_way",
+        "rq_emq/run/worker.py",
+        'give way to the cold stop within {delay:.1f} s")\n        return False\n',
+        'give way to the cold stop within {delay:.1f} s")\n        return True\n',
+        [
+            f"{STOP_ORDER}::test_a_cold_stop_hands_the_job_back_only_after_its_finally_block_has_run[second-sigterm]",
+            f"{STOP_ORDER}::test_a_job_that_swallows_the_cold_stop_ends_with_its_worker_and_is_recovered[shutdown-timeout]",
+        ],
+        "a SimpleLeaseWorker's cold stop hands the job back while its finally (or bare except) runs on",
+    ),
+    _m(
+        "simple_lease_lost_stop_not_backed_by_a_self_kill",
+        "rq_emq/run/worker.py",
+        "self._end_run_unless_it_gives_way(lease.job_id, why)",
+        "pass",
+        [
+            f"{STOP_ORDER}::test_a_job_that_swallows_the_lease_lost_interrupt_ends_with_its_worker_within_the_self_kill_delay"
+        ],
+        "a SimpleLeaseWorker job swallowing the lease-lost interrupt runs on until its lease clock runs out",
         fast=False,
     ),
     _m(

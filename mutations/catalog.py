@@ -1252,6 +1252,15 @@ CATALOG: list[Mutation] = [
         [f"{REPORTS}::test_a_report_goes_when_the_lease_ends_by_a_finish_a_hand_back_or_a_recovery"],
         "a recovered job shows its dead run's report (and progress clock) as if it were live",
     ),
+    _m(
+        "dead_watchdog_replaced_only_at_the_next_run",
+        "rq_emq/run/lease_mixin.py",
+        "            self._replace_dead_watchdog()\n",
+        "            pass\n",
+        [f"{WHOLE}::test_a_watchdog_killed_mid_run_is_replaced_at_once_so_a_gil_holding_horse_still_ends"],
+        "a watchdog killed mid-run leaves a GIL-holding horse running beside its job's next run",
+        fast=False,
+    ),
     # -- the panel's escaping and policy (rq_emq/operate/dashboard) ---------------------------
     _m(
         "panel_tooltip_through_tojson",

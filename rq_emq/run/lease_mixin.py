@@ -20,6 +20,7 @@ from types import FrameType
 from typing import Any
 
 from redis import Redis
+from redis.client import Pipeline
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq.job import Job
@@ -174,7 +175,7 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
             settings.lease_ms,
             settings.renew_interval_ms,
             on_lost=self._on_lease_lost,
-            on_tick=self._tick_heartbeats,
+            on_tick=self._on_tick,
             name=f"rq-emq-lock-manager:{self.name}",
             lease_writes=self._heartbeat_execution,
             margin_ms=settings.lease_margin_ms,
@@ -182,6 +183,13 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
             on_expired=self._on_lease_expired,
             on_renewed=self._on_lease_renewed,
         )
+
+    def _on_tick(self, pipe: Pipeline, leases: list[Lease]) -> None:
+        """Each renewal tick, in the lock manager's thread: a watchdog that died mid-run is
+        replaced before anything else, then RQ's heartbeats ride with the renewal."""
+        if leases:
+            self._replace_dead_watchdog()
+        self._tick_heartbeats(pipe, leases)
 
     def teardown(self) -> None:
         if not self.is_horse:  # type: ignore[attr-defined]

@@ -44,18 +44,37 @@ class RunGuard:
     def _new_run_deadline(self) -> HorseDeadline:
         return HorseDeadline.in_memfd()  # shared with forked horses and the watchdog
 
+    #: one start of a watchdog at a time: the main thread's (a run begins) and the lock
+    #: manager's (one died mid-run) may meet
+    _watchdog_starting = threading.Lock()
+
     def _start_watchdog(self) -> None:
         """The process that ends a run past its deadline (:mod:`rq_emq.run.watchdog`); with
         ``stop_on_lease_lost`` off runs are never stopped, and none is started."""
         me: Any = self
         if not me.lease_settings.stop_on_lease_lost or not hasattr(signal, "sigtimedwait"):
             return  # never stopped, or not Linux (the horse's thread fences it alone there)
-        if self._horse_deadline is None:
-            self._horse_deadline = self._new_run_deadline()
-        if self._watchdog is None:
-            self._watchdog = Watchdog(self._horse_deadline, group=self._run_is_horse)
-        if not self._watchdog.alive:  # killed on its own: a new one for the next run
-            self._watchdog.start()
+        with self._watchdog_starting:
+            if self._horse_deadline is None:
+                self._horse_deadline = self._new_run_deadline()
+            if self._watchdog is None:
+                self._watchdog = Watchdog(self._horse_deadline, group=self._run_is_horse)
+            if not self._watchdog.alive:  # killed on its own: a new one for the next run
+                self._watchdog.start()
+
+    def _replace_dead_watchdog(self) -> None:
+        """A watchdog that died while a run goes on (killed on its own: an operator, a
+        stray ``pkill python``, the OOM killer) is replaced now, from the lock manager's
+        thread, which runs while the job holds the GIL in the horse: waiting for the next
+        run would leave this one without its backstop, and a worker frozen or killed next
+        would leave a GIL-holding horse running beside its job's next run. The new one
+        reads the run's pid and deadline from the shared memory as it starts."""
+        watchdog = self._watchdog
+        if watchdog is None or not watchdog.pid or watchdog.alive:
+            return  # none (not wanted), stopped on purpose, or alive
+        dead = watchdog.pid
+        self._start_watchdog()
+        logger.warning("the watchdog (pid %d) died; started a new one (pid %d)", dead, watchdog.pid)
 
     def _stop_watchdog(self) -> None:
         if self._watchdog is not None:

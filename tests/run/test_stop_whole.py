@@ -448,3 +448,41 @@ def test_a_watchdog_killed_on_its_own_is_started_again_for_the_next_job(
 
     again = wait_for(lambda: watchdogs(), timeout=10, what="a new watchdog")
     assert isinstance(again, list) and len(again) == 1 and pid_alive(again[0]), again
+
+
+@pytest.mark.parametrize("then", ["kill", "freeze"])
+def test_a_watchdog_killed_mid_run_is_replaced_at_once_so_a_gil_holding_horse_still_ends(
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, then: str
+) -> None:
+    """The watchdog is killed on its own while a horse holds the GIL (its fence thread
+    cannot run), then the worker is killed or frozen. A watchdog replaced only at the next
+    fork left the horse running beside the job's next run (2.4-2.8 s later); the worker's
+    lock manager replaces it within a tick, and the new one ends the horse: at once when
+    its worker dies, at the run's deadline when its worker is frozen."""
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("jobs.hold_gil_first_run", log, GIL_LETTERS, job_timeout=120)
+    worker = procs.worker(redis_url, **LEASE)
+    wait_for(lambda: runs(log), timeout=15, what="the first run to start")
+    first = int(runs(log)[0].split()[1])
+    dead = _watchdog_of(worker.pid, besides=first)
+    os.kill(dead, signal.SIGKILL)
+
+    def replaced() -> list[int]:
+        return [pid for pid in tree(worker.pid) if pid not in (worker.pid, first, dead) and _is_watchdog(pid)]
+
+    # within a few ticks (renewals every 200 ms; slack for a loaded host: 5 s)
+    wait_for(replaced, timeout=5, what="a new watchdog while the run goes on")
+    assert pid_alive(first)  # the run went on meanwhile
+    if then == "kill":
+        os.kill(worker.pid, signal.SIGKILL)
+        # the new watchdog acts on its worker's death: within a lease
+        wait_for(lambda: not pid_alive(first), timeout=SETTINGS.lease_ms / 1000, what="the horse to end")
+    else:
+        os.kill(worker.pid, signal.SIGSTOP)
+    try:
+        _recovered_elsewhere(r, procs, redis_url, log, job.id)
+        _assert_no_overlap(log, first)
+    finally:
+        if then == "freeze":
+            os.kill(worker.pid, signal.SIGCONT)
+    assert "the watchdog (pid" in procs.log(worker) and "died; started a new one" in procs.log(worker)

@@ -1261,6 +1261,15 @@ CATALOG: list[Mutation] = [
         "a watchdog killed mid-run leaves a GIL-holding horse running beside its job's next run",
         fast=False,
     ),
+    _m(
+        "horse_leads_no_session_of_its_own",
+        "rq_emq/run/worker.py",
+        "        lead_own_session()\n",
+        "        pass\n",
+        [f"{HORSE}::test_the_dead_horses_child_processes_end_before_the_job_runs_again"],
+        "a job's child in a process group of its own outlives its OOM-killed horse",
+        fast=False,
+    ),
     # -- the panel's escaping and policy (rq_emq/operate/dashboard) ---------------------------
     _m(
         "panel_tooltip_through_tojson",

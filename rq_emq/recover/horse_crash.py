@@ -136,6 +136,15 @@ class HorseCrashMixin:
         self._horse_killed_by_worker = True
         super().kill_horse(*args, **kwargs)  # type: ignore[misc]
 
+    def _end_dead_run(self, horse_pid: Any) -> None:
+        """What is left of a horse that died without an outcome, ended before its job may
+        run again: its process group here, then what the classes after this one end (the
+        run guard: the horse's session)."""
+        end_orphans(horse_pid)
+        after = getattr(super(), "_end_dead_run", None)
+        if after is not None:
+            after(horse_pid)
+
     def monitor_work_horse(self, job: Job, queue: Queue, *args: Any) -> None:
         try:
             super().monitor_work_horse(job, queue, *args)  # type: ignore[misc]
@@ -151,7 +160,7 @@ class HorseCrashMixin:
         cause = describe_exit(ret_val)
         if cause is None or lease is None or self._horse_killed_by_worker:
             return  # RQ's own meaning
-        end_orphans(retpid)
+        me._end_dead_run(retpid)
         if not _trusted(lease):
             # The horse fenced itself (its local lease clock ran out), or its outcome had
             # landed. RQ would now fail the job with "terminated unexpectedly", and its fence
@@ -226,8 +235,8 @@ def end_orphans(horse_pid: Any) -> None:
     """SIGKILL what is left of a dead horse's process group (RQ makes each horse, forked
     or spawned, a group leader): a subprocess of the job outlives an OOM-killed horse, and
     must not run on while the job runs again. A group id stays reserved while any member
-    lives, so this reaches the horse's own children, or nothing. A child that made its own
-    session or group is out of reach here."""
+    lives, so this reaches the horse's own children, or nothing. A child that made a group
+    of its own is reached through the horse's session (``_end_dead_run``, run/run_guard.py)."""
     if not isinstance(horse_pid, int) or horse_pid <= 0:
         return
     try:

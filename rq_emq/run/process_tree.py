@@ -52,18 +52,76 @@ def parent_and_group(pid: int) -> tuple[int, int]:
         return 0, 0
 
 
+def lead_own_session() -> None:
+    """Make this process (a horse, as it starts) the leader of a session of its own, and
+    of a process group of that id. RQ makes each horse lead a process group only
+    (``os.setpgrp``); a child of the job that leads a group of its own
+    (``subprocess.Popen(..., process_group=0)``) then leaves that group, and once the horse
+    is gone (OOM-killed) nothing found it: it worked on beside the job's next run. In the
+    horse's own session it stays findable by the session id (:func:`end_session`) however
+    it regroups, until it starts a session of its own. A group leader may not start a
+    session, so the horse first steps back into its parent's group (same session) for
+    the instant before ``setsid``."""
+    me = os.getpid()
+    try:
+        if os.getsid(0) == me:
+            return
+        if os.getpgrp() == me:
+            os.setpgid(0, os.getpgid(os.getppid()))
+        os.setsid()
+    except OSError:
+        try:  # stay the leader of a group of its own, as RQ made it
+            os.setpgid(0, 0)
+        except OSError:
+            pass
+
+
+def session_of(pid: int) -> int:
+    """The session ``pid`` belongs to, from ``/proc``; 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return int(stat.read().rsplit(b")", 1)[1].split()[3])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def end_session(sid: int) -> set[int]:
+    """SIGKILL every process of session ``sid`` and their descendants, frozen first (what
+    is left of a dead horse: :func:`lead_own_session`). A session id stays reserved while
+    any member lives, so this reaches the session's own processes, or nothing. Returns
+    the pids killed."""
+    keep = {os.getpid()}
+    stopped: set[int] = set()
+    while True:
+        members = [pid for pid in _pids() if session_of(pid) == sid]
+        found: set[int] = set()
+        for pid in members:
+            found |= tree(pid)
+        new = found - stopped - keep
+        if not new:
+            break
+        for pid in new:
+            _signal(pid, signal.SIGSTOP)
+        stopped |= new
+    for pid in stopped:
+        _signal(pid, signal.SIGKILL)
+    return stopped
+
+
+def _pids() -> list[int]:
+    try:
+        return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return []
+
+
 def _parents() -> dict[int, tuple[int, int]]:
     """Every process on the host: pid -> (parent pid, process group)."""
     table: dict[int, tuple[int, int]] = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return table
-    for name in names:
-        if name.isdigit():
-            found = parent_and_group(int(name))
-            if found != (0, 0):  # else it ended while we looked
-                table[int(name)] = found
+    for pid in _pids():
+        found = parent_and_group(pid)
+        if found != (0, 0):  # else it ended while we looked
+            table[pid] = found
     return table
 
 

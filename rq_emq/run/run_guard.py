@@ -27,7 +27,7 @@ from rq.job import Job
 from ..hold.held import Lease
 from .horse_fence import HorseDeadline
 from .job_lease import lease_clock
-from .process_tree import kill_tree
+from .process_tree import end_session, kill_tree
 from .watchdog import Watchdog
 
 logger = logging.getLogger("rq_emq.lease")
@@ -117,6 +117,14 @@ class HorseRunGuard:
     _horse_deadline: HorseDeadline | None
     _watchdog: Watchdog | None
     _watched = False  # the horse's worker runs a watchdog (copied into the horse by the fork)
+
+    def _end_dead_run(self, horse_pid: Any) -> None:
+        """After a dead horse's group (recover/horse_crash.py): its session, which it leads
+        (process_tree.lead_own_session). A child of the job that leads a process group of
+        its own is out of the group's reach but still in the session; it worked on for
+        2.3 s beside the job's next run."""
+        if isinstance(horse_pid, int) and horse_pid > 0:
+            end_session(horse_pid)
 
     def _held_until(self, lease: Lease) -> float:
         """In the horse: the deadline its worker writes after each renewal (the horse's

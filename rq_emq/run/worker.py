@@ -40,7 +40,7 @@ from ..hold.held import Lease
 from ..recover.horse_crash import HorseCrashMixin
 from .horse_fence import die_with_parent
 from .lease_mixin import LeaseMixin
-from .process_tree import become_subreaper, libc
+from .process_tree import become_subreaper, lead_own_session, libc
 from .run_guard import HorseRunGuard, SimpleRunGuard
 
 logger = logging.getLogger("rq_emq.lease")
@@ -55,7 +55,9 @@ class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, Worker):
     _horse_job_id: str | None = None
 
     def main_work_horse(self, job: Job, queue: Queue) -> None:
-        # orphans of the job's processes stay this horse's, so a stop finds them
+        # the job's processes stay findable: in this horse's session however they regroup,
+        # and its children when their parent exits
+        lead_own_session()
         become_subreaper()
         if not self._watched:
             # no watchdog to end the whole run as the worker dies: the horse alone, then

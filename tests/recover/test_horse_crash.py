@@ -192,12 +192,15 @@ def test_a_horse_that_exits_cleanly_without_an_outcome_is_recovered_by_the_sweep
     assert stat(r, "default", "crashed") == 0 and stat(r, "default", "recovered") == 1
 
 
+@pytest.mark.parametrize("own_group", [False, True], ids=["in-the-horses-group", "in-a-group-of-its-own"])
 @pytest.mark.parametrize("worker_class", ["rq_emq.LeaseWorker", *SPAWNING])
 def test_the_dead_horses_child_processes_end_before_the_job_runs_again(
-    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path, worker_class: str
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path, worker_class: str, own_group: bool
 ) -> None:
+    """A child of the job outlives its OOM-killed horse; one that leads a process group of
+    its own (``process_group=0``) is out of the horse's group, but in its session."""
     log, child_log = str(tmp_path / "runs.log"), tmp_path / "child.log"
-    job = Queue(connection=r).enqueue("crash_jobs.child_then_die", log, str(child_log))
+    job = Queue(connection=r).enqueue("crash_jobs.child_then_die", log, str(child_log), own_group)
     worker = procs.worker(redis_url, worker_class=worker_class, burst=True, **SLOW_LEASE)
     assert worker.wait(timeout=30) == 0, procs.log(worker)
     assert status(r, job.id) == "finished" and len(run_times(log)) == 2

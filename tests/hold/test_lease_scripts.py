@@ -108,6 +108,7 @@ def test_a_token_granted_after_redis_lost_its_data_is_above_every_token_before(r
         assert old is not None
         r.delete(QueueKeys("q").lock(old.job_id))
     r.flushall()
+    time.sleep(0.002)  # the token's resolution is a ms; a real restart takes far longer
     queue.enqueue("jobs.noop", job_id="idempotent-1")
     new = taker(r).pop(["q"])
     assert new is not None and new.fencing_token > old.fencing_token

@@ -17,7 +17,8 @@ Returns:
   {0}   the job hash no longer exists (the id is dropped, as RQ does)
   {-2}  the entry was a stray copy (lib/lease.lua `stray_copy`: the job runs under a live
         lease, or RQ has it elsewhere): dropped
-  {1, attempts, field, value, ...}  leased; the job's hash as HGETALL gives it
+  {1, attempts, malformed, field, value, ...}  leased; the job's hash as HGETALL gives it;
+        `malformed` names our keys found malformed ({key, what, ...}: lib/own_keys.lua)
 ]]
 -- @include lib/lease.lua
 
@@ -35,6 +36,6 @@ if #hash == 0 then return {0} end
 if stray_copy(hash, KEYS[3], KEYS[2], job_id, ARGV[5]) then return {-2} end
 local attempts = grant_lease(KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, ARGV[2], ARGV[3],
   tonumber(ARGV[4]), hash)
-local reply = {1, attempts}
-for k = 1, #hash do reply[2 + k] = hash[k] end
+local reply = {1, attempts, MALFORMED}
+for k = 1, #hash do reply[3 + k] = hash[k] end
 return reply

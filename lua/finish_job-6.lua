@@ -19,7 +19,8 @@ ARGV:
   4  the counter in emq:{<q>}:stats this outcome counts in (`finished` for a lease
      holder's outcome, `outbox_completed`, `unreadable`)
   5  number of commands; then per command: its argument count, then the arguments
-Returns:
+Returns (each reply ends with `malformed`: our keys found malformed and skipped or
+replaced, {key, what, ...}, lib/own_keys.lua):
   {0}               fenced out: the lease is not ours, nothing was written (the refusal
                     goes to the queue's record, lib/record.lua)
   {1, replies}      replies[i] is the i-th command's reply (an error reply in place)
@@ -44,14 +45,14 @@ if state == 'lost' then
     record_event(queue_prefix(KEYS[3]), {}, 'refused', job_id, token_worker(token),
       'outcome refused: the lease was no longer its own')
   end
-  return {0}
+  return {0, MALFORMED}
 end
-if state == 'ended' then return {2, redis.call('HGET', KEYS[1], 'status') or ''} end
+if state == 'ended' then return {2, redis.call('HGET', KEYS[1], 'status') or '', MALFORMED} end
 local replies = run_packed(6, tonumber(ARGV[5]))
 -- the lease goes: lock, index entry, stall mark
 redis.call('DEL', KEYS[2])
-redis.call('ZREM', KEYS[3], job_id)
-redis.call('ZREM', KEYS[4], job_id)
+index_write('zset', 'ZREM', KEYS[3], job_id)
+index_write('zset', 'ZREM', KEYS[4], job_id)
 -- Attempts (and their crash history) count consecutive takes that did not end normally;
 -- this one did. The take wrote both fields with the token, so finding neither means RQ's
 -- commands deleted the job (result_ttl=0): then no hash is re-created, and the lock key
@@ -67,5 +68,5 @@ if redis.call('HDEL', KEYS[1], unpack(ended)) > 0 then
 else
   redis.call('SET', KEYS[2], 'done:' .. token, 'PX', lease_ms or 60000)
 end
-redis.call('HINCRBY', KEYS[5], ARGV[4], 1)
-return {1, replies}
+count(KEYS[5], ARGV[4], 1)
+return {1, replies, MALFORMED}

@@ -31,7 +31,8 @@ ARGV:
      back, '0' not at all (nothing to record, or the caller folded the record into RQ's
      own HSET of them)
   6  number of commands; then per command: its argument count, then the arguments
-Returns:
+Returns (each reply ends with `malformed`: our keys found malformed and skipped or
+replaced, {key, what, ...}, lib/own_keys.lua):
   {0}               fenced out: the lease is not ours (or RQ ended the job since the
                     take, which also releases the lease), nothing was written
   {1, replies}      replies[i] is the i-th command's reply (an error reply in place)
@@ -40,7 +41,7 @@ Returns:
 
 local job_id, token = ARGV[1], ARGV[2]
 local state = check_holder(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, token, KEYS[6], ARGV[3])
-if state ~= 'held' then return {0} end
+if state ~= 'held' then return {0, MALFORMED} end
 local replies = run_packed(7, tonumber(ARGV[6]))
 local record = {}
 if ARGV[5] == '1' then record = seen_record(KEYS[1]) end
@@ -50,4 +51,4 @@ if ARGV[4] ~= '' then
 end
 -- a job RQ's commands deleted is not re-created by the record
 if #record > 0 and redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], unpack(record)) end
-return {1, replies}
+return {1, replies, MALFORMED}

@@ -47,9 +47,12 @@ Returns:
   lease key prefix: same slot) another job key prefix than ARGV 9: this sweeper would read
   every leased job as deleted, so it changes nothing;
   {0} when another sweeper ran this round; else
-  {1, marked, requeued, failed, unmarked, dropped, more, outbox_due, ended} where marked,
-  requeued, failed, dropped (index entries of deleted jobs) and ended (jobs RQ ended
-  while they were leased, left as RQ put them) are lists of job ids.
+  {1, marked, requeued, failed, unmarked, dropped, more, outbox_due, ended, malformed} where
+  marked, requeued, failed, dropped (index entries of deleted jobs) and ended (jobs RQ ended
+  while they were leased, left as RQ put them) are lists of job ids, and `malformed` names
+  our keys found malformed and skipped or replaced ({key, what, ...}: lib/own_keys.lua; a
+  rate-limit key `emq:{<q>}:sweep` without an expiry, which would refuse every round
+  forever, is replaced too).
 ]]
 -- @include lib/lease.lua
 -- @include lib/record.lua
@@ -62,11 +65,18 @@ local grace_ms = tonumber(ARGV[8])
 local job_prefix, rq_prefix = ARGV[9], ARGV[10]
 local dry = mode == 'dry-run'
 
-local recorded = redis.call('GET', prefix .. 'job_prefix')
-if recorded and recorded ~= job_prefix then return {-1, recorded} end
+local recorded = redis.pcall('GET', prefix .. 'job_prefix')
+if refused(recorded) then
+  malformed(prefix .. 'job_prefix', 'not a string: no job key prefix recorded to check')
+elseif recorded and recorded ~= job_prefix then
+  return {-1, recorded}
+end
 
+-- ours always lapses: one without an expiry (or of another type) would refuse every round
 if mode == 'round' and not redis.call('SET', sweep_key, '1', 'NX', 'PX', window_ms) then
-  return {0}
+  if redis.call('PTTL', sweep_key) ~= -1 then return {0} end
+  redis.call('SET', sweep_key, '1', 'PX', window_ms)
+  malformed(sweep_key, 'held no expiry (every round refused): replaced')
 end
 
 local now = now_ms()
@@ -79,7 +89,7 @@ local unmarked, more = 0, 0
 -- an entry of the moving list (ours alone: no stock worker moves a job there) is a job
 -- our BLMOVE moved and no claim has leased: its worker died between the two
 local function orphaned_in_moving(job_id)
-  return redis.call('LPOS', moving_key, job_id) ~= false
+  return index_read('list', false, 'LPOS', moving_key, job_id) ~= false
 end
 
 -- Whether a marked job is still in flight as we left it. Leased: its owner is a lease
@@ -95,28 +105,28 @@ local function still_in_flight(job_key, job_id, leased)
 end
 
 -- Phase 2: recover what an earlier round marked and is still without a lock.
-local due_marks = redis.call('ZRANGEBYSCORE', stalled_key, '-inf', now - grace_ms, 'LIMIT', 0, batch)
+local due_marks = index_read('zset', {}, 'ZRANGEBYSCORE', stalled_key, '-inf', now - grace_ms, 'LIMIT', 0, batch)
 if #due_marks == batch then more = 1 end
 for _, job_id in ipairs(due_marks) do
   local lock_key = prefix .. job_id .. ':lock'
   local job_key = job_prefix .. job_id
-  local leased = redis.call('ZSCORE', leases_key, job_id) ~= false
+  local leased = index_read('zset', false, 'ZSCORE', leases_key, job_id) ~= false
   if redis.call('EXISTS', lock_key) == 1 or not (leased or orphaned_in_moving(job_id)) then
-    if not dry then redis.call('ZREM', stalled_key, job_id) end
+    if not dry then index_write('zset', 'ZREM', stalled_key, job_id) end
     unmarked = unmarked + 1
   elseif redis.call('EXISTS', job_key) == 0 then
     if not dry then
-      redis.call('ZREM', stalled_key, job_id)
-      redis.call('ZREM', leases_key, job_id)
-      redis.call('LREM', moving_key, 0, job_id)
+      index_write('zset', 'ZREM', stalled_key, job_id)
+      index_write('zset', 'ZREM', leases_key, job_id)
+      index_write('list', 'LREM', moving_key, 0, job_id)
     end
     dropped[#dropped + 1] = job_id
   elseif not still_in_flight(job_key, job_id, leased) then
     if not dry then
-      redis.call('ZREM', stalled_key, job_id)
-      redis.call('ZREM', leases_key, job_id)
+      index_write('zset', 'ZREM', stalled_key, job_id)
+      index_write('zset', 'ZREM', leases_key, job_id)
       redis.call('DEL', lock_key)
-      if not leased then redis.call('LREM', moving_key, 0, job_id) end
+      if not leased then index_write('list', 'LREM', moving_key, 0, job_id) end
       drop_stale_pin(started_key, job_key)
       redis.call('HDEL', job_key, unpack(NOTES))
     end
@@ -131,7 +141,7 @@ for _, job_id in ipairs(due_marks) do
     if not dry then
       local holder = leased and redis.call('HGET', job_key, 'emq_worker') or ''
       release_started(started_key, job_key, job_id, rq_prefix)
-      redis.call('LREM', moving_key, 0, job_id)
+      index_write('list', 'LREM', moving_key, 0, job_id)
       drop_lease(job_key, lock_key, leases_key, stalled_key, job_id, false)
       -- a lease its renewals stopped holding for want of progress says so
       local why = (no_progress and (no_progress .. ' on attempt ') or 'stalled on attempt ')
@@ -150,10 +160,10 @@ end
 -- Phase 1: mark leased jobs past their deadline whose lock is gone.
 local function mark(job_id, leased)
   -- a marked lease leaves the due range until phase 2 may act on it
-  if leased and not dry then redis.call('ZADD', leases_key, now + grace_ms, job_id) end
-  if redis.call('ZSCORE', stalled_key, job_id) then return end
+  if leased and not dry then index_write('zset', 'ZADD', leases_key, now + grace_ms, job_id) end
+  if index_read('zset', false, 'ZSCORE', stalled_key, job_id) then return end
   if not dry then
-    redis.call('ZADD', stalled_key, now, job_id)
+    index_write('zset', 'ZADD', stalled_key, now, job_id)
     local holder = leased and redis.call('HGET', job_prefix .. job_id, 'emq_worker') or ''
     local why = leased and 'its lock lapsed' or 'taken from the queue, never leased'
     record_event(prefix, counts, 'marked', job_id, holder, why)
@@ -161,17 +171,18 @@ local function mark(job_id, leased)
   marked[#marked + 1] = job_id
 end
 
-local due_leases = redis.call('ZRANGEBYSCORE', leases_key, '-inf', now, 'LIMIT', 0, batch)
+local due_leases = index_read('zset', {}, 'ZRANGEBYSCORE', leases_key, '-inf', now, 'LIMIT', 0, batch)
 if #due_leases == batch then more = 1 end
 for _, job_id in ipairs(due_leases) do
   local ttl = redis.call('PTTL', prefix .. job_id .. ':lock')
   if ttl > 0 then
     -- the lock lives on: a stale deadline; index it where the lock ends
-    if not dry then redis.call('ZADD', leases_key, now + ttl, job_id) end
+    if not dry then index_write('zset', 'ZADD', leases_key, now + ttl, job_id) end
   elseif ttl == -1 then
-    if not dry then redis.call('ZADD', leases_key, now + window_ms, job_id) end
-  elseif redis.call('EXISTS', job_prefix .. job_id) == 0 and not redis.call('ZSCORE', stalled_key, job_id) then
-    if not dry then redis.call('ZREM', leases_key, job_id) end
+    if not dry then index_write('zset', 'ZADD', leases_key, now + window_ms, job_id) end
+  elseif redis.call('EXISTS', job_prefix .. job_id) == 0
+      and not index_read('zset', false, 'ZSCORE', stalled_key, job_id) then
+    if not dry then index_write('zset', 'ZREM', leases_key, job_id) end
     dropped[#dropped + 1] = job_id
   else
     mark(job_id, true)
@@ -180,18 +191,18 @@ end
 
 -- The moving list is short-lived (BLMOVE, then the lease within milliseconds), so the
 -- first `batch` entries are all a call needs to look at.
-local waiting = redis.call('LRANGE', moving_key, 0, batch - 1)
+local waiting = index_read('list', {}, 'LRANGE', moving_key, 0, batch - 1)
 for _, job_id in ipairs(waiting) do
-  if redis.call('ZSCORE', leases_key, job_id) == false then mark(job_id, false) end
+  if index_read('zset', false, 'ZSCORE', leases_key, job_id) == false then mark(job_id, false) end
 end
 
 if not dry then
-  if #marked > 0 then redis.call('HINCRBY', stats_key, 'marked', #marked) end
-  if #requeued > 0 then redis.call('HINCRBY', stats_key, 'recovered', #requeued) end
-  if #failed > 0 then redis.call('HINCRBY', stats_key, 'failed', #failed) end
-  if unmarked > 0 then redis.call('HINCRBY', stats_key, 'unmarked', unmarked) end
-  if #ended > 0 then redis.call('HINCRBY', stats_key, 'ended_by_rq', #ended) end
+  count(stats_key, 'marked', #marked)
+  count(stats_key, 'recovered', #requeued)
+  count(stats_key, 'failed', #failed)
+  count(stats_key, 'unmarked', unmarked)
+  count(stats_key, 'ended_by_rq', #ended)
   record_minute(prefix, counts, now)
 end
-local outbox_due = redis.call('ZCOUNT', outbox_key, '-inf', now)
-return {1, marked, requeued, failed, unmarked, dropped, more, outbox_due, ended}
+local outbox_due = index_read('zset', 0, 'ZCOUNT', outbox_key, '-inf', now)
+return {1, marked, requeued, failed, unmarked, dropped, more, outbox_due, ended, MALFORMED}

@@ -20,7 +20,9 @@ ARGV:
 Returns:
   {}                            every queue is empty
   {0, skipped}                  only deleted jobs were found; call again
-  {i, job_id, attempts, skipped, field, value, ...}  the job (its hash as HGETALL gives it)
+  {i, job_id, attempts, skipped, malformed, field, value, ...}  the job (its hash as HGETALL
+                                gives it); `malformed` names our keys found malformed and
+                                skipped or replaced ({key, what, ...}: lib/own_keys.lua)
   where `skipped` lists popped ids dropped unrun: a job whose hash no longer exists (as RQ
   does), or a stray copy (lib/lease.lua `stray_copy`: a push a client sent again after a
   lost reply, found while the job runs under a live lease or while RQ has it elsewhere).
@@ -44,8 +46,8 @@ for i = 1, n do
       local attempts = grant_lease(job_key, lock_key, leases_key, stats_key, job_id, token, worker,
         lease_ms, hash)
       redis.call('LPOP', queue_key)
-      local reply = {i, job_id, attempts, skipped}
-      for k = 1, #hash do reply[4 + k] = hash[k] end
+      local reply = {i, job_id, attempts, skipped, MALFORMED}
+      for k = 1, #hash do reply[5 + k] = hash[k] end
       return reply
     end
     -- a deleted job's id, or a stray copy (run under a live lease, or ended): dropped

@@ -21,7 +21,8 @@ ARGV:
   6  timestamp for `ended_at` (RQ's format)   7  the cause, e.g.
      `work horse killed by signal 9 (SIGKILL; the OOM killer sends this)`
 The crash, and a failure at max attempts, go to the queue's record (lib/record.lua).
-Returns:
+Returns (each reply ends with `malformed`: our keys found malformed and skipped or
+replaced, {key, what, ...}, lib/own_keys.lua):
   {0, 'lost'|'ended'}                the lease was not this token's, or RQ had ended the job
   {1, attempts, max_attempts}        back at the front of its queue
   {2, attempts, max_attempts, reason} failed at max attempts, with this reason
@@ -34,7 +35,7 @@ local job_id, token, rq_prefix, cause = ARGV[1], ARGV[2], ARGV[3], ARGV[7]
 local job_key, lock_key, leases_key, stalled_key, stats_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local state = check_holder(job_key, lock_key, leases_key, stalled_key, stats_key, job_id, token,
   KEYS[6], rq_prefix)
-if state ~= 'held' then return {0, state} end
+if state ~= 'held' then return {0, state, MALFORMED} end
 
 local now = now_ms()
 local attempts, max_attempts, exhausted, failure_ttl = attempts_used(job_key, tonumber(ARGV[4]))
@@ -57,15 +58,15 @@ while #history > HISTORY do table.remove(history, 1) end
 redis.call('HSET', job_key, 'emq_crashes', cjson.encode(history))
 
 release_started(KEYS[8], job_key, job_id, rq_prefix)
-redis.call('LREM', KEYS[7], 0, job_id)  -- the moving list is short by construction
+index_write('list', 'LREM', KEYS[7], 0, job_id)  -- the moving list is short by construction
 drop_lease(job_key, lock_key, leases_key, stalled_key, job_id, false)
-redis.call('HINCRBY', stats_key, 'crashed', 1)
+count(stats_key, 'crashed', 1)
 local prefix, counts, holder = queue_prefix(leases_key), {}, token_worker(token)
 record_event(prefix, counts, 'crashed', job_id, holder, cause .. ' (attempt ' .. attempts .. ' of ' .. max_attempts .. ')')
 if not exhausted then
   requeue_front(job_key, KEYS[6], job_id)
   record_minute(prefix, counts, now)
-  return {1, attempts, max_attempts}
+  return {1, attempts, max_attempts, MALFORMED}
 end
 
 -- "<cause> on each of 3 attempts" when every attempt crashed alike, else this cause and
@@ -86,7 +87,7 @@ else
   if #earlier > 0 then reason = reason .. ' (earlier ' .. table.concat(earlier, '; ') .. ')' end
 end
 fail_to_outbox(job_key, KEYS[9], KEYS[10], job_id, reason, failure_ttl, tonumber(ARGV[5]), ARGV[6], now)
-redis.call('HINCRBY', stats_key, 'failed', 1)
+count(stats_key, 'failed', 1)
 record_event(prefix, counts, 'failed', job_id, holder, reason)
 record_minute(prefix, counts, now)
-return {2, attempts, max_attempts, reason}
+return {2, attempts, max_attempts, reason, MALFORMED}

@@ -22,9 +22,11 @@ ARGV:
   1 lease key prefix `emq:{<q>}:`   2 job key prefix (`rq:job:`)   3 RQ's key prefix (`rq:`)
   4 batch (entries looked at per part)   5 offset into the lease index (leases left
   alive by earlier calls of this pass)
-Returns: {unpinned, requeued, alive, more}: runs handed to stock cleanup, jobs put back in
-their queue, leases left because their lock is alive, and 1 when the caller should call
-again (with offset + alive).
+Returns: {unpinned, requeued, alive, more, malformed}: runs handed to stock cleanup, jobs
+put back in their queue, leases left because their lock is alive, 1 when the caller should
+call again (with offset + alive), and our keys found malformed and skipped or replaced
+({key, what, ...}: lib/own_keys.lua). {-1, what} when RQ's queue list or started registry
+is of another type: nothing could be handed back there, and nothing was written.
 ]]
 -- @include lib/lease.lua
 
@@ -34,6 +36,11 @@ local prefix, job_prefix, rq_prefix = ARGV[1], ARGV[2], ARGV[3]
 local batch, offset = tonumber(ARGV[4]), tonumber(ARGV[5])
 local due_now = math.floor(now_ms() / 1000)
 local unpinned, requeued, alive, more = 0, 0, 0, 0
+
+-- RQ's keys this writes, checked before the first write (a script cannot be rolled back:
+-- a job put back as queued into no queue list would be lost to every worker)
+if refused(redis.pcall('LLEN', queue_key)) then return {-1, queue_key .. ' is not a list'} end
+if refused(redis.pcall('ZSCORE', started_key, '')) then return {-1, started_key .. ' is not a sorted set'} end
 
 -- Score a pinned entry due now; true when there was one.
 local function unpin(job_key)
@@ -45,7 +52,7 @@ local function unpin(job_key)
   return true
 end
 
-local ids = redis.call('ZRANGE', leases_key, offset, offset + batch - 1)
+local ids = index_read('zset', {}, 'ZRANGE', leases_key, offset, offset + batch - 1)
 if #ids == batch then more = 1 end
 for _, job_id in ipairs(ids) do
   local lock_key = prefix .. job_id .. ':lock'
@@ -61,8 +68,8 @@ for _, job_id in ipairs(ids) do
       redis.call('LPUSH', queue_key, job_id)
       requeued = requeued + 1
     end
-    redis.call('ZREM', leases_key, job_id)
-    redis.call('ZREM', stalled_key, job_id)
+    index_write('zset', 'ZREM', leases_key, job_id)
+    index_write('zset', 'ZREM', stalled_key, job_id)
     if redis.call('EXISTS', job_key) == 1 then
       redis.call('HDEL', job_key, 'emq_token', 'emq_started', unpack(NOTES))
       forget_seen(job_key)
@@ -70,10 +77,10 @@ for _, job_id in ipairs(ids) do
   end
 end
 
-local moving = redis.call('LRANGE', moving_key, 0, batch - 1)
+local moving = index_read('list', {}, 'LRANGE', moving_key, 0, batch - 1)
 if #moving == batch then more = 1 end
 for _, job_id in ipairs(moving) do
-  redis.call('LREM', moving_key, 1, job_id)
+  index_write('list', 'LREM', moving_key, 1, job_id)
   redis.call('LPUSH', queue_key, job_id)
   requeued = requeued + 1
 end
@@ -84,11 +91,11 @@ for _, member in ipairs(strays) do
   local job_id = string.match(member, '^[^:]*')
   local job_key = job_prefix .. job_id
   if redis.call('HGET', job_key, 'emq_started') == member
-    and not redis.call('ZSCORE', leases_key, job_id) and unpin(job_key) then
+    and not index_read('zset', false, 'ZSCORE', leases_key, job_id) and unpin(job_key) then
     redis.call('HDEL', job_key, 'emq_started')
     unpinned = unpinned + 1
   end
 end
 
-if unpinned + requeued > 0 then redis.call('HINCRBY', stats_key, 'released_to_rq', unpinned + requeued) end
-return {unpinned, requeued, alive, more}
+count(stats_key, 'released_to_rq', unpinned + requeued)
+return {unpinned, requeued, alive, more, MALFORMED}

@@ -18,7 +18,7 @@ ARGV:
   5.. per lease four values: job id, token, the job's newest report ('' for none since the
      last tick; JSON, `rq_emq.current_lease().report(...)`), its progress timeout in ms
      ('' for none: `meta=rq_emq.progress_timeout(ms)`)
-Returns: {lost, settled, no_progress}: ids whose lease is lost (the job was taken from this
+Returns: {lost, settled, no_progress, malformed}: ids whose lease is lost (the job was taken from this
 holder, or deleted while it ran, or Redis lost it: a restart without persistence; a
 lease whose evidence vanished is lost, never settled); ids whose job this holder already
 finished (a tick raced the finish: the owner reads `done:<token>`, or, after a finish
@@ -28,6 +28,9 @@ whose job showed no progress for its progress timeout: not renewed, now or ever 
 under this grant (`emq_no_progress` says why), so the holder stops the run and the lock
 lapses; the sweep then recovers the job with the attempt counted, as after any stall
 (the refusal goes to the queue's record, lib/record.lua).
+`malformed` names our keys found malformed and skipped or replaced ({key, what, ...}:
+lib/own_keys.lua); a leases index found of another type is replaced, and each lease whose
+job still names its holder is indexed again by its renewal (the job hash says who holds it).
 A report lands with the renewal it rides on: one write per tick at most, no command more.
 ]]
 -- @include lib/lease.lua
@@ -65,14 +68,14 @@ for i = 5, #ARGV, 4 do
   local job_key = job_prefix .. job_id
   local owner = redis.call('HGET', job_key, 'emq_token')
   local owner_done = 'done:' .. token
-  local indexed = redis.call('ZSCORE', KEYS[1], job_id)
-  if owner == token and indexed then
+  local indexed, unreadable = index_read('zset', false, 'ZSCORE', KEYS[1], job_id)
+  if owner == token and (indexed or unreadable) then
     if progress_ms and without_progress(job_key, report, progress_ms, job_id, token) then
       stuck[#stuck + 1] = job_id
     else
       redis.call('SET', prefix .. job_id .. ':lock', token, 'PX', lease_ms)
-      redis.call('ZADD', KEYS[1], deadline, job_id)
-      redis.call('ZREM', KEYS[2], job_id)
+      index_write('zset', 'ZADD', KEYS[1], deadline, job_id)
+      index_write('zset', 'ZREM', KEYS[2], job_id)
       local fields = {}
       if heartbeat ~= '' then fields = {'last_heartbeat', heartbeat} end
       if report ~= '' then
@@ -91,7 +94,7 @@ for i = 5, #ARGV, 4 do
     lost[#lost + 1] = job_id
   end
 end
-if renewed > 0 then redis.call('HINCRBY', KEYS[3], 'renewed', renewed) end
-if #lost > 0 then redis.call('HINCRBY', KEYS[3], 'lease_lost', #lost) end
-if #stuck > 0 then redis.call('HINCRBY', KEYS[3], 'no_progress', #stuck) end
-return {lost, settled, stuck}
+count(KEYS[3], 'renewed', renewed)
+count(KEYS[3], 'lease_lost', #lost)
+count(KEYS[3], 'no_progress', #stuck)
+return {lost, settled, stuck, MALFORMED}

@@ -17,16 +17,18 @@ ARGV:
   1  job id
   2  token
   3  RQ's key prefix (`rq:`), for the job's executions and the registries RQ ends jobs in
-Returns: 1 when the job went back to its queue, 0 when the lease was no longer ours
-(or RQ had ended the job; its lease is then released).
+Returns: {1, malformed} when the job went back to its queue, {0, malformed} when the
+lease was no longer ours (or RQ had ended the job; its lease is then released);
+`malformed` names our keys found malformed and skipped or replaced ({key, what, ...}:
+lib/own_keys.lua).
 ]]
 -- @include lib/lease.lua
 
 local job_id, token = ARGV[1], ARGV[2]
 local state = check_holder(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, token, KEYS[6], ARGV[3])
-if state ~= 'held' then return 0 end
+if state ~= 'held' then return {0, MALFORMED} end
 release_started(KEYS[8], KEYS[1], job_id, ARGV[3])
-redis.call('LREM', KEYS[7], 0, job_id)  -- the moving list is short by construction
+index_write('list', 'LREM', KEYS[7], 0, job_id)  -- the moving list is short by construction
 drop_lease(KEYS[1], KEYS[2], KEYS[3], KEYS[4], job_id, false)
 local attempts = count_value(redis.call('HGET', KEYS[1], 'emq_attempts'))
 if attempts and attempts > 0 then
@@ -34,5 +36,5 @@ if attempts and attempts > 0 then
 end
 -- held under this lease, so in no queue list (RQ has not moved it: checked above)
 requeue_front(KEYS[1], KEYS[6], job_id)
-redis.call('HINCRBY', KEYS[5], 'returned', 1)
-return 1
+count(KEYS[5], 'returned', 1)
+return {1, MALFORMED}

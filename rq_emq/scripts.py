@@ -1,9 +1,11 @@
 """Loads the Lua scripts in ``lua/`` and runs them by EVALSHA.
 
 Each script is one atomic operation. ``-- @include lib/<name>.lua`` lines are replaced by
-that file's text, so shared Lua lives in one place. A script's SHA1 is computed here, so a
-call costs one EVALSHA; a server that lost its script cache (restart, SCRIPT FLUSH)
-answers NOSCRIPT, and the script is loaded and the call retried once.
+that file's text, so shared Lua lives in one place; a file included twice in one script
+(a script and a library it includes both need it) is pasted at its first include only. A
+script's SHA1 is computed here, so a call costs one EVALSHA; a server that lost its script
+cache (restart, SCRIPT FLUSH) answers NOSCRIPT, and the script is loaded and the call
+retried once.
 """
 
 from __future__ import annotations
@@ -60,13 +62,18 @@ def is_noscript(reply: object) -> bool:
     )
 
 
-def _resolve(path: Path, root: Path, seen: tuple[Path, ...] = ()) -> str:
+def _resolve(path: Path, root: Path, seen: tuple[Path, ...] = (), done: set[Path] | None = None) -> str:
     if path in seen:
         raise ValueError(f"include cycle through {path}")
+    done = set() if done is None else done
+    done.add(path)
     text = path.read_text()
 
     def include(match: re.Match[str]) -> str:
-        return _resolve(root / match.group(1), root, (*seen, path))
+        included = root / match.group(1)
+        if included in done:  # already pasted above: its locals are in scope
+            return f"-- (included above: {match.group(1)})"
+        return _resolve(included, root, (*seen, path), done)
 
     return _INCLUDE.sub(include, text)
 

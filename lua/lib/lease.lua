@@ -1,6 +1,8 @@
 -- lib/lease.lua: helpers shared by the scripts that grant, end and recover leases.
 -- Included (textually, by rq_emq/scripts.py) where a script says `-- @include lib/lease.lua`.
 -- Redis-side time only: no clock of any client is trusted.
+-- Our own keys are written through lib/own_keys.lua: a malformed one fails no script.
+-- @include lib/own_keys.lua
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -186,7 +188,7 @@ end
 local function grant_lease(job_key, lock_key, leases_key, stats_key, job_id, token, worker, lease_ms, hash)
   local now = now_ms()
   redis.call('SET', lock_key, token, 'PX', lease_ms)
-  redis.call('ZADD', leases_key, now + lease_ms, job_id)
+  index_write('zset', 'ZADD', leases_key, now + lease_ms, job_id)
   -- one value only: hash_field's second return value is a position
   local attempts = (count_value((hash_field(hash, 'emq_attempts'))) or 0) + 1
   local fencing_token = math.max((count_value((hash_field(hash, 'emq_fence'))) or 0) + 1, now)
@@ -218,7 +220,7 @@ local function grant_lease(job_key, lock_key, leases_key, stats_key, job_id, tok
       hash[#hash + 1] = fields[i + 1]
     end
   end
-  redis.call('HINCRBY', stats_key, 'taken', 1)
+  count(stats_key, 'taken', 1)
   return attempts
 end
 
@@ -241,8 +243,8 @@ end
 -- the job hash exists.
 local function drop_lease(job_key, lock_key, leases_key, stalled_key, job_id, settled)
   redis.call('DEL', lock_key)
-  redis.call('ZREM', leases_key, job_id)
-  redis.call('ZREM', stalled_key, job_id)
+  index_write('zset', 'ZREM', leases_key, job_id)
+  index_write('zset', 'ZREM', stalled_key, job_id)
   if redis.call('EXISTS', job_key) == 0 then return false end
   if settled then
     redis.call('HSET', job_key, 'emq_token', settled)
@@ -262,9 +264,9 @@ local function check_holder(job_key, lock_key, leases_key, stalled_key, stats_ke
   local state, lease_ms = lease_state(job_key, job_id, token, queue_key, rq_prefix)
   if state == 'ended' then
     drop_lease(job_key, lock_key, leases_key, stalled_key, job_id, 'done:' .. token)
-    redis.call('HINCRBY', stats_key, 'ended_by_rq', 1)
+    count(stats_key, 'ended_by_rq', 1)
   elseif state == 'lost' then
-    redis.call('HINCRBY', stats_key, 'fenced', 1)
+    count(stats_key, 'fenced', 1)
   end
   return state, lease_ms
 end
@@ -349,5 +351,5 @@ local function fail_to_outbox(job_key, failed_key, outbox_key, job_id, reason, f
     redis.call('ZADD', failed_key, math.floor(now / 1000) + ttl, job_id)
     redis.call('EXPIRE', job_key, ttl)
   end
-  redis.call('ZADD', outbox_key, now, job_id)
+  index_write('zset', 'ZADD', outbox_key, now, job_id)
 end

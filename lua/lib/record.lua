@@ -10,6 +10,9 @@
 --   `at:<slot>` the minute (Redis ms / 60000) the slot counts, and `<kind>:<slot>` the
 --   events of each RING_KINDS kind in it. A slot of an older minute is reset on its next
 --   use, so the hash never holds more than RING_MINUTES * (1 + #RING_KINDS) fields.
+-- Both are telemetry: either of another type, or a ring field that is not a count, is
+-- skipped and named in the script's reply (lib/own_keys.lua), never the job's loss.
+-- @include lib/own_keys.lua
 
 local EVENTS_KEPT = 1000
 local RING_MINUTES = 60
@@ -27,8 +30,11 @@ end
 
 -- Append one event; `counts` (kind -> n) gathers what record_minute adds to the ring.
 local function record_event(prefix, counts, kind, job_id, worker, reason)
-  redis.call('XADD', prefix .. 'events', 'MAXLEN', '~', EVENTS_KEPT, '*',
+  local added = redis.pcall('XADD', prefix .. 'events', 'MAXLEN', '~', EVENTS_KEPT, '*',
     'kind', kind, 'job', job_id, 'worker', worker or '', 'reason', reason or '')
+  if refused(added) then
+    malformed(prefix .. 'events', 'not a stream this can add to (' .. added.err .. '): events not recorded')
+  end
   counts[kind] = (counts[kind] or 0) + 1
 end
 
@@ -42,7 +48,9 @@ local function record_minute(prefix, counts, now)
   local ring = prefix .. 'minutes'
   local minute = math.floor(now / 60000)
   local slot = minute % RING_MINUTES
-  if redis.call('HGET', ring, 'at:' .. slot) ~= tostring(minute) then
+  local at = redis.pcall('HGET', ring, 'at:' .. slot)
+  if refused(at) then return malformed(ring, 'not a hash: the per-minute counts are not kept') end
+  if at ~= tostring(minute) then
     local fresh = {'at:' .. slot, tostring(minute)}
     for _, kind in ipairs(RING_KINDS) do
       fresh[#fresh + 1] = kind .. ':' .. slot
@@ -51,6 +59,6 @@ local function record_minute(prefix, counts, now)
     redis.call('HSET', ring, unpack(fresh))
   end
   for _, kind in ipairs(RING_KINDS) do
-    if (counts[kind] or 0) > 0 then redis.call('HINCRBY', ring, kind .. ':' .. slot, counts[kind]) end
+    count(ring, kind .. ':' .. slot, counts[kind] or 0)
   end
 end

@@ -28,7 +28,7 @@ from redis import Redis
 from redis.client import Pipeline
 from redis.exceptions import ResponseError, WatchError
 
-from .. import scripts
+from .. import malformed, scripts
 from ..keys import RQ_PREFIX, QueueKeys
 from .packing import (
     MAX_PACKED_ARGS,
@@ -90,6 +90,7 @@ class Fence:
         """Release the lease without writing anything else; False when it was not ours."""
         args = [self.job_id, self.token, RQ_PREFIX, self.counter, 0]
         reply = scripts.load("finish_job")(client, self.keys, args)
+        malformed.report(reply[-1])
         return bool(reply and int(reply[0]) == 1)
 
     def lost(self, what: str = "outcome discarded (fenced finish)") -> LeaseLost:
@@ -209,6 +210,7 @@ class FencedPipelineMixin:
                 raise WatchError(f"{script.name} script was not loaded; retry")
         if isinstance(reply, Exception):
             raise reply
+        malformed.report(reply[-1])
         outcome = int(reply[0])
         if outcome == 2:
             raise session.refuse(ended_status=text(reply[1]))

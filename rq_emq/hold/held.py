@@ -15,7 +15,7 @@ from typing import Any
 
 from redis import Redis
 
-from .. import scripts
+from .. import malformed, scripts
 from ..fence.fencing import Fence
 from ..keys import RQ_PREFIX, QueueKeys
 
@@ -99,4 +99,6 @@ class Lease:
         """Put the job back at the front of its queue, attempt refunded, if this lease
         still owns it (``return_job_to_queue``); False when it was not ours any more."""
         keys = self.keys.returning(self.job_id)
-        return bool(scripts.load("return_job_to_queue")(client, keys, [self.job_id, self.token, RQ_PREFIX]))
+        reply = scripts.load("return_job_to_queue")(client, keys, [self.job_id, self.token, RQ_PREFIX])
+        malformed.report(reply[1])
+        return bool(int(reply[0]))

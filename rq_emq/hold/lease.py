@@ -24,7 +24,7 @@ from redis import ConnectionPool, Redis
 from redis.client import Pipeline
 from rq.utils import now, utcformat
 
-from .. import events, scripts
+from .. import events, malformed, scripts
 from ..connection.blips import BLIPS
 from ..keys import QueueKeys
 from .background import BackgroundLoop, Stopping
@@ -236,6 +236,7 @@ class LockManager(BackgroundLoop):
                 settled += _ids(reply[1])
                 stuck += _ids(reply[2])
                 refused = {*_ids(reply[0]), *_ids(reply[2])}
+                malformed.report(reply[3])
                 renewed += [lease for lease in batch if lease.job_id not in refused]
         self._extend(renewed, sent_at)
         self._reports_landed([lease for lease in renewed if lease.job_id in reports], reports)

@@ -31,7 +31,7 @@ from typing import Any
 
 from redis import Redis
 
-from .. import scripts
+from .. import malformed, scripts
 from ..connection import failover
 from ..connection.confirm import TAKE_WAIT_MS, TakeConfirmation
 from ..hold.held import new_token
@@ -173,9 +173,10 @@ class Taker:
                 )
             if index == 0:
                 continue
+            malformed.report(reply[4])
             if not self._kept(confirm, layouts[index - 1], _text(reply[1]), token):
                 return None
-            return Taken(index - 1, _text(reply[1]), token, int(reply[2]), _as_hash(reply[4:]))
+            return Taken(index - 1, _text(reply[1]), token, int(reply[2]), _as_hash(reply[5:]))
 
     def claim(self, queue: str | QueueKeys, job_id: str, queue_index: int = 0) -> Taken | None:
         """Lease a job that ``BLMOVE`` put in ``queue``'s moving list (``emq:{<q>}:moving``)."""
@@ -201,9 +202,11 @@ class Taker:
                 queue_name,
                 extra={"job_id": job_id, "queue": queue_name},
             )
+        if status == 1:
+            malformed.report(reply[2])
         if status != 1 or not self._kept(confirm, q, job_id, token):
             return None
-        return Taken(queue_index, job_id, token, int(reply[1]), _as_hash(reply[2:]))
+        return Taken(queue_index, job_id, token, int(reply[1]), _as_hash(reply[3:]))
 
     def _granted(
         self, script: scripts.LuaScript, keys: list[str], args: list[Any]
@@ -237,7 +240,10 @@ class Taker:
             if confirm is not None:
                 confirm[0].acked()
             return True
-        scripts.load("return_job_to_queue")(self.connection, q.returning(job_id), [job_id, token, RQ_PREFIX])
+        returned = scripts.load("return_job_to_queue")(
+            self.connection, q.returning(job_id), [job_id, token, RQ_PREFIX]
+        )
+        malformed.report(returned[1])
         confirm[0].unacked(job_id)
         return False
 

@@ -225,6 +225,7 @@ def sweep_text(report: SweepReport, dry: bool, drained: bool = True) -> str:
     lines = [summary, *(f"  {job_id:<{width}}  {where}" for job_id, where in rows)]
     if report.outbox_due and not dry and not drained:
         lines.append(f"  {report.outbox_due} failed job(s) in the outbox, left to the workers (--no-drain)")
+    lines += [f"  problem: {printable(problem)}" for problem in report.problems]
     return "\n".join(lines)
 
 

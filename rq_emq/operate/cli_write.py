@@ -109,7 +109,9 @@ def rollback_command(
     """Run once every LeaseWorker (and reaper) is stopped for good: each job a dead
     LeaseWorker still held is handed to stock RQ (a started run: stock cleanup fails or
     retries it as abandoned; a job that never started: back to the front of its queue).
-    A lease whose lock is alive is left and counted, and the command exits 1."""
+    A lease whose lock is alive is left and counted, and the command exits 1. Every queue
+    is handed back that can be: one that cannot (RQ's keys of another type, an error) is
+    named with why, the others done all the same, and the command exits 1."""
     target = connect(url, config)
     classes = load_classes(job_class, queue_class)
     queues = select_queues(target, queue_options, queue_args, queue_class=classes[1])
@@ -122,7 +124,16 @@ def rollback_command(
             click.echo(
                 f"{r.queue}: {r.unpinned} started run(s) handed to stock cleanup, "
                 f"{r.requeued} job(s) back in the queue, {r.alive} lease(s) still alive"
+                + (f"; NOT handed back: {r.error}" if r.error else "")
             )
+            for problem in r.problems:
+                click.echo(f"  problem: {cli_output.printable(problem)}")
+    failed = [r.queue for r in results if r.error]
+    if failed:
+        raise click.ClickException(
+            f"could not hand back queue(s) {', '.join(map(cli_output.printable, failed))}: see above, "
+            "fix, then run this again"
+        )
     if any(r.alive for r in results):
         raise click.ClickException("leases still alive: stop every LeaseWorker first, then run this again")
 

@@ -34,7 +34,7 @@ from rq.job import Job
 from rq.queue import Queue
 from rq.utils import now, utcformat
 
-from .. import events, scripts
+from .. import events, malformed, scripts
 from ..connection.blips import BLIPS, through_blips
 from ..hold.held import Lease
 from ..keys import RQ_PREFIX
@@ -271,7 +271,8 @@ def _trusted(lease: Lease) -> bool:
 
 
 def recover_crashed(client: Redis, lease: Lease, cause: str, default_max: int) -> Any:
-    """Run ``recover_crashed_job`` for ``lease``'s job (its reply, as the script says)."""
+    """Run ``recover_crashed_job`` for ``lease``'s job (its reply, as the script says, but
+    for the malformed keys it names last: they are logged here)."""
     q = lease.keys
     keys = [*q.returning(lease.job_id), q.failed, q.outbox]
     args = [
@@ -283,4 +284,6 @@ def recover_crashed(client: Redis, lease: Lease, cause: str, default_max: int) -
         utcformat(now()),
         cause,
     ]
-    return scripts.load("recover_crashed_job")(client, keys, args)
+    reply = scripts.load("recover_crashed_job")(client, keys, args)
+    malformed.report(reply[-1])
+    return reply[:-1]

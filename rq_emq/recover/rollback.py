@@ -10,16 +10,22 @@ lease whose lock is gone, one bounded script call at a time
 cleanup then fails or retries it as stock RQ treats an abandoned job), a take that never
 started goes back to the front of its queue, and our bookkeeping goes. Leases whose lock
 is alive belong to lease workers still running: they are left, and counted.
+
+One queue that cannot be handed back (RQ's queue list or started registry of another
+type, or any error Redis answers) stops only that queue: it is named with why, and the
+others are handed back all the same. Our own keys found malformed are no reason to stop
+(``lua/lib/own_keys.lua``): they are reported with the queue.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from redis import Redis
+from redis.exceptions import ResponseError
 
-from .. import scripts
+from .. import malformed, scripts
 from ..keys import RQ_PREFIX, QueueKeys
 
 #: Entries one script call looks at per part (bounds its run time).
@@ -37,6 +43,10 @@ class Released:
     requeued: int = 0
     #: leases left because their lock is alive: a lease worker still runs the job
     alive: int = 0
+    #: why this queue could not be handed back (all of it or the rest of it); "" when it was
+    error: str = ""
+    #: our keys found malformed on this queue, as "<key>: <what>" (skipped or replaced)
+    problems: list[str] = field(default_factory=list)
 
 
 def release_to_rq(
@@ -48,13 +58,30 @@ def release_to_rq(
         q = layout(queue)
         released = Released(queue)
         keys = [q.leases, q.stalled, q.started, q.rq_queue, q.moving, q.stats]
-        while True:
-            args = [q.prefix, q.job_prefix, RQ_PREFIX, BATCH, released.alive]
-            unpinned, requeued, alive, more = (int(n) for n in script(client, keys, args))
-            released.unpinned += unpinned
-            released.requeued += requeued
-            released.alive += alive
-            if not more:
-                break
+        try:
+            _release_queue(client, script, keys, q, released)
+        except ResponseError as error:
+            released.error = str(error)
         results.append(released)
     return results
+
+
+def _release_queue(
+    client: Redis, script: scripts.LuaScript, keys: list[str], q: QueueKeys, released: Released
+) -> None:
+    """Call the script until the queue is done, adding up into ``released``."""
+    while True:
+        args = [q.prefix, q.job_prefix, RQ_PREFIX, BATCH, released.alive]
+        reply = script(client, keys, args)
+        if int(reply[0]) == -1:
+            released.error = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+            return
+        unpinned, requeued, alive, more = (int(n) for n in reply[:4])
+        released.unpinned += unpinned
+        released.requeued += requeued
+        released.alive += alive
+        for key, what in malformed.report(reply[4]):
+            if f"{key}: {what}" not in released.problems:
+                released.problems.append(f"{key}: {what}")
+        if not more:
+            return

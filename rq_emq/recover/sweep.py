@@ -27,7 +27,7 @@ from rq.job import Job
 from rq.queue import Queue
 from rq.utils import now, utcformat
 
-from .. import events, scripts
+from .. import events, malformed, scripts
 from ..connection import failover
 from ..connection.blips import BLIPS
 from ..hold.background import BackgroundLoop, Stopping
@@ -62,6 +62,9 @@ class SweepReport:
     #: Why nothing was swept ("" when it ran or another sweeper had the round): the
     #: queue's workers keep their jobs under another job key prefix than this sweeper's.
     refused: str = ""
+    #: Our keys the round found malformed, as "<key>: <what>" (skipped or replaced, never
+    #: a reason to stop: lua/lib/own_keys.lua); each is logged once per process too.
+    problems: list[str] = field(default_factory=list)
 
 
 def _ids(values: list[Any]) -> list[str]:
@@ -212,6 +215,9 @@ class Sweeper(OutboxDrain, BackgroundLoop):
             report.dropped += _ids(reply[5])
             report.outbox_due = int(reply[7])
             report.ended += _ids(reply[8])
+            for key, what in malformed.report(reply[9] if len(reply) > 9 else []):
+                if f"{key}: {what}" not in report.problems:
+                    report.problems.append(f"{key}: {what}")
             if mode == "dry-run" or not int(reply[6]):
                 break
             call_mode, reply = "continue", None

@@ -188,8 +188,8 @@ def test_a_job_silent_past_its_progress_timeout_is_refused_for_good_and_its_run_
         '{"progress":9}',
         "200",
     ]
-    lost, settled, stuck = scripts.load("renew_leases")(r, [Q.leases, Q.stalled, Q.stats], args)
-    assert stuck == [held.job.id.encode()] and lost == [] and settled == []
+    lost, settled, stuck, malformed = scripts.load("renew_leases")(r, [Q.leases, Q.stalled, Q.stats], args)
+    assert stuck == [held.job.id.encode()] and lost == [] and settled == [] and malformed == []
     assert 0 < r.pttl(Q.lock(held.job.id)) <= lock_ttl
 
 

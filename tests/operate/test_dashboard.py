@@ -118,7 +118,7 @@ def test_stalls_recoveries_crashes_poison_pills_and_refused_outcomes_are_listed_
     late = held_job(r)
     finish = scripts.load("finish_job")
     keys = [job_key(late.job_id), Q.lock(late.job_id), Q.leases, Q.stalled, Q.stats]
-    assert finish(r, keys, [late.job_id, "not-its-token:w9", "finished", 0]) == [0]
+    assert finish(r, keys, [late.job_id, "not-its-token:w9", "finished", 0]) == [0, []]
     html = page(client)
     listed = events(html)
     for kind, job_id in [

@@ -30,19 +30,30 @@ ARGV:
   5  whether to record the job's seen fields after RQ's commands as ours: '1' read them
      back, '0' not at all (nothing to record, or the caller folded the record into RQ's
      own HSET of them)
-  6  number of commands; then per command: its argument count, then the arguments
+  6  '1' to refuse the whole block, writing nothing, when MULTI would refuse one of the
+     commands as it is queued (an unknown command, a wrong number of arguments, an ACL
+     denial: lib/lease.lua `refused_at_queue`), as EXEC aborts then (the job's own fenced
+     pipeline); '0' not to look (RQ's own writes: one COMMAND INFO less)
+  7  number of commands; then per command: its argument count, then the arguments
 Returns (each reply ends with `malformed`: our keys found malformed and skipped or
 replaced, {key, what, ...}, lib/own_keys.lua):
   {0}               fenced out: the lease is not ours (or RQ ended the job since the
                     take, which also releases the lease), nothing was written
-  {1, replies}      replies[i] is the i-th command's reply (an error reply in place)
+  {1, replies}      replies[i] is the i-th command's reply (an error reply in place, as
+                    EXEC gives a command's error at run time, WRONGTYPE say)
+  {3, i, error}     MULTI would have refused the i-th command as it was queued: nothing
+                    was checked or written (the caller raises `error`, as EXEC aborts)
 ]]
 -- @include lib/lease.lua
 
 local job_id, token = ARGV[1], ARGV[2]
+if ARGV[6] == '1' then
+  local at, why = refused_at_queue(8, tonumber(ARGV[7]))
+  if at then return {3, at, why, MALFORMED} end
+end
 local state = check_holder(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, token, KEYS[6], ARGV[3])
 if state ~= 'held' then return {0, MALFORMED} end
-local replies = run_packed(7, tonumber(ARGV[6]))
+local replies = run_packed(8, tonumber(ARGV[7]))
 local record = {}
 if ARGV[5] == '1' then record = seen_record(KEYS[1]) end
 if ARGV[4] ~= '' then

@@ -237,6 +237,43 @@ local function run_packed(pos, count)
   return replies
 end
 
+-- What MULTI would refuse as the `count` commands packed from ARGV position `pos` are
+-- queued, so that EXEC would abort and write nothing: an unknown command, a wrong number
+-- of arguments, or one the caller's ACL user may not run. Found before any of them runs
+-- (a script cannot be rolled back: a refusal met while running them would leave the ones
+-- before it written). Returns nil, or the command's position and the error MULTI gives.
+-- Arity and existence come from one COMMAND INFO of all their names (a user who may not
+-- run it gets neither checked here); the ACL from redis.acl_check_cmd, which scripts have
+-- from Redis 7.0 (on 6.2 an ACL refusal is met as it runs: an error reply in its place).
+local function refused_at_queue(pos, count)
+  local names, at = {}, {}
+  for i = 1, count do
+    at[i] = pos
+    names[i] = string.lower(ARGV[pos + 1])
+    pos = pos + tonumber(ARGV[pos]) + 1
+  end
+  local specs = redis.pcall('COMMAND', 'INFO', unpack(names))
+  for i = 1, count do
+    local argc, first = tonumber(ARGV[at[i]]), at[i] + 1
+    local unknown = "ERR unknown command '" .. ARGV[first] .. "'"
+    if not refused(specs) then
+      if not specs[i] then return i, unknown end
+      local arity = tonumber(specs[i][2])
+      if (arity >= 0 and argc ~= arity) or (arity < 0 and argc < -arity) then
+        return i, "ERR wrong number of arguments for '" .. names[i] .. "' command"
+      end
+    end
+    if redis.acl_check_cmd then
+      local known, allowed = pcall(redis.acl_check_cmd, unpack(ARGV, first, first + argc - 1))
+      if not known then return i, unknown end
+      if not allowed then
+        return i, "NOPERM this user has no permissions to run the '" .. names[i] .. "' command or its subcommand"
+      end
+    end
+  end
+  return nil
+end
+
 -- Forget the lease on job_id: lock, index entry and stall mark. The owner token is
 -- replaced by `settled` (so the holder's next renewal learns the job ended normally
 -- rather than being taken from it), or removed when `settled` is false. Returns whether

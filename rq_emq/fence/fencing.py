@@ -26,7 +26,7 @@ from typing import Any
 
 from redis import Redis
 from redis.client import Pipeline
-from redis.exceptions import ResponseError, WatchError
+from redis.exceptions import NoPermissionError, ResponseError, WatchError
 
 from .. import malformed, scripts
 from ..keys import RQ_PREFIX, QueueKeys
@@ -134,6 +134,11 @@ class FencedSession:
         self.error: BaseException | None = None
         #: Exceptions the fence raised into RQ's code in this block.
         self.raised: list[BaseException] = []
+        #: Refuse the whole transaction, writing nothing, when MULTI would refuse one of its
+        #: commands as it is queued (unknown, wrong arity, ACL), as EXEC aborts then: a
+        #: job's own pipeline, whose commands are anyone's. RQ's own commands are RQ's: not
+        #: looked at (one command less per write).
+        self.check_queued = False
 
     def mark_committed(self) -> None:
         self.committed = True
@@ -196,6 +201,7 @@ class FencedPipelineMixin:
             packed: list[Any] = [fence.job_id, fence.token, RQ_PREFIX, fence.counter]
         else:
             packed = [fence.job_id, fence.token, RQ_PREFIX, *start_record(fence, commands, pieces)]
+            packed.append("1" if session.check_queued else "0")
         packed.extend(pack(pieces))
         watching = bool(pipe.watching)
         for attempt in (1, 2):
@@ -212,6 +218,8 @@ class FencedPipelineMixin:
             raise reply
         malformed.report(reply[-1])
         outcome = int(reply[0])
+        if outcome == 3:
+            raise self._refused_at_queue(commands, pieces, int(reply[1]), text(reply[2]))
         if outcome == 2:
             raise session.refuse(ended_status=text(reply[1]))
         if outcome != 1:
@@ -219,6 +227,21 @@ class FencedPipelineMixin:
         session.mark_committed()
         replies = merge_replies(pieces, list(reply[1]))
         return self._apply_callbacks(commands, replies, raise_on_error)
+
+    def _refused_at_queue(
+        self, commands: list[Any], pieces: list[tuple[list[list[Any]], str]], part: int, error: str
+    ) -> ResponseError:
+        """The error MULTI gave the command refused as it was queued (the script's packed
+        ``part``, 1-based), annotated as redis-py annotates it; EXEC aborted, nothing written."""
+        pipe: Any = self
+        pipe.reset()
+        # the command whose packed parts (a long variadic command is split) hold ``part``
+        ends = [len(parts) for parts, _ in pieces]
+        index = next(i for i in range(len(ends)) if part <= sum(ends[: i + 1]))
+        code, _, message = error.partition(" ")
+        exception = NoPermissionError(message) if code == "NOPERM" else ResponseError(error)
+        pipe.annotate_exception(exception, index + 1, commands[index][0])
+        return exception
 
     def _send_script(self, watching: bool) -> list[Any]:
         """Send the one EVALSHA: inside MULTI/EXEC only when RQ WATCHes a key (its

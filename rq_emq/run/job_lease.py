@@ -150,6 +150,8 @@ class JobWriteSession(FencedSession):
 
     def __init__(self, fence: Fence) -> None:
         super().__init__(fence, release=False)
+        # a block MULTI would refuse at queue time writes nothing, as EXEC aborts
+        self.check_queued = True
 
     def refuse(self, ended_status: str | None = None) -> LeaseLost:
         self.refused = True

@@ -32,6 +32,8 @@ DASHBOARD = "tests/operate/test_dashboard.py"
 SWEEP_RECORD = "tests/recover/test_record.py"
 EVENTS = "tests/shared/test_events.py"
 STOP_ORDER = "tests/run/test_stop_order.py"
+BAD_KEYS = "tests/shared/test_malformed_keys.py"
+ABORTS = "tests/fence/test_fenced_pipeline_aborts.py"
 
 
 @dataclass(frozen=True)
@@ -1321,6 +1323,88 @@ CATALOG: list[Mutation] = [
         "if at == false then",
         [f"{SWEEP_RECORD}::test_the_minute_ring_has_a_fixed_size_and_starts_a_stale_slot_again"],
         "an hour-old minute's counts are added to this minute's in the chart",
+    ),
+    # -- bad data never wedges a queue (issue 33, rule 4: lua/lib/own_keys.lua) ---------------
+    _m(
+        "malformed_counter_fails_the_take",
+        "lua/lib/own_keys.lua",
+        "local reply = redis.pcall('HINCRBY', key, field, n)",
+        "local reply = redis.call('HINCRBY', key, field, n)",
+        [f"{BAD_KEYS}::test_a_take_with_malformed_stats_leases_the_job_whole_and_logs_the_key_once"],
+        "a stats field that is no integer fails the take after its lease writes: the job half-claimed",
+    ),
+    _m(
+        "index_of_another_type_not_replaced",
+        "lua/lib/own_keys.lua",
+        "  redis.call('DEL', key)\n",
+        "  do return error(reply) end\n",
+        [f"{BAD_KEYS}::test_an_index_of_another_type_is_replaced_and_each_live_lease_indexed_again"],
+        "a leases index overwritten with a string fails every take and renewal of the queue",
+    ),
+    _m(
+        "index_of_another_type_read_as_an_error",
+        "lua/lib/own_keys.lua",
+        "    return empty, true\n",
+        "    return error(reply)\n",
+        [f"{BAD_KEYS}::test_an_index_of_another_type_is_replaced_and_each_live_lease_indexed_again"],
+        "a renewal reading a clobbered leases index fails, and every lease of the queue is lost",
+    ),
+    _m(
+        "replaced_index_drops_live_leases",
+        "lua/renew_leases-3.lua",
+        "if owner == token and (indexed or unreadable) then",
+        "if owner == token and indexed then",
+        [f"{BAD_KEYS}::test_an_index_of_another_type_is_replaced_and_each_live_lease_indexed_again"],
+        "a live holder whose index was clobbered loses its lease; the sweep can no longer see the job",
+    ),
+    _m(
+        "malformed_events_stream_fails_the_sweep",
+        "lua/lib/record.lua",
+        "local added = redis.pcall('XADD'",
+        "local added = redis.call('XADD'",
+        [f"{BAD_KEYS}::test_the_sweep_recovers_with_its_record_malformed_and_says_which_keys"],
+        "an events key of another type fails the sweep after it moved jobs",
+    ),
+    _m(
+        "sweep_key_without_expiry_refuses_every_round",
+        "lua/move_stalled_jobs_to_wait-9.lua",
+        "  if redis.call('PTTL', sweep_key) ~= -1 then return {0} end",
+        "  do return {0} end",
+        [f"{BAD_KEYS}::test_a_rate_limit_key_without_an_expiry_does_not_stop_the_rounds"],
+        "a rate-limit key set without an expiry stops the queue's sweep forever",
+    ),
+    _m(
+        "rollback_writes_before_checking_rqs_keys",
+        "lua/release_leases_to_rq-6.lua",
+        "if refused(redis.pcall('LLEN', queue_key)) then",
+        "if false then",
+        [f"{BAD_KEYS}::test_rollback_hands_back_every_queue_it_can_and_names_the_one_it_cannot"],
+        "rollback marks a job queued, then fails to push it to a queue list of another type",
+    ),
+    _m(
+        "malformed_key_logged_per_job",
+        "rq_emq/malformed.py",
+        "            if (key, what) in _logged:",
+        "            if False:",
+        [f"{BAD_KEYS}::test_a_take_with_malformed_stats_leases_the_job_whole_and_logs_the_key_once"],
+        "a worker logs a malformed key on every take instead of once",
+    ),
+    # -- a job's fenced pipeline commits as MULTI/EXEC does -------------------------------------
+    _m(
+        "fenced_pipeline_half_runs",
+        "lua/guard_job_write-6.lua",
+        "if ARGV[6] == '1' then",
+        "if false then",
+        [f"{ABORTS}::test_a_command_multi_refuses_as_queued_aborts_the_whole_block_writing_nothing"],
+        "a fenced pipeline with a wrong-arity command commits the commands before it",
+    ),
+    _m(
+        "fenced_pipeline_ignores_the_acl",
+        "lua/lib/lease.lua",
+        "    if redis.acl_check_cmd then",
+        "    if false then",
+        [f"{ABORTS}::test_a_command_the_acl_denies_aborts_the_whole_block_as_exec_does"],
+        "a fenced pipeline with a command the ACL denies commits the commands before it (Redis >= 7)",
     ),
 ]
 

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import atexit
 import importlib
+import inspect
 import logging
 import os
 import threading
@@ -128,7 +129,24 @@ def resolve(path: str) -> Hook:
         raise ValueError(f"cannot load {path!r}: {error}") from None
     if not callable(target):
         raise ValueError(f"{path!r} is not callable")
+    _require_one_argument(path, target)
     return target  # type: ignore[return-value]
+
+
+def _require_one_argument(path: str, target: object) -> None:
+    """A hook is called with one event: one that cannot take it would fail on every event,
+    on the hooks' thread, long after startup; refused at once instead. A callable whose
+    signature Python cannot read (some builtins) is given the benefit of the doubt."""
+    try:
+        signature = inspect.signature(target)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(object())
+    except TypeError as error:
+        raise ValueError(
+            f"{path!r} cannot take an event (called as hook(event)): {path}{signature}: {error}"
+        ) from None
 
 
 def hook_paths(setting: str) -> list[str]:

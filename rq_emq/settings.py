@@ -1,15 +1,18 @@
 """Lease settings: names, defaults, sources and validation, all in one place.
 
 A setting comes from (highest first) a constructor keyword, an ``RQ_EMQ_<NAME>``
-environment variable, a class attribute on the worker, or the default below. Values
+environment variable, an ``RQ_EMQ_<NAME>`` in RQ's ``-c`` settings module, a class
+attribute on the worker, or the default below: the deployment (its environment, then its
+settings module) overrides what the code sets as its default (a class attribute). Values
 are validated when the worker is built, so a bad value stops ``rq worker`` at startup
-with a message that names the setting.
+with a message that names the setting, wherever it came from.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -33,6 +36,11 @@ DEFAULT_LEASE_MS = 30_000
 #: The shortest shutdown timeout: the cold stop it turns into is RQ's second stop signal,
 #: which RQ ignores within a second of the first (a worker pool sends two).
 MIN_SHUTDOWN_TIMEOUT_MS = 1_000
+#: How a worker writes its log lines (``log_format``): RQ's ``--log-format`` with the level
+#: and the worker's name, or one JSON object per line for log pipelines.
+LOG_FORMATS = ("text", "json")
+#: ``RQ_EMQ_*`` names that are no settings: what a worker hands its spawned horse.
+INTERNAL_PREFIXES = (ENV_PREFIX + "HORSE_",)
 
 
 class SettingsError(ValueError):
@@ -75,6 +83,10 @@ class LeaseSettings:
     #: hands the job back to the front of its queue, attempt refunded (milliseconds). 0:
     #: RQ's warm stop, which waits for the job however long it takes.
     shutdown_timeout_ms: int = 0
+    #: How a worker's own log lines are written under ``rq worker``: ``text`` (RQ's
+    #: ``--log-format`` and ``--date-format``, with the level and the worker's name) or
+    #: ``json`` (one object per line: time, level, logger, worker, message, job_id, queue).
+    log_format: str = "text"
 
     def __post_init__(self) -> None:
         # what was set is checked before the unset intervals follow it, so an error names
@@ -94,6 +106,10 @@ class LeaseSettings:
                 "between renewals"
             )
         _require_hooks(self.event_hooks)
+        if self.log_format not in LOG_FORMATS:
+            raise SettingsError(
+                _msg("log_format", f"must be one of {', '.join(LOG_FORMATS)}", self.log_format)
+            )
         if 0 < self.shutdown_timeout_ms < MIN_SHUTDOWN_TIMEOUT_MS:
             # RQ takes a second stop signal within a second of the first for the same one
             raise SettingsError(
@@ -159,6 +175,16 @@ class LeaseSettings:
         return max(min(self.renew_interval_ms, self.lease_ms / 4) / 1000.0, 0.05)
 
     @property
+    def min_progress_timeout_ms(self) -> int:
+        """The shortest progress timeout this worker can hold a job to: two renew
+        intervals. A report lands with the renewal after it (up to one interval late) and
+        the timeout is checked at renewals (one more), so a shorter one would stop a job
+        that reports as often as it asked, by the tick it happened to fall on. A job asking
+        for less (``rq_emq.progress_timeout(ms)``, set by a producer that does not know the
+        worker's renew interval) is held to this instead, with a warning at its take."""
+        return 2 * self.renew_interval_ms
+
+    @property
     def lease_check_interval_s(self) -> float:
         """How often a holder compares its leases with their local deadlines (seconds)."""
         return (
@@ -175,14 +201,23 @@ class LeaseSettings:
         overrides: Mapping[str, Any] | None = None,
         defaults: Mapping[str, Any] | None = None,
         environ: Mapping[str, str] | None = None,
+        module: Mapping[str, Any] | None = None,
     ) -> LeaseSettings:
-        """Build settings from keyword overrides, the environment and class-level defaults."""
+        """Build settings from keyword overrides, the environment, the ``RQ_EMQ_*`` names of
+        RQ's ``-c`` settings module (``module``) and class-level defaults, in that order."""
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         for name in cls.names():
+            variable = ENV_PREFIX + name.upper()
             if defaults and defaults.get(name) is not None:
                 values[name] = defaults[name]
-            env_value = environ.get(ENV_PREFIX + name.upper())
+            module_value = (module or {}).get(variable)
+            if module_value is not None:
+                # a module may hold the value itself (7000, False) or its text ("7000")
+                values[name] = (
+                    _parse_env(name, module_value) if isinstance(module_value, str) else module_value
+                )
+            env_value = environ.get(variable)
             if env_value is not None and env_value.strip() != "":
                 values[name] = _parse_env(name, env_value)
             if overrides and overrides.get(name) is not None:
@@ -191,6 +226,29 @@ class LeaseSettings:
         if unknown:
             raise SettingsError(f"unknown lease setting(s): {', '.join(sorted(unknown))}")
         return cls(**values)
+
+
+def module_settings(module: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``RQ_EMQ_*`` names of a settings module (RQ's ``read_config_file`` of ``-c``)."""
+    return {key: value for key, value in module.items() if key.startswith(ENV_PREFIX)}
+
+
+def misspelled(names: Iterable[str]) -> list[tuple[str, str]]:
+    """``(name, closest setting's variable)`` for each ``RQ_EMQ_*`` name in ``names`` that
+    is no setting but looks like one (``RQ_EMQ_LEASEMS``: ``RQ_EMQ_LEASE_MS``). A name
+    close to none is another tool's and is left alone, as are the internal ones."""
+    valid = [name.upper() for name in LeaseSettings.names()]
+    found = []
+    for name in sorted(set(names)):
+        if not name.startswith(ENV_PREFIX) or name.startswith(INTERNAL_PREFIXES):
+            continue
+        wanted = name[len(ENV_PREFIX) :]
+        if wanted in valid:
+            continue
+        closest = difflib.get_close_matches(wanted, valid, n=1, cutoff=0.6)
+        if closest:
+            found.append((name, ENV_PREFIX + closest[0]))
+    return found
 
 
 #: Settings that no longer change anything: accepted (and checked), with a warning at startup.
@@ -258,6 +316,8 @@ def _require_hooks(value: object) -> None:
 def _parse_env(name: str, raw: str) -> Any:
     field_type = {f.name: f.type for f in fields(LeaseSettings)}[name]
     text = raw.strip()
+    if name == "log_format":
+        return text.lower()
     if field_type in (str, "str"):
         return text
     if field_type in (bool, "bool"):

@@ -19,7 +19,7 @@ from redis import Redis
 from redis.exceptions import RedisError
 from rq.cli.helpers import get_redis_from_config, read_config_file
 
-from ..settings import ENV_PREFIX, LeaseSettings, SettingsError
+from ..settings import LeaseSettings, SettingsError, module_settings
 from . import cli_output, inspection
 
 DEFAULT_URL = "redis://localhost:6379/0"
@@ -67,9 +67,8 @@ def connect(url: str | None, config: str | None, overrides: dict[str, Any] | Non
             module = read_config_file(config)
         except Exception as error:  # an import runs arbitrary code: any failure is bad input
             raise BadInput(f"cannot import settings module {config!r} (-c/--config): {error}") from None
-    environ = {k: str(v) for k, v in module.items() if k.startswith(ENV_PREFIX)} | dict(os.environ)
     try:
-        settings = LeaseSettings.resolve(overrides, environ=environ)
+        settings = LeaseSettings.resolve(overrides, environ=os.environ, module=module_settings(module))
     except SettingsError as error:
         raise BadInput(f"invalid setting: {error}") from None
     if url:

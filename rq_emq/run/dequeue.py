@@ -198,11 +198,29 @@ class DequeueMixin:
                     "of ms from 1 to a week",
                     "no progress timeout",
                 )
+            else:
+                lease.progress_timeout_ms = self._progress_timeout_held(job, queue, lease.progress_timeout_ms)
         if wanted is not None:
             lease.max_attempts = job_max_attempts(wanted)
             if lease.max_attempts is None:
                 _ignored(job, queue, META_MAX_ATTEMPTS, wanted, "from 1 to 1000", "the worker's max_attempts")
         return job
+
+    def _progress_timeout_held(self, job: Job, queue: Queue, asked_ms: int) -> int:
+        """The progress timeout the job is held to: what it asked, or the shortest this
+        worker can check (:attr:`rq_emq.settings.LeaseSettings.min_progress_timeout_ms`),
+        said once per take. Not a failure: the job is fine on a faster-renewing worker."""
+        me: Any = self
+        floor = int(me.lease_settings.min_progress_timeout_ms)
+        if asked_ms >= floor:
+            return asked_ms
+        logger.warning(
+            "job %s on queue %s: its progress timeout (%d ms) is shorter than this worker can check "
+            "(2 renew intervals, %d ms); holding it to %d ms",
+            *(job.id, queue.name, asked_ms, floor, floor),
+            extra={"job_id": job.id, "queue": queue.name},
+        )
+        return floor
 
     def _fail_unreadable(self, queue: Queue, lease: Lease, error: Exception) -> None:
         logger.error(

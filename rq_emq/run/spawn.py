@@ -14,7 +14,9 @@ environment. So the worker hands it over there, just before the spawn:
 - ``RQ_EMQ_HORSE_WATCHED``: ``1`` when the worker's watchdog runs (it, not ``PDEATHSIG``,
   ends the horse whole as the worker dies);
 - ``RQ_EMQ_HORSE_GRANT``: the take's attempt and fencing token (``<attempt>:<token>``),
-  which the job reads through ``rq_emq.current_lease()``.
+  which the job reads through ``rq_emq.current_lease()``;
+- ``RQ_EMQ_HORSE_CONFIG``: the settings module of ``rq worker -c`` ("" for none), whose
+  ``RQ_EMQ_*`` settings the horse reads as its worker did (:mod:`rq_emq.run.startup`).
 
 The horse rebuilds its lease from those in :meth:`SpawnLeaseMixin.main_work_horse`, before
 RQ's code runs the job. Nothing of it is written to Redis.
@@ -36,6 +38,7 @@ from ..recover.registries import given_queue_class
 from ..settings import job_max_attempts
 from .dequeue import META_MAX_ATTEMPTS
 from .horse_fence import HorseDeadline
+from .startup import ENV_CONFIG, settings_module_name
 from .worker import LeaseWorker
 
 ENV_LEASE = "RQ_EMQ_HORSE_LEASE"
@@ -70,6 +73,7 @@ class SpawnLeaseMixin:
             ENV_DEADLINE: self._horse_deadline.path or "",
             ENV_WATCHED: "1" if watchdog is not None and watchdog.alive else "",
             ENV_GRANT: f"{lease.attempt}:{lease.fencing_token}" if lease is not None else "",
+            ENV_CONFIG: settings_module_name() or "",
         }
         os.environ.update(handed)  # RQ's SpawnWorker hands the horse this process's environment
         try:

@@ -1,5 +1,11 @@
 """What a worker checks before it starts: its settings and its Redis.
 
+The settings come from the worker's keywords, the environment, the ``RQ_EMQ_*`` names of
+the settings module RQ's CLI was given (``rq worker -c mysettings``, or ``RQ_CONFIG``:
+the worker is built inside RQ's ``worker`` command, whose parsed options click keeps)
+and the class attributes (:meth:`rq_emq.settings.LeaseSettings.resolve`). A name that
+looks like a misspelled setting is warned about, once per process.
+
 A worker that cannot start says why in one line and exits non-zero. RQ's ``rq worker``
 logs any ``Exception`` from the worker with its traceback (RQ 3) or lets it escape
 (RQ 2), so the refusal is a :class:`StartupError`, a ``SystemExit`` whose message is that
@@ -13,12 +19,20 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import click
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..settings import ENV_PREFIX, UNUSED_SETTINGS, LeaseSettings, SettingsError
+from ..settings import (
+    ENV_PREFIX,
+    UNUSED_SETTINGS,
+    LeaseSettings,
+    SettingsError,
+    misspelled,
+    module_settings,
+)
 
 logger = logging.getLogger("rq_emq.startup")
 
@@ -33,24 +47,91 @@ class StartupError(SystemExit):
         super().__init__(f"rq-emq: {message}")
 
 
+#: The settings module's name, handed to a SpawnWorker's horse (a new interpreter, outside
+#: RQ's CLI) so that it reads the same settings as its worker.
+ENV_CONFIG = "RQ_EMQ_HORSE_CONFIG"
+
+#: Misspelled names already warned about in this process (a pool's worker, a rebuilt one).
+_warned: set[str] = set()
+
+
 def worker_settings(
-    overrides: Mapping[str, Any], defaults: Mapping[str, Any], environ: Mapping[str, str] | None = None
+    overrides: Mapping[str, Any],
+    defaults: Mapping[str, Any],
+    environ: Mapping[str, str] | None = None,
+    module: Mapping[str, Any] | None = None,
 ) -> LeaseSettings:
+    """The worker's settings; ``module``: the ``-c`` settings module's names (None: the
+    module RQ's CLI was given, if any). A bad value, wherever it came from, is a
+    :class:`StartupError` naming it."""
     environ = os.environ if environ is None else environ
+    module = cli_settings() if module is None else module_settings(module)
+    # a SpawnWorker's horse (told its worker's module) builds the worker again: the
+    # worker has warned already, and a line per job would drown the log
+    warn = ENV_CONFIG not in os.environ
+    if warn:
+        _warn_misspelled(environ, module)
     try:
-        settings = LeaseSettings.resolve(overrides, defaults, environ)
+        settings = LeaseSettings.resolve(overrides, defaults, environ, module)
     except SettingsError as error:
         raise StartupError(f"invalid setting: {error}") from error
-    for name in UNUSED_SETTINGS:
+    for name in UNUSED_SETTINGS if warn else ():
         variable = ENV_PREFIX + name.upper()
         if (
             any(given.get(name) is not None for given in (overrides, defaults))
             or environ.get(variable, "").strip()
+            or module.get(variable) is not None
         ):
             # still accepted so that a configuration setting it keeps starting, but whoever
             # tunes it should know it changes nothing
             logger.warning("%s (%s) is no longer used and changes nothing; it can be removed", name, variable)
     return settings
+
+
+def settings_module_name() -> str | None:
+    """The settings module ``rq worker -c`` (``rq worker-pool -c``, or ``RQ_CONFIG``) names.
+
+    RQ's CLI imports that module for its own settings (REDIS_URL, QUEUES...) and builds
+    the worker inside its command, so click's context of that command holds the option as
+    RQ parsed it (a pool's workers are forked from it). A worker built outside RQ's CLI
+    has none, unless it is a SpawnWorker's horse, told by its worker (:data:`ENV_CONFIG`)."""
+    context = click.get_current_context(silent=True)
+    if context is not None and _is_rq_cli(context.find_root()):
+        while context is not None:
+            if context.params.get("config"):
+                return str(context.params["config"])
+            context = context.parent
+        return None
+    return os.environ.get(ENV_CONFIG) or None
+
+
+def _is_rq_cli(root: click.Context) -> bool:
+    # only RQ's own ``config`` option names a settings module: another program's may not
+    callback = getattr(root.command, "callback", None)
+    return str(getattr(callback, "__module__", "")).startswith("rq.cli")
+
+
+def cli_settings() -> dict[str, Any]:
+    """The ``RQ_EMQ_*`` names of the settings module RQ's CLI was given ({} for none)."""
+    name = settings_module_name()
+    if not name:
+        return {}
+    from rq.cli.helpers import read_config_file
+
+    try:
+        return module_settings(read_config_file(name))  # imported already by RQ's CLI
+    except Exception as error:  # an import runs arbitrary code: any failure is the module's
+        raise StartupError(f"cannot import settings module {name!r} (-c/--config): {error}") from error
+
+
+def _warn_misspelled(environ: Mapping[str, str], module: Mapping[str, Any]) -> None:
+    for source, names in (("environment variable", environ), ("settings module name", module)):
+        for name, closest in misspelled(names):
+            if name not in _warned:
+                _warned.add(name)
+                logger.warning(
+                    "%s %s is not an rq-emq setting (ignored); did you mean %s?", source, name, closest
+                )
 
 
 def check_redis(connection: Redis) -> None:

@@ -188,3 +188,80 @@ def test_the_local_lease_clock_stops_a_job_before_any_sweep_may_recover_it(
     # ... and the local stop (checked every check interval) comes before lease + grace
     assert trusted + 1000 * s.lease_check_interval_s < s.lease_ms + grace.grace_ms
     assert 1000 * s.redis_timeout_s <= max(s.renew_interval_ms, 50)
+
+
+# -- one source of settings: RQ's -c module, and typos caught --------------------------------
+
+
+def test_the_environment_beats_the_settings_module_which_beats_class_attributes() -> None:
+    s = LeaseSettings.resolve(
+        {"max_attempts": 9},
+        {"lease_ms": 9_000, "sweep_batch": 7, "max_attempts": 2},
+        {"RQ_EMQ_LEASE_MS": "20000"},
+        {"RQ_EMQ_LEASE_MS": 7_000, "RQ_EMQ_SWEEP_BATCH": "50", "RQ_EMQ_MAX_ATTEMPTS": 4},
+    )
+    assert (s.lease_ms, s.sweep_batch, s.max_attempts) == (20_000, 50, 9)
+    assert (
+        LeaseSettings.resolve(module={"RQ_EMQ_STOP_ON_LEASE_LOST": False}, environ={}).stop_on_lease_lost
+        is False
+    )
+
+
+@pytest.mark.parametrize("value", ["abc", -5, 10**12])
+def test_a_bad_value_in_the_settings_module_names_the_setting(value: object) -> None:
+    with pytest.raises(StartupError, match=r"rq-emq: invalid setting: lease_ms \(RQ_EMQ_LEASE_MS\)"):
+        worker_settings({}, {}, {}, module={"RQ_EMQ_LEASE_MS": value, "REDIS_URL": "redis://"})
+
+
+def test_a_misspelled_name_is_warned_about_once_naming_the_closest_setting(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from rq_emq.run import startup
+
+    startup._warned.clear()
+    environ = {"RQ_EMQ_LEASEMS": "5000", "RQ_EMQ_HORSE_LEASE": "x", "RQ_EMQ_TEST_PROCESSES": "y"}
+    with caplog.at_level(logging.WARNING, logger="rq_emq.startup"):
+        worker_settings({}, {}, environ, module={"RQ_EMQ_MAX_ATTEMPT": 4})
+        worker_settings({}, {}, environ, module={"RQ_EMQ_MAX_ATTEMPT": 4})
+    said = [r.getMessage() for r in caplog.records if "not an rq-emq setting" in r.getMessage()]
+    assert said == [
+        "environment variable RQ_EMQ_LEASEMS is not an rq-emq setting (ignored); "
+        "did you mean RQ_EMQ_LEASE_MS?",
+        "settings module name RQ_EMQ_MAX_ATTEMPT is not an rq-emq setting (ignored); "
+        "did you mean RQ_EMQ_MAX_ATTEMPTS?",
+    ]
+
+
+def two_arguments(event: object, other: object) -> None:
+    """Not a hook: it cannot be called with one event."""
+
+
+def keyword_only(*, event: object) -> None:
+    """Not a hook either: the event is passed by position."""
+
+
+@pytest.mark.parametrize("name", ["two_arguments", "keyword_only"])
+def test_an_event_hook_that_cannot_take_an_event_is_refused_at_startup(name: str) -> None:
+    path = f"{__name__}:{name}"
+    with pytest.raises(StartupError, match=f"event_hooks .*{name}.* cannot take an event"):
+        worker_settings({}, {}, {"RQ_EMQ_EVENT_HOOKS": path}, module={})
+    assert worker_settings(
+        {}, {}, {"RQ_EMQ_EVENT_HOOKS": "json:dumps"}, module={}
+    )  # any one-argument callable
+
+
+@pytest.mark.parametrize(("asked", "held"), [(50, 2_000), (1_999, 2_000), (2_000, 2_000), (60_000, 60_000)])
+def test_a_progress_timeout_shorter_than_two_renew_intervals_is_held_to_them(asked: int, held: int) -> None:
+    s = LeaseSettings.resolve({"lease_ms": 10_000}, environ={})
+    assert s.min_progress_timeout_ms == 2 * s.renew_interval_ms == 2_000
+    worker = SimpleLeaseWorker(["q"], connection=redis.Redis(), lease_ms=10_000, prepare_for_work=False)
+    job = type("J", (), {"id": "j1"})()
+    queue = type("Q", (), {"name": "q"})()
+    assert worker._progress_timeout_held(job, queue, asked) == held  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", ["text", "json", "JSON"])
+def test_the_log_format_is_text_or_json(value: str) -> None:
+    assert LeaseSettings.resolve(environ={"RQ_EMQ_LOG_FORMAT": value}).log_format == value.lower()
+    with pytest.raises(SettingsError, match="log_format"):
+        LeaseSettings.resolve({"log_format": "yaml"}, environ={})

@@ -206,6 +206,32 @@ def _worker_named_in_logs() -> bool:
 WORKER_NAMED_IN_LOGS: bool = _worker_named_in_logs()
 
 
+#: RQ's lines (lower case) for a job it takes as finished: "Job OK", then how long its
+#: result is kept (RQ 3 names the job in each; 2.0 to 2.6 in the first only). A lease
+#: worker drops them for an outcome its fence discarded.
+RQ_SUCCESS_LINES = ("job ok", "result is kept", "result discarded immediately", "result will never expire")
+#: RQ's line as it fails the job of a horse that died on its own (RQ 3: "job X failed
+#: (Work-horse terminated unexpectedly; ...)"; 2.0: "Moving job to FailedJobRegistry (...)").
+RQ_HORSE_DIED_LINE = "work-horse terminated unexpectedly"
+#: RQ's line, with the traceback, for an exception out of a job (RQ 3: "Worker w: job X:
+#: exception raised while executing (f)"; 2.0: "[Job X]: exception raised while executing").
+RQ_JOB_RAISED_LINE = "exception raised while executing"
+
+
+def bootstrap_log_options(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, str, str]:
+    """``(logging_level, date_format, log_format)`` as RQ's ``work()`` hands them to
+    ``bootstrap`` (every supported release: positionally, in this order)."""
+    from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
+
+    names = ("logging_level", "date_format", "log_format")
+    given = dict(zip(names, args, strict=False)) | {k: v for k, v in kwargs.items() if k in names}
+    return (
+        given.get("logging_level"),
+        given.get("date_format") or DEFAULT_LOGGING_DATE_FORMAT,
+        given.get("log_format") or DEFAULT_LOGGING_FORMAT,
+    )
+
+
 def _rq_major() -> int:
     import rq
 

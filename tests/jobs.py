@@ -102,6 +102,18 @@ def lose_lease_and_fail(log: str) -> None:
     raise ValueError("planned failure")
 
 
+def lose_lease_and_succeed(log: str) -> str:
+    """A job whose lease is taken away while it runs (as a recovery would), then returns:
+    its worker's success outcome must be fenced out."""
+    from rq import get_current_job
+
+    job = get_current_job()
+    assert job is not None
+    record(log, "start")
+    job.connection.hset(job.key, "emq_token", "someone-else")
+    return "done"
+
+
 def sleep_first_run_and_record(log: str, seconds: float) -> str:
     """Like sleep_and_record, but only the first run sleeps: a job killed mid-run whose
     rerun is quick."""

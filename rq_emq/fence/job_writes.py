@@ -84,6 +84,8 @@ class JobWritesMixin:
     #: The job's status when this process's last finish was refused because RQ or an
     #: operator had changed the job (``canceled``, ...); None otherwise.
     _refused_as: str | None = None
+    #: The job whose outcome this process's last finish discarded (refused by the fence).
+    _discarded_job_id: str | None = None
 
     @contextmanager
     def _fenced(self, job: Job, release: bool = True, records_status: bool = True) -> Iterator[None]:
@@ -106,7 +108,10 @@ class JobWritesMixin:
             if not release:
                 raise
             self._refused_as = session.ended_status
+            self._discarded_job_id = job.id  # RQ's "Job OK" for it would mislead
             return
+        if session.refused and release:
+            self._discarded_job_id = job.id  # refused, and RQ's code swallowed it
         if session.error is not None and not session.committed:
             raise session.error
         if session.refused and not release:
@@ -172,6 +177,7 @@ class JobWritesMixin:
         (:mod:`rq_emq.fence.direct_writes`) until its outcome has landed."""
         parent: Any = super()
         self._settled_job_id = None
+        self._discarded_job_id = None
         with self._guarding_direct_writes(job):
             return parent.perform_job(job, *args, **kwargs)
 

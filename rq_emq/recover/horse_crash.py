@@ -34,7 +34,7 @@ from rq.job import Job
 from rq.queue import Queue
 from rq.utils import now, utcformat
 
-from .. import events, malformed, scripts
+from .. import compat, events, malformed, scripts
 from ..connection.blips import BLIPS, through_blips
 from ..hold.held import Lease
 from ..keys import RQ_PREFIX
@@ -145,11 +145,34 @@ class HorseCrashMixin:
         if after is not None:
             after(horse_pid)
 
+    #: The job whose horse this worker watches (RQ's ``monitor_work_horse``).
+    _monitored_job_id: str | None = None
+
     def monitor_work_horse(self, job: Job, queue: Queue, *args: Any) -> None:
+        self._monitored_job_id = job.id
         try:
             super().monitor_work_horse(job, queue, *args)  # type: ignore[misc]
         except _CrashHandled:
             pass  # RQ's failure of the job is skipped: it is back in its queue, or failed
+        finally:
+            self._monitored_job_id = None
+
+    def _misleading_rq_line(self, record: Any) -> bool:
+        """RQ's "job failed (Work-horse terminated unexpectedly)" for a horse whose end this
+        worker takes over (:meth:`handle_work_horse_killed`): the job is not failed, and
+        our line says what became of it (recovered, failed at max attempts, or left to the
+        sweep)."""
+        me: Any = self
+        job_id = self._monitored_job_id
+        if (
+            job_id is not None
+            and compat.RQ_HORSE_DIED_LINE in record.getMessage().lower()
+            and not self._horse_killed_by_worker
+            and me.lock_manager is not None
+            and me.lock_manager.get(job_id) is not None
+        ):
+            return True
+        return bool(super()._misleading_rq_line(record))  # type: ignore[misc]
 
     def handle_work_horse_killed(self, job: Job, retpid: Any, ret_val: Any, rusage: Any) -> None:
         """RQ calls this (every supported release, same arguments) for a horse that ended

@@ -31,7 +31,7 @@ from ..connection import failover
 from ..connection.blips import BLIPS, wait_for_redis
 from ..fence import fencing
 from ..fence.fencing import LeaseLost
-from ..fence.job_writes import JobWritesMixin
+from ..fence.job_writes import JobWritesMixin, LeaseJobInterrupted
 from ..hold.heartbeats import HeartbeatMixin
 from ..hold.held import Lease
 from ..hold.lease import LockManager, own_client
@@ -39,6 +39,7 @@ from ..intake.take import Taker
 from ..recover.registries import pin_started_entries_of, prepare_registries
 from ..recover.sweep import Sweeper
 from ..settings import LeaseSettings
+from . import logs
 from .dequeue import DequeueMixin
 from .job_lease import JobLease, current_lease, running
 from .run_guard import RunGuard
@@ -105,6 +106,7 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
             failover.watch(scheduler.connection)
 
     def bootstrap(self, *args: Any, **kwargs: Any) -> None:
+        self._set_up_logging(*compat.bootstrap_log_options(args, kwargs))
         check_redis(self.connection)  # before RQ registers the worker: a refusal leaves no trace
         self._start_watchdog()  # forked before RQ's and our threads start
         try:
@@ -127,6 +129,58 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
         )
         self._riding_out_blips(self.sweeper.record_job_prefix, until_done=True)
         self.sweeper.start()
+
+    _rq_lines: logs.RqLines | None = None
+
+    def _set_up_logging(self, logging_level: Any, date_format: str, log_format: str) -> None:
+        """Our lines through a handler that follows RQ's logging options and names this
+        worker (:mod:`rq_emq.run.logs`), and RQ's lines that would mislead about a job this
+        worker handled dropped (:meth:`_misleading_rq_line`), whoever handles them."""
+        logs.setup(self.name, logging_level, date_format, log_format, self.lease_settings.log_format)
+        if self._rq_lines is None:
+            self._rq_lines = logs.RqLines(self._misleading_rq_line)
+            self._rq_logger().addFilter(self._rq_lines)
+
+    def _rq_logger(self) -> logging.Logger:
+        me: Any = self
+        log = getattr(me, "log", None)
+        return log if isinstance(log, logging.Logger) else logging.getLogger("rq.worker")
+
+    #: The job whose outcome this process's fence discarded (its lease was lost) and whose
+    #: run traceback of a lease stop is told in one line of ours, until the next run.
+    _discarded_job_id: str | None = None
+    _quiet_traceback_of: str | None = None
+
+    def _misleading_rq_line(self, record: logging.LogRecord) -> bool:
+        """RQ's lines that say the wrong thing about a job this worker handled: "Job OK"
+        and "result is kept" for an outcome the fence discarded (the fence's line says so),
+        the traceback of a run a lost lease interrupted (one line of ours says it)."""
+        text = record.getMessage().lower()
+        if self._discarded_job_id is not None and any(line in text for line in compat.RQ_SUCCESS_LINES):
+            return True
+        job_id = self._quiet_traceback_of
+        return job_id is not None and compat.RQ_JOB_RAISED_LINE in text and job_id.lower() in text
+
+    def handle_exception(self, job: Job, *exc_info: Any) -> Any:
+        """RQ's, which logs the job's traceback and runs the exception handlers; for a run
+        a lost lease ended (interrupted, or a fenced write refused) the traceback is one
+        line of ours instead: the job did not fail, the sweep decides what becomes of it."""
+        error = exc_info[1] if len(exc_info) > 1 else None
+        if not isinstance(error, LeaseJobInterrupted | LeaseLost):
+            return super().handle_exception(job, *exc_info)  # type: ignore[misc]
+        self._quiet_traceback_of = job.id
+        try:
+            return super().handle_exception(job, *exc_info)  # type: ignore[misc]
+        finally:
+            self._quiet_traceback_of = None
+            logger.warning(
+                "job %s on queue %s: run stopped, its lease is no longer this worker's (%s); "
+                "the sweep recovers it, attempt counted",
+                job.id,
+                job.origin,
+                error,
+                extra={"job_id": job.id, "queue": job.origin},
+            )
 
     def _finish_rq_bootstrap(self, error: Exception) -> None:
         """Redis went away after the startup check, within RQ's bootstrap (its birth,
@@ -201,6 +255,9 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
             if self._taker is not None:
                 self._taker.close()
             self._stop_watchdog()
+            if self._rq_lines is not None:
+                self._rq_logger().removeFilter(self._rq_lines)
+                self._rq_lines = None
             # the hooks' thread is a daemon: a short, bounded chance for the events still
             # queued (a pool member ends with os._exit, which runs no atexit handler)
             events.drain_at_exit()

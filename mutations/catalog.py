@@ -34,6 +34,9 @@ EVENTS = "tests/shared/test_events.py"
 STOP_ORDER = "tests/run/test_stop_order.py"
 BAD_KEYS = "tests/shared/test_malformed_keys.py"
 ABORTS = "tests/fence/test_fenced_pipeline_aborts.py"
+WORKER_LOGS = "tests/run/test_worker_logs.py"
+WORKER_SETTINGS = "tests/run/test_worker_settings.py"
+LOGS = "tests/shared/test_logs.py"
 
 
 @dataclass(frozen=True)
@@ -1043,7 +1046,7 @@ CATALOG: list[Mutation] = [
     _m(
         "crash_leaves_the_horses_children_running",
         "rq_emq/recover/horse_crash.py",
-        "        end_orphans(retpid)\n",
+        "        me._end_dead_run(retpid)\n",
         "",
         [f"{HORSE}::test_the_dead_horses_child_processes_end_before_the_job_runs_again"],
         "an OOM-killed horse's subprocess runs on beside the job's next run",
@@ -1405,6 +1408,92 @@ CATALOG: list[Mutation] = [
         "    if false then",
         [f"{ABORTS}::test_a_command_the_acl_denies_aborts_the_whole_block_as_exec_does"],
         "a fenced pipeline with a command the ACL denies commits the commands before it (Redis >= 7)",
+    ),
+    # -- settings from one source, typos caught (issue 34, item 5) -----------------------------
+    _m(
+        "settings_module_ignored",
+        "rq_emq/run/startup.py",
+        "module = cli_settings() if module is None else module_settings(module)",
+        "module = {} if module is None else module_settings(module)",
+        [f"{WORKER_SETTINGS}::test_a_bad_value_in_the_c_module_stops_the_worker_in_one_line"],
+        "a worker runs with the defaults whatever RQ_EMQ_* its rq worker -c module sets",
+    ),
+    _m(
+        "misspelled_setting_not_warned",
+        "rq_emq/settings.py",
+        "        if closest:",
+        "        if False:",
+        [f"{SETTINGS_T}::test_a_misspelled_name_is_warned_about_once_naming_the_closest_setting"],
+        "RQ_EMQ_LEASEMS=5000 is silently ignored: the worker runs a 30 s lease",
+    ),
+    _m(
+        "hook_signature_unchecked",
+        "rq_emq/events.py",
+        "    _require_one_argument(path, target)",
+        "    pass",
+        [f"{SETTINGS_T}::test_an_event_hook_that_cannot_take_an_event_is_refused_at_startup"],
+        "a hook that cannot take an event starts, then fails on every event, logged far from startup",
+    ),
+    _m(
+        "progress_timeout_not_held",
+        "rq_emq/run/dequeue.py",
+        "        if asked_ms >= floor:",
+        "        if True:",
+        [f"{SETTINGS_T}::test_a_progress_timeout_shorter_than_two_renew_intervals_is_held_to_them"],
+        "a job asking for less than the worker can check is stopped by whichever renewal it falls on",
+    ),
+    # -- logs an operator can read (issue 34, item 4) -------------------------------------------
+    _m(
+        "rq_emq_lines_without_handler",
+        "rq_emq/run/logs.py",
+        "        logger.addHandler(handler)",
+        "        pass",
+        [
+            f"{WORKER_LOGS}::test_a_recovery_line_has_a_time_a_level_and_the_worker_and_rqs_failed_line_is_gone"
+        ],
+        "our lines go to Python's last resort: no time, no level, no worker, INFO dropped",
+    ),
+    _m(
+        "rq_emq_lines_ignore_quiet",
+        "rq_emq/run/logs.py",
+        "    logger.setLevel(level_of(logging_level))",
+        "    logger.setLevel(logging.INFO)",
+        [f"{WORKER_LOGS}::test_info_lines_of_ours_show_by_default_and_quiet_drops_them"],
+        "rq worker --quiet still prints our INFO lines",
+    ),
+    _m(
+        "rq_emq_handler_beside_the_applications",
+        "rq_emq/run/logs.py",
+        "    elif has_handler(logger):",
+        "    elif False:",
+        [f"{LOGS}::test_where_the_application_configured_logging_nothing_is_added"],
+        "an application that configured logging gets our lines twice, once in a format not its own",
+    ),
+    _m(
+        "fenced_outcome_job_ok_kept",
+        "rq_emq/run/lease_mixin.py",
+        "if self._discarded_job_id is not None and any(",
+        "if self._discarded_job_id is None and any(",
+        [f"{WORKER_LOGS}::test_an_outcome_the_fence_discarded_is_no_job_ok_in_the_log"],
+        "RQ says Job OK, result kept, for an outcome the fence discarded",
+    ),
+    _m(
+        "horse_death_failed_line_kept",
+        "rq_emq/recover/horse_crash.py",
+        "            and compat.RQ_HORSE_DIED_LINE in record.getMessage().lower()",
+        "            and False",
+        [
+            f"{WORKER_LOGS}::test_a_recovery_line_has_a_time_a_level_and_the_worker_and_rqs_failed_line_is_gone"
+        ],
+        "RQ says the job failed (work-horse terminated unexpectedly) for a job we recovered",
+    ),
+    _m(
+        "lease_stop_traceback_kept",
+        "rq_emq/run/lease_mixin.py",
+        "        if not isinstance(error, LeaseJobInterrupted | LeaseLost):",
+        "        if True:",
+        [f"{WORKER_LOGS}::test_a_simple_workers_progress_timeout_stop_is_one_line_not_a_traceback"],
+        "a SimpleLeaseWorker prints a whole traceback at each lease stop",
     ),
 ]
 

@@ -47,8 +47,10 @@ def read_notes(info: Noted, now_ms: int, values: Sequence[Any]) -> None:
 
 
 def short_report(report: Any, width: int = 48) -> str | None:
-    """A report in one short line: a progress between 0 and 1 as a percentage, then the
-    details as ``name=value`` (JSON values), cut to ``width`` characters."""
+    """A report in one short line: the progress, then the details as ``name=value`` (JSON
+    values), cut to ``width`` characters. A progress that is a fraction (a float from 0.0
+    to 1.0: ``report(step / steps)``) shows as a percentage, 1.0 as ``100%`` (done); any
+    other value as written: ``report(1)``, an int, is a count (step 1), not done."""
     if report is None:
         return None
     if not isinstance(report, dict):
@@ -68,7 +70,7 @@ def report_json(report: Any) -> str:
 
 
 def _progress(value: Any) -> str:
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1:
+    if isinstance(value, float) and 0 <= value <= 1:
         return f"{value:.0%}"
     return _json(value)
 

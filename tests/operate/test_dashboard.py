@@ -97,7 +97,7 @@ def test_a_leased_job_shows_its_worker_attempt_report_and_fencing_token(
     assert cell(html, lease.job_id, "fencing-token") == r.hget(job_key(lease.job_id), "emq_fence").decode()
     assert cell(html, lease.job_id, "lock") == "held"
     assert cell(html, lease.job_id, "report").startswith('40% step="upload" (')
-    assert re.fullmatch(r"\d+ ms|\d+\.\d s", cell(html, lease.job_id, "age"))
+    assert re.fullmatch(r"(\d+ ms|\d+\.\d s) ago", cell(html, lease.job_id, "age"))  # since the grant
     assert '<td class="in-flight">1</td>' in html
 
 
@@ -342,3 +342,50 @@ def test_a_username_without_a_password_is_refused_in_one_line(redis_url: str) ->
     result = CliRunner().invoke(main, ["dashboard", "--url", redis_url, "--username", "ops"], env={})
     assert result.exit_code == 2 and "set RQ_DASHBOARD_PASSWORD" in result.output
     assert "Traceback" not in result.output
+
+
+def test_redis_down_or_a_bad_setting_gives_a_page_that_says_so_not_a_500(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The panel inside rq-dashboard's frame, its refresh fragment too, with one line that
+    names what is wrong (the Redis's host and port, never its password), no traceback."""
+    port = free_port()  # nothing listens there
+    client = create_app(f"redis://:s3cret@127.0.0.1:{port}/0").test_client()
+    for path in ("/leases", "/0/view/leases/panels"):
+        answer = client.get(path)
+        html = answer.get_data(as_text=True)
+        assert answer.status_code == 200 and 'class="alert alert-danger rq-emq-error"' in html
+        assert f"cannot read Redis (127.0.0.1:{port}): ConnectionError" in html
+        assert "s3cret" not in html and "Traceback" not in html
+    assert "RQ-dashboard" in client.get("/leases").get_data(as_text=True)  # rq-dashboard's frame
+    monkeypatch.setenv("RQ_EMQ_LEASE_MS", "abc")
+    html = page(create_app(redis_url).test_client())
+    assert "invalid setting in the dashboard&#39;s environment" in html and "RQ_EMQ_LEASE_MS" in html
+
+
+def test_the_chart_draws_crashes_and_failures_too_with_each_points_time_of_day(
+    r: redis.Redis, client: FlaskClient
+) -> None:
+    crashed = held_job(r)
+    crash = scripts.load("recover_crashed_job")
+    args = [crashed.job_id, crashed.token, "rq:", 1, 60, "2026-12-02T00:00:00Z", "horse killed by signal 9"]
+    assert crash(r, Q.returning(crashed.job_id) + [Q.failed, Q.outbox], args)[0] == 2  # failed at 1 of 1
+    html = page(client)
+    for series in ("crashed", "failed"):
+        total, minutes = chart_counts(html, series)
+        assert total == 1 and minutes and minutes <= {58, 59}, (series, total, minutes)
+    assert re.search(
+        r'<circle class="point point-crashed"[^>]*><title>1 crashed at \d\d:\d\d UTC</title>', html
+    )
+
+
+@pytest.mark.parametrize(
+    "progress, shown",
+    [(0.4, "40%"), (1.0, "100%"), (0, "0"), (1, "1"), (7, "7"), ("half", '"half"')],
+)
+def test_a_progress_shows_as_a_percentage_only_when_it_is_a_fraction(progress: object, shown: str) -> None:
+    """``report(step / steps)`` is a fraction, and 1.0 means done; ``report(1)`` (an int) is
+    a count, not done: shown as written."""
+    from rq_emq.operate.reports import short_report
+
+    assert short_report({"progress": progress}) == shown

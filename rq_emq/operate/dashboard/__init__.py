@@ -26,10 +26,11 @@ from flask import Blueprint, Flask, Response, current_app, make_response, render
 from flask.blueprints import BlueprintSetupState
 from jinja2 import BaseLoader, ChoiceLoader, FileSystemLoader, PrefixLoader
 from redis import Redis
+from redis.exceptions import RedisError
 
-from ...settings import LeaseSettings
+from ...settings import LeaseSettings, SettingsError
 from ..inspection import known_queues
-from ..panel import read_panels
+from ..panel import QueuePanel, read_panels
 from ..reports import report_json, short_report
 from .chart import svg
 from .csp import policy, trusted_script_hashes
@@ -92,16 +93,32 @@ def _page(template: str, instance_number: int, scripts: bool) -> Response:
     """``template`` rendered with every queue's panel, under a policy that lets run only the
     inline scripts of the same page rendered with no panel (see :mod:`.csp`)."""
     connection: Redis = current_app.redis_conn  # type: ignore[attr-defined]
-    settings = LeaseSettings.resolve()
-    queues = known_queues(connection)
     context = _frame(instance_number)
-    body = render_template(template, panels=read_panels(connection, queues, settings), **context)
-    hashes = trusted_script_hashes(render_template(template, panels=[], **context)) if scripts else None
+    try:
+        settings = LeaseSettings.resolve()
+        panels: list[QueuePanel] = read_panels(connection, known_queues(connection), settings)
+        error = None
+    except SettingsError as bad:
+        panels, error = [], f"invalid setting in the dashboard's environment: {bad}"
+    except RedisError as down:
+        panels, error = [], f"cannot read Redis ({_redis_where(connection)}): {type(down).__name__}: {down}"
+    body = render_template(template, panels=panels, error=error, **context)
+    hashes = (
+        trusted_script_hashes(render_template(template, panels=[], error=None, **context))
+        if scripts
+        else None
+    )
     response = make_response(body)
     response.headers.set("Cache-Control", "no-store")
     response.headers.set("Content-Security-Policy", policy(hashes))
     response.headers.set("X-Content-Type-Options", "nosniff")
     return response
+
+
+def _redis_where(connection: Redis) -> str:
+    """Host and port of the panel's Redis, never its password."""
+    kwargs = connection.connection_pool.connection_kwargs
+    return str(kwargs.get("path") or f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}")
 
 
 def _frame(instance_number: int) -> dict[str, Any]:

@@ -1,20 +1,24 @@
-"""The panel's one chart, drawn on the server as inline SVG: stalls (marks) and recoveries
-per minute over the last hour. No script, no library, nothing fetched: the machines that
+"""The panel's one chart, drawn on the server as inline SVG: stalls (marks), recoveries,
+horse crashes and failures at max attempts per minute over the last hour, each point's
+minute on hover as a time of day (UTC). No script, no library, nothing fetched: the machines that
 run a dashboard may have no internet, and the page must render as it is served."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from markupsafe import Markup, escape
 
-WIDTH, HEIGHT = 600, 120
-MARGIN_LEFT, MARGIN_BOTTOM, MARGIN_TOP = 34, 18, 8
+WIDTH, HEIGHT = 720, 200
+MARGIN_LEFT, MARGIN_BOTTOM, MARGIN_TOP = 34, 18, 20
 #: What each line shows, its colour, and the kinds of the ring it adds up.
 SERIES = (
     ("stalled", "#d9534f", ("marked",)),
     ("recovered", "#5cb85c", ("recovered",)),
+    ("crashed", "#f0ad4e", ("crashed",)),
+    ("failed", "#6f42c1", ("failed",)),
 )
 
 
@@ -25,6 +29,8 @@ class Point:
     count: int
     x: float
     y: float
+    #: the minute's start, Redis ms
+    at_ms: int = 0
 
 
 def points(per_minute: Sequence[tuple[int, dict[str, int]]]) -> list[Point]:
@@ -38,7 +44,7 @@ def points(per_minute: Sequence[tuple[int, dict[str, int]]]) -> list[Point]:
         for i, count in enumerate(series):
             x = MARGIN_LEFT + plot_w * i / span
             y = MARGIN_TOP + plot_h * (1 - count / top)
-            out.append(Point(name, i, count, round(x, 1), round(y, 1)))
+            out.append(Point(name, i, count, round(x, 1), round(y, 1), per_minute[i][0]))
     return out
 
 
@@ -50,7 +56,7 @@ def svg(per_minute: Sequence[tuple[int, dict[str, int]]]) -> Markup:
     parts = [
         f'<svg class="rq-emq-chart" role="img" viewBox="0 0 {WIDTH} {HEIGHT}" width="100%" '
         f'height="{HEIGHT}" xmlns="http://www.w3.org/2000/svg">',
-        f"<title>stalls and recoveries per minute, last {len(per_minute)} minutes</title>",
+        f"<title>stalls, recoveries, crashes and failures per minute, last {len(per_minute)} minutes</title>",
         f'<line x1="{MARGIN_LEFT}" y1="{base}" x2="{WIDTH - 4}" y2="{base}" stroke="#999"/>',
         f'<line x1="{MARGIN_LEFT}" y1="{MARGIN_TOP}" x2="{MARGIN_LEFT}" y2="{base}" stroke="#999"/>',
         f'<text x="{MARGIN_LEFT - 4}" y="{MARGIN_TOP + 8}" font-size="10" text-anchor="end">{top}</text>',
@@ -69,11 +75,17 @@ def svg(per_minute: Sequence[tuple[int, dict[str, int]]]) -> Markup:
             if p.count:
                 parts.append(
                     f'<circle class="point point-{name}" data-minute="{p.minute}" data-count="{p.count}" '
-                    f'cx="{p.x}" cy="{p.y}" r="2.5" fill="{colour}"><title>{p.count} {name}</title></circle>'
+                    f'cx="{p.x}" cy="{p.y}" r="3" fill="{colour}">'
+                    f"<title>{p.count} {name} at {_clock(p.at_ms)} UTC</title></circle>"
                 )
         parts.append(
-            f'<text x="{WIDTH - 8 - 90 * index}" y="{MARGIN_TOP + 8}" font-size="11" text-anchor="end" '
+            f'<text x="{WIDTH - 8 - 90 * index}" y="12" font-size="11" text-anchor="end" '
             f'fill="{colour}">{escape(name)}</text>'
         )
     parts.append("</svg>")
     return Markup("".join(parts))
+
+
+def _clock(at_ms: int) -> str:
+    """A minute's start (Redis ms) as ``HH:MM``, UTC (Redis's clock, not the reader's)."""
+    return time.strftime("%H:%M", time.gmtime(at_ms / 1000))

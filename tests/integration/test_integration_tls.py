@@ -93,7 +93,7 @@ def test_the_reaper_and_a_simple_lease_worker_over_tls(tls_server: RedisServer, 
     assert worker.wait(timeout=30) == 0, procs.log(worker)
     assert status(r, job.id) == "finished"
     done = subprocess.run(
-        [sys.executable, "-m", "rq_emq.cli", "reaper", "--url", url, "--once", "default"],
+        [sys.executable, "-m", "rq_emq.operate.cli", "reaper", "--url", url, "--once", "default"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -46,7 +46,7 @@ def reaper(procs: Processes, url: str, *queues: str) -> subprocess.Popen[bytes]:
     its SIGTERM, which it handles only from then on) counts from its first round, not from
     an interpreter start that a loaded host can stretch past that time."""
     process = procs.start(
-        [sys.executable, "-m", "rq_emq.cli", "reaper", "--url", url, *(queues or ("default",))],
+        [sys.executable, "-m", "rq_emq.operate.cli", "reaper", "--url", url, *(queues or ("default",))],
         env=procs.env(**FAST),
         name="reaper",
     )

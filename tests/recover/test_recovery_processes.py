@@ -222,7 +222,7 @@ def test_a_job_whose_worker_is_killed_every_time_runs_max_attempts_times_then_fa
         os.kill(worker.pid, signal.SIGKILL)
         worker.wait()
     reaper = procs.start(
-        [sys.executable, "-m", "rq_emq.cli", "reaper", "--url", redis_url, "default"],
+        [sys.executable, "-m", "rq_emq.operate.cli", "reaper", "--url", redis_url, "default"],
         env=procs.env(**FAST),
         name="reaper",
     )
@@ -258,7 +258,7 @@ def test_the_reaper_dry_run_prints_stalled_jobs_and_where_they_would_land(
     from stalls import stall
 
     ids = stall(r, 2)
-    cmd = [sys.executable, "-m", "rq_emq.cli", "reaper", "--url", redis_url, "--queues", "q"]
+    cmd = [sys.executable, "-m", "rq_emq.operate.cli", "reaper", "--url", redis_url, "--queues", "q"]
     first = subprocess.run([*cmd, "--dry-run"], capture_output=True, text=True, timeout=30)
     assert first.returncode == 0, first.stderr
     assert all(job_id in first.stdout for job_id in ids) and "marked stalled" in first.stdout
@@ -274,7 +274,7 @@ def test_a_long_running_reaper_started_before_its_queue_exists_warns_and_sweeps_
     r: redis.Redis, redis_url: str, procs: Processes
 ) -> None:
     reaper = procs.start(
-        [sys.executable, "-m", "rq_emq.cli", "reaper", "--url", redis_url, "fresh"],
+        [sys.executable, "-m", "rq_emq.operate.cli", "reaper", "--url", redis_url, "fresh"],
         env=procs.env(**FAST),
         name="reaper",
     )
@@ -289,7 +289,7 @@ def test_a_long_running_reaper_started_before_its_queue_exists_warns_and_sweeps_
 
 def test_the_reaper_fails_clearly_on_an_unreachable_redis() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "rq_emq.cli", "reaper", "--url", "redis://127.0.0.1:1/0", "--once"],
+        [sys.executable, "-m", "rq_emq.operate.cli", "reaper", "--url", "redis://127.0.0.1:1/0", "--once"],
         capture_output=True,
         text=True,
         timeout=30,

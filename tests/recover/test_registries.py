@@ -184,7 +184,7 @@ def test_no_stock_process_fails_a_leased_job_however_long_the_fleet_is_down(
 
 def rollback(redis_url: str, *queues: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "rq_emq.cli", "rollback", "--url", redis_url, *queues],
+        [sys.executable, "-m", "rq_emq.operate.cli", "rollback", "--url", redis_url, *queues],
         capture_output=True,
         text=True,
         timeout=60,

@@ -231,7 +231,7 @@ def _leases_json(redis_url: str) -> list[dict[str, object]]:
     import sys
 
     out = subprocess.run(
-        [sys.executable, "-m", "rq_emq.cli", "leases", "--url", redis_url, "--json", "default"],
+        [sys.executable, "-m", "rq_emq.operate.cli", "leases", "--url", redis_url, "--json", "default"],
         capture_output=True,
         text=True,
         timeout=30,

@@ -10,8 +10,9 @@ group and the reading commands; the writing ones live in ``rq_emq.operate.cli_wr
 the options they share in ``rq_emq.operate.cli_options``. Tables and JSON live in
 ``rq_emq.operate.cli_output``, connecting and reading the input in
 ``rq_emq.operate.cli_connect``. Bad
-input (an unknown queue, malformed settings) exits 2 with a message naming it; an
-unreachable Redis exits 1 naming the URL, password redacted.
+input (an unknown queue, malformed settings, a password missing or refused) exits 2 with a
+message naming it; an unreachable Redis exits 1 naming the URL, password redacted (a
+long-running reaper waits for it instead).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """How the ``rq-emq`` commands reach Redis and read their input: RQ's connection
 conventions (``--url``, ``-c settings``, ``REDIS_URL``), the lease settings, the queues
 named (and which of them nobody knows), the jobs' serializer. Bad input raises
-:class:`BadInput` (exit 2) naming it; an unreachable Redis exits 1 naming the URL,
-password redacted.
+:class:`BadInput` (exit 2) naming it, a Redis that wants a password not given (or refuses
+the one given) included; an unreachable Redis exits 1 naming the URL, password redacted,
+unless the command waits for it (``connect(wait=...)``: the reaper at its start).
 """
 
 from __future__ import annotations
@@ -10,19 +11,29 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import click
 from redis import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import AuthenticationError, RedisError
 from rq.cli.helpers import get_redis_from_config, read_config_file
 
 from ..settings import LeaseSettings, SettingsError, module_settings
 from . import cli_output, inspection
 
 DEFAULT_URL = "redis://localhost:6379/0"
+#: What a Redis that wants a password says to a client that sent none, and to its HELLO
+NEEDS_PASSWORD = (
+    "Authentication required",
+    "NOAUTH",
+    "HELLO must be called with the client already authenticated",
+)
+#: The reaper's waits for a Redis not up yet: from the first, doubling to the last
+WAIT_FIRST_S = 0.1
+WAIT_MAX_S = 5.0
 CONNECTION_SETTINGS = ("REDIS_URL", "SENTINEL", "REDIS_HOST", "REDIS_PORT", "REDIS_DB", "REDIS_PASSWORD")
 
 
@@ -54,10 +65,19 @@ class Target:
     settings: LeaseSettings
 
 
-def connect(url: str | None, config: str | None, overrides: dict[str, Any] | None = None) -> Target:
+def connect(
+    url: str | None,
+    config: str | None,
+    overrides: dict[str, Any] | None = None,
+    wait: Callable[[float], bool] | None = None,
+) -> Target:
     """Connect as ``rq`` does: ``--url`` (or RQ_REDIS_URL), else the ``-c`` module's
     REDIS_URL / SENTINEL / REDIS_HOST..., else ``REDIS_URL``, else localhost. Lease settings:
-    options, then RQ_EMQ_* environment variables, then RQ_EMQ_* in the ``-c`` module."""
+    options, then RQ_EMQ_* environment variables, then RQ_EMQ_* in the ``-c`` module.
+
+    With ``wait`` (sleeps up to N seconds, returns whether the command was told to stop),
+    an unreachable Redis is tried again with backoff until it answers, one line on stderr
+    per change of state; bad settings and a password problem still fail at once."""
     module: dict[str, Any] = {}
     if config:
         if "." not in sys.path:
@@ -80,11 +100,46 @@ def connect(url: str | None, config: str | None, overrides: dict[str, Any] | Non
         client: Redis = get_redis_from_config(module)
     except ValueError as error:
         raise BadInput(f"invalid Redis setting in {config or 'the URL'} ({describe}): {error}") from None
-    try:
-        client.ping()
-    except RedisError as error:
-        raise click.ClickException(f"cannot reach Redis at {describe}: {error}") from None
+    ping(client, describe, wait)
     return Target(client, describe, settings)
+
+
+def password_problem(client: Redis, describe: str, error: AuthenticationError) -> BadInput:
+    """What to do about an authentication error: set the password, or fix the one set."""
+    if not client.connection_pool.connection_kwargs.get("password") and any(
+        text in str(error) for text in NEEDS_PASSWORD
+    ):
+        return BadInput(
+            f"Redis at {describe} requires a password: "
+            "set it in the URL (redis://:PASSWORD@host) or REDIS_URL"
+        )
+    return BadInput(f"Redis at {describe} refused the user or password given: {error}")
+
+
+def ping(client: Redis, describe: str, wait: Callable[[float], bool] | None = None) -> None:
+    """PING; see :func:`connect` for ``wait``."""
+    delay, last = WAIT_FIRST_S, ""
+    while True:
+        try:
+            client.ping()
+        except AuthenticationError as error:
+            raise password_problem(client, describe, error) from None
+        except RedisError as error:
+            if wait is None:
+                raise click.ClickException(f"cannot reach Redis at {describe}: {error}") from None
+            if str(error) != last:
+                last = str(error)
+                click.echo(
+                    f"waiting for Redis at {describe}: {error} (retrying, every {WAIT_MAX_S:g} s at most)",
+                    err=True,
+                )
+            if wait(delay):
+                raise click.exceptions.Exit(0) from None  # stopped (SIGTERM, Ctrl-C) before Redis came
+            delay = min(delay * 2, WAIT_MAX_S)
+            continue
+        if last:
+            click.echo(f"Redis at {describe} answers", err=True)
+        return
 
 
 def select_queues(

@@ -179,35 +179,39 @@ def reaper(
     app's code must be importable here; without it, use --no-drain and let the workers
     do it."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(message)s")
-    target = connect(url, config, {"sweep_interval_ms": sweep_interval_ms})
-    classes = load_classes(job_class, queue_class)
-    # a long-running reaper may start before any job names its queue: it only warns
-    queues = select_queues(
-        target, queue_options, queue_args, must_exist=once or dry_run, queue_class=classes[1]
-    )
-    if not queues:
-        raise BadInput("no queues to sweep: name them, or enqueue something first")
-    loads = load_serializer(serializer)
-    if dry_run or once:
-        reports = sweep_once(target, queues, dry_run, loads, not no_drain, classes)
+    if dry_run or once:  # a one-off: an unreachable Redis exits 1 at once
+        target = connect(url, config, {"sweep_interval_ms": sweep_interval_ms})
+        classes = load_classes(job_class, queue_class)
+        queues = select_queues(target, queue_options, queue_args, queue_class=classes[1])
+        if not queues:
+            raise BadInput("no queues to sweep: name them, or enqueue something first")
+        reports = sweep_once(target, queues, dry_run, load_serializer(serializer), not no_drain, classes)
         click.echo(cli_output.sweep_texts(reports, dry_run, not no_drain))
         return
-    scripts.load_all(target.client)
-    sweeper = Sweeper(
-        target.client,
-        queues,
-        target.settings,
-        name="rq-emq-reaper",
-        serializer=loads,
-        drain=not no_drain,
-        job_class=classes[0],
-        queue_class=classes[1],
-    )
-    for queue in queues:  # a reaper with another job class than the workers' would sweep nothing
-        report = sweeper.sweep(queue, mode="dry-run")
-        if report.refused:
-            raise BadInput(report.refused)
     with StopSignals() as stop:
+        # started before its Redis (a deploy, a reboot): waits for it, bad settings still exit 2
+        target = connect(url, config, {"sweep_interval_ms": sweep_interval_ms}, wait=stop.wait)
+        classes = load_classes(job_class, queue_class)
+        # a long-running reaper may start before any job names its queue: it only warns
+        queues = select_queues(target, queue_options, queue_args, must_exist=False, queue_class=classes[1])
+        if not queues:
+            raise BadInput("no queues to sweep: name them, or enqueue something first")
+        loads = load_serializer(serializer)
+        scripts.load_all(target.client)
+        sweeper = Sweeper(
+            target.client,
+            queues,
+            target.settings,
+            name="rq-emq-reaper",
+            serializer=loads,
+            drain=not no_drain,
+            job_class=classes[0],
+            queue_class=classes[1],
+        )
+        for queue in queues:  # a reaper with another job class than the workers' would sweep nothing
+            report = sweeper.sweep(queue, mode="dry-run")
+            if report.refused:
+                raise BadInput(report.refused)
         names = ", ".join(map(cli_output.printable, queues))
         click.echo(f"rq-emq reaper sweeping {names} every {target.settings.sweep_interval_ms} ms")
         sweeper.loop(stop)

@@ -17,6 +17,7 @@ from click.testing import CliRunner, Result
 from procs import RQ_BIN, Processes, wait_for
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from redis_server import RedisServer, require_redis_server
 from rq import Queue
 from stalls import stall
 
@@ -470,6 +471,37 @@ def test_an_unreachable_redis_exits_non_zero_naming_the_url_without_its_password
     )
     assert redact("redis://alice:pw@h:6379/2") == "redis://alice:***@h:6379/2"
     assert redact("redis://h:6379/0") == "redis://h:6379/0"
+
+
+def test_a_redis_that_wants_a_password_not_given_says_so_not_noauth(procs: Processes) -> None:
+    """A private redis-server with ``--requirepass``: without the password every command
+    exits 2 saying where to put it (not "cannot reach Redis", not the server's NOAUTH or
+    HELLO text); a wrong one is named as refused; a long-running reaper does not wait on
+    it, since no restart of Redis would mend it."""
+    require_redis_server()
+    server = RedisServer(password="s3cret").start()
+    try:
+        for command in (("status",), ("reaper", "--once")):
+            result = cli(server.bare_url, *command)
+            assert result.exit_code == 2, result.output
+            assert (
+                f"Redis at {server.bare_url} requires a password: "
+                "set it in the URL (redis://:PASSWORD@host) or REDIS_URL" in result.output
+            ), result.output
+            for text in ("cannot reach", "NOAUTH", "HELLO", "Authentication required"):
+                assert text not in result.output, result.output
+        wrong = cli(f"redis://:nope@127.0.0.1:{server.port}/0", "status")
+        assert wrong.exit_code == 2 and "refused the user or password given" in wrong.output, wrong.output
+        assert "nope" not in wrong.output
+        assert cli(server.url, "status").exit_code == 0
+        reaper = procs.start(
+            [sys.executable, "-m", "rq_emq.operate.cli", "reaper", "--url", server.bare_url, "default"],
+            name="reaper",
+        )
+        assert reaper.wait(timeout=30) == 2, procs.log(reaper)
+        assert "requires a password" in procs.log(reaper) and "waiting for Redis" not in procs.log(reaper)
+    finally:
+        server.stop()
 
 
 def test_malformed_settings_exit_2_naming_the_setting(

@@ -15,6 +15,7 @@ import redis
 from helpers import FAST, stat, status, wait_status
 from jobs import run_spans, runs
 from procs import RQ_BIN, Processes, pid_alive, wait_for
+from redis_server import require_redis_server
 from rq import Queue
 from rq.job import Job
 
@@ -22,7 +23,7 @@ import rq_emq
 from rq_emq.keys import QueueKeys, job_key
 from rq_emq.recover.sweep import Sweeper
 from rq_emq.settings import LeaseSettings
-from rq_emq.testing import RedisServer
+from rq_emq.testing import RedisServer, free_port
 from soak.selffence import CLOCK_RAN_OUT
 
 pytestmark = pytest.mark.slow
@@ -295,6 +296,50 @@ def test_the_reaper_fails_clearly_on_an_unreachable_redis() -> None:
         timeout=30,
     )
     assert done.returncode != 0 and "cannot reach Redis" in done.stderr
+
+
+def test_a_reaper_started_before_its_redis_waits_for_it_then_sweeps(procs: Processes) -> None:
+    """A real reaper process started while nothing listens on its port: it logs one line
+    that it waits (not one per retry), keeps running, and once the server starts it says
+    so, sweeps, and recovers a job whose worker died; SIGTERM then ends it with exit 0."""
+    require_redis_server()
+    server = RedisServer(port=free_port())  # not started yet
+    try:
+        reaper = procs.start(
+            [sys.executable, "-m", "rq_emq.operate.cli", "reaper", "--url", server.url, "default"],
+            env=procs.env(**FAST),
+            name="reaper",
+        )
+        wait_for(lambda: "waiting for Redis at" in procs.log(reaper), timeout=20, what="the wait's line")
+        time.sleep(2)  # five retries (0.1 s, doubling): still one line
+        assert reaper.poll() is None, procs.log(reaper)
+        assert procs.log(reaper).count("waiting for Redis at") == 1, procs.log(reaper)
+        server.start()
+        wait_for(lambda: "sweeping default" in procs.log(reaper), timeout=20, what="the reaper to sweep")
+        assert f"Redis at {server.url} answers" in procs.log(reaper)
+        r = redis.Redis.from_url(server.url)
+        job = Queue("default", connection=r).enqueue("jobs.noop")
+        r.lmove("rq:queue:default", "emq:{default}:moving")  # a worker's BLMOVE, then it died
+        wait_for(
+            lambda: r.lrange("rq:queue:default", 0, -1) == [job.id.encode()], timeout=20, what="the recovery"
+        )
+        reaper.send_signal(signal.SIGTERM)
+        assert reaper.wait(timeout=10) == 0, procs.log(reaper)
+    finally:
+        server.stop()
+
+
+def test_a_reaper_waiting_for_redis_still_exits_2_on_bad_settings_and_0_on_sigterm(procs: Processes) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens
+    cmd = [sys.executable, "-m", "rq_emq.operate.cli", "reaper", "--url", url, "default"]
+    bad = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=30, env=procs.env(RQ_EMQ_LEASE_MS="soon")
+    )
+    assert bad.returncode == 2 and "RQ_EMQ_LEASE_MS" in bad.stderr, bad.stderr
+    waiting = procs.start(cmd, env=procs.env(**FAST), name="reaper")
+    wait_for(lambda: "waiting for Redis at" in procs.log(waiting), timeout=20, what="the wait's line")
+    waiting.send_signal(signal.SIGTERM)
+    assert waiting.wait(timeout=10) == 0, procs.log(waiting)
 
 
 def test_rq_emq_version() -> None:

@@ -55,3 +55,39 @@ def test_the_wheel_installed_in_a_fresh_venv_finds_its_lua_and_runs_a_job(
     )
     assert job.latest_result().return_value == 5  # type: ignore[union-attr]
     assert r.hget("emq:{default}:stats", "taken") == b"1"
+
+
+def test_the_wheel_and_the_sdist_carry_the_license_and_the_sdist_the_docs_readme_links(
+    tmp_path: Path,
+) -> None:
+    """LICENSE (BSD-2-Clause, as pyproject declares) in both archives; every file README
+    links to (docs/, examples/) in the sdist, whose README would otherwise point nowhere."""
+    import re
+    import tarfile
+    import zipfile
+
+    dist = tmp_path / "dist"
+    run(sys.executable, "-m", "build", "-q", "--sdist", "--wheel", "-o", str(dist), str(ROOT))
+    (wheel,) = dist.glob("rq_emq-*.whl")
+    (sdist,) = dist.glob("rq_emq-*.tar.gz")
+    license_text = (ROOT / "LICENSE").read_text()
+    assert "BSD 2-Clause License" in license_text and "rq-emq contributors" in license_text
+
+    with zipfile.ZipFile(wheel) as archive:
+        licenses = [name for name in archive.namelist() if name.endswith(".dist-info/licenses/LICENSE")]
+        assert len(licenses) == 1, archive.namelist()
+        assert archive.read(licenses[0]).decode() == license_text
+
+    with tarfile.open(sdist) as archive:
+        top = archive.getnames()[0].split("/", 1)[0]
+        names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+        member = archive.extractfile(f"{top}/LICENSE")
+        assert member is not None and member.read().decode() == license_text
+    linked = {
+        target.split("#", 1)[0]
+        for target in re.findall(r"\]\(([^)#:]+(?:#[^)]*)?)\)", (ROOT / "README.md").read_text())
+        if not target.startswith("#")
+    }
+    assert any(target.startswith("docs/") for target in linked), linked
+    assert linked <= names, sorted(linked - names)
+    assert {f"docs/{path.name}" for path in (ROOT / "docs").glob("*.md")} <= names

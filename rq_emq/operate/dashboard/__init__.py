@@ -10,8 +10,10 @@ rq-dashboard's Redis instances). It extends rq-dashboard's own ``base.html``, ad
 *Leases* link to rq-dashboard's navigation (by wrapping its ``navbar.html``, never copying
 it) and links each job to rq-dashboard's job page. It shows what :mod:`..panel` reads,
 refreshed by rq-dashboard's own auto-refresh switch. It is read-only: it has no action
-and no form, every value in it is escaped (job ids, descriptions, worker names and
-reports are user data), and every request first passes rq-dashboard's own request
+and no form, every value in it is escaped in every context, attributes and tooltips
+included (queue names, job ids, descriptions, worker names and reports are user data),
+its pages carry a Content-Security-Policy that lets no injected script run (:mod:`.csp`),
+and every request first passes rq-dashboard's own request
 guards (its basic auth, its Redis instance switch), so it is exactly as protected as
 rq-dashboard itself. ``rq-emq dashboard`` serves rq-dashboard with the panel added.
 """

@@ -240,7 +240,8 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
 
     def _on_tick(self, pipe: Pipeline, leases: list[Lease]) -> None:
         """Each renewal tick, in the lock manager's thread: a watchdog that died mid-run is
-        replaced before anything else, then RQ's heartbeats ride with the renewal."""
+        replaced (a fork and exec, once per death; never raises, so the renewal goes out
+        whatever becomes of it), then RQ's heartbeats ride with the renewal."""
         if leases:
             self._replace_dead_watchdog()
         self._tick_heartbeats(pipe, leases)

@@ -47,6 +47,8 @@ class RunGuard:
     #: one start of a watchdog at a time: the main thread's (a run begins) and the lock
     #: manager's (one died mid-run) may meet
     _watchdog_starting = threading.Lock()
+    #: the dead watchdog whose replacement the host refused (said once)
+    _watchdog_refused = 0
 
     def _start_watchdog(self) -> None:
         """The process that ends a run past its deadline (:mod:`rq_emq.run.watchdog`); with
@@ -73,7 +75,13 @@ class RunGuard:
         if watchdog is None or not watchdog.pid or watchdog.alive:
             return  # none (not wanted), stopped on purpose, or alive
         dead = watchdog.pid
-        self._start_watchdog()
+        try:
+            self._start_watchdog()
+        except OSError as error:  # no process to be had now (EAGAIN, ENOMEM): the next tick tries again
+            if self._watchdog_refused != dead:  # said once per dead watchdog, not per tick
+                self._watchdog_refused = dead
+                logger.error("the watchdog (pid %d) died and none could be started: %s", dead, error)
+            return
         logger.warning("the watchdog (pid %d) died; started a new one (pid %d)", dead, watchdog.pid)
 
     def _stop_watchdog(self) -> None:

@@ -3,12 +3,14 @@ Redis: which run it is told of, and by whom. This test process plays the worker.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from procs import pid_alive, wait_for
@@ -99,3 +101,30 @@ STRANGER = (
     "print(child.pid, flush=True)\n"
     "time.sleep(30)\n"
 )
+
+
+def test_a_watchdog_that_cannot_be_replaced_never_stops_the_renewal_and_is_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The replacement runs on the lock manager's thread, before the renewal goes out: a
+    host that refuses a process (EAGAIN, ENOMEM) must not fail that tick, tick after tick."""
+    from types import SimpleNamespace
+
+    from rq_emq.run.run_guard import RunGuard
+
+    class Refused:
+        pid, alive = 4321, False
+
+        def start(self) -> None:
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    guard: Any = RunGuard()
+    guard.lease_settings = SimpleNamespace(stop_on_lease_lost=True)
+    guard._horse_deadline = SimpleNamespace()
+    guard._watchdog = Refused()
+    with caplog.at_level(logging.ERROR, logger="rq_emq.lease"):
+        for _ in range(3):
+            guard._replace_dead_watchdog()  # raises nothing
+    assert [r.getMessage() for r in caplog.records] == [
+        "the watchdog (pid 4321) died and none could be started: [Errno 11] Resource temporarily unavailable"
+    ]

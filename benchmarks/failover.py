@@ -4,14 +4,17 @@ A primary, one replica and sentinels on loopback (rq_emq.testing.sentinel); ``--
 ``rq worker -w CLASS -c settings`` processes (``SENTINEL = {...}``) on ``--jobs`` jobs of
 1-2 s with a failure callback; ``--fault-at`` seconds after the first start, a
 ``SENTINEL FAILOVER`` (the old primary stays writable until Sentinel demotes it, up to
-10 s later) or a SIGKILL of the primary. Per trial:
+10 s later) or a SIGKILL of the primary; kind ``failback`` is a ``SENTINEL FAILOVER``, then,
+``failback_after`` s (2) after the old primary has rejoined as the new one's replica
+(demoted, resynced), a second one that moves the master back. Per trial:
 
 - lost: jobs not finished once the run settles;
 - reruns: runs beyond one per job (at-least-once allows them);
 - spurious callbacks: failure callbacks of jobs that ended finished;
 - overlaps: a run that started before an earlier run of the same job ended;
 - idle after switch: per worker, from Sentinel naming the new primary (or the end of the
-  worker's run then in progress) to its next start; the worst worker is reported;
+  worker's run then in progress) to its next start; the worst worker is reported (and
+  the same from the failback's switch, ``idle after failback``);
 - log lines: lines the workers logged after the fault that are not a job's own
   (tracebacks counted apart, a chained exception once, less RQ's own one for each run that
   ended in an error).
@@ -78,6 +81,20 @@ class Trial:
     wall_per_job_s: float = 0.0
     #: Writes the servers refused with NOREPLICAS (min-replicas-to-write), from the worker logs.
     noreplicas_lines: int = 0
+    #: Kind failback: the worst worker's idle time after the second switch, and how long after
+    #: the first switch the old primary was back as a replica online (-1: no failback).
+    idle_after_failback_s: float = -1.0
+    rejoined_after_s: float = -1.0
+    #: Lines saying takes went on without a replica's acknowledgement (the take gate off).
+    unacknowledged_lines: int = 0
+    #: Kind failback: runs started between the second SENTINEL FAILOVER and Sentinel naming
+    #: the new primary, i.e. takes granted by the master being demoted (the gate on hands
+    #: each back unless a replica acknowledged it), and the pick-up gap: the longest time
+    #: no job started across all workers from that command on.
+    failback_window_starts: int = -1
+    failback_gap_s: float = -1.0
+    #: The same pick-up gap from the (first) fault's command on, up to a failback's.
+    fault_gap_s: float = -1.0
     #: The logged tracebacks themselves (each cut to its innermost frames), so that a failed
     #: check names what was raised: the trial's directory is gone by then.
     traceback_text: str = ""
@@ -104,6 +121,13 @@ def _idle_after(rows: list[tuple[str, str, str, float]], switch_at: float, worke
         ends = [at for at, what in mine if what == "end" and at <= after[0]]
         worst = max(worst, after[0] - max(switch_at, ends[-1] if ends else switch_at))
     return worst
+
+
+def _gap_after(rows: list[tuple[str, str, str, float]], since: float) -> float:
+    """The longest time from ``since`` on during which no job started on any worker."""
+    starts = sorted(at for what, _, _, at in rows if what == "start" and at >= since)
+    gaps = [b - a for a, b in zip([since, *starts], starts, strict=False)]
+    return max(gaps, default=0.0)
 
 
 def _overlaps(rows: list[tuple[str, str, str, float]]) -> int:
@@ -136,6 +160,7 @@ def trial(
     settle_s: float = 40.0,
     job_seconds: tuple[float, float] = (1.0, 2.0),
     min_replicas: int = 0,
+    failback_after: float = 2.0,
 ) -> Trial:
     directory.mkdir(parents=True, exist_ok=True)
     group = SentinelGroup(directory / "sentinel", count=sentinels)
@@ -191,8 +216,10 @@ def trial(
         old = group.primary_port()
         sizes = {name: (directory / f"{name}.log").stat().st_size for name in names}
         old_clients, switch_at = -1, time.time()
+        back_at, rejoined_after, back_command_at = -1.0, -1.0, -1.0
+        fault_command_at = time.time()
         if kind != "none":
-            group.failover() if kind == "failover" else group.kill_primary()
+            group.kill_primary() if kind == "kill" else group.failover()
             old_server = group.primary
             group.wait_switch(old)
             switch_at = time.time() - (time.monotonic() - group.switched_at)
@@ -203,6 +230,14 @@ def trial(
                 while old_clients and time.monotonic() < patience:
                     time.sleep(0.1)
                     old_clients = _worker_clients(old_server.port)
+        if kind == "failback":
+            rejoined_after = group.wait_replica_online() - group.switched_at
+            time.sleep(failback_after)
+            new = group.primary_port()
+            back_command_at = time.time()
+            group.failover_when_possible()
+            group.wait_switch(new)
+            back_at = time.time() - (time.monotonic() - group.switched_at)
         fresh = group.client()
         done = lambda: all(_status(fresh, job_id) == "finished" for job_id in ids)  # noqa: E731
         _wait(done, settle_s, quiet=True)
@@ -228,7 +263,21 @@ def trial(
                 for what, job_id, _, _ in rows
             ),
             overlaps=_overlaps(rows),
-            idle_after_switch_s=round(_idle_after(rows, switch_at, names), 2),
+            idle_after_switch_s=round(
+                _idle_after([r for r in rows if back_at < 0 or r[3] < back_at], switch_at, names), 2
+            ),
+            idle_after_failback_s=round(_idle_after(rows, back_at, names), 2) if back_at > 0 else -1.0,
+            rejoined_after_s=round(rejoined_after, 2),
+            unacknowledged_lines=sum("without a replica's acknowledgement" in line for line in lines),
+            failback_window_starts=sum(
+                what == "start" and back_command_at <= at < back_at for what, _, _, at in rows
+            )
+            if back_at > 0
+            else -1,
+            failback_gap_s=round(_gap_after(rows, back_command_at), 2) if back_at > 0 else -1.0,
+            fault_gap_s=round(
+                _gap_after([r for r in rows if back_at < 0 or r[3] < back_command_at], fault_command_at), 2
+            ),
             log_lines=len(lines),
             # RQ logs a traceback of its own for a run that ended in an error (stopped on a
             # lost lease, its outcome unwritable for a whole lease): one per run, not per retry
@@ -325,19 +374,23 @@ def _wait(predicate: object, timeout: float, quiet: bool = False) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trials", type=int, default=2)
-    parser.add_argument("--kinds", default="failover,kill")
+    parser.add_argument("--kinds", default="failover,kill", help="of none, failover, kill, failback")
     parser.add_argument("--classes", default="ours,simple,stock")
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=30)
+    parser.add_argument(
+        "--settle", type=float, default=40.0, help="seconds after the (last) switch for every job to end"
+    )
     parser.add_argument(
         "--min-replicas-to-write", type=int, default=0, help="set it (and min-replicas-max-lag 2) first"
     )
     args = parser.parse_args()
     print(
         "| kind | worker | min-replicas-to-write | lost | reruns | spurious callbacks | overlaps "
-        "| idle after switch | log lines (tracebacks) | NOREPLICAS lines | commands / job | wall / job |"
+        "| idle after switch | log lines (tracebacks) | NOREPLICAS lines | commands / job | wall / job "
+        "| pick-up gap | failback: gap, idle after switch, takes in its window |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for kind in args.kinds.split(","):
         for short in args.classes.split(","):
             for _ in range(args.trials):
@@ -349,13 +402,20 @@ def main() -> None:
                         workers=args.workers,
                         jobs=args.jobs,
                         min_replicas=args.min_replicas_to_write,
+                        settle_s=args.settle,
                     )
                 cost = "-" if t.commands_per_job < 0 else f"{t.commands_per_job:.1f}"
                 print(
                     f"| {kind} | {short} | {args.min_replicas_to_write} | {t.lost}/{t.jobs} | {t.reruns} | "
                     f"{t.spurious_callbacks} | {t.overlaps} | {t.idle_after_switch_s:.2f} s | "
                     f"{t.log_lines} ({t.tracebacks}) | {t.noreplicas_lines} | {cost} | "
-                    f"{t.wall_per_job_s:.3f} s |",
+                    f"{t.wall_per_job_s:.3f} s | {t.fault_gap_s:.2f} s | "
+                    + (
+                        f"{t.failback_gap_s:.2f} s, {t.idle_after_failback_s:.2f} s, "
+                        f"{t.failback_window_starts} |"
+                        if t.idle_after_failback_s >= 0
+                        else "- |"
+                    ),
                     flush=True,
                 )
 

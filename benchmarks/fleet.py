@@ -35,8 +35,10 @@ from collections.abc import Sequence
 from datetime import datetime
 
 import redis
-from common import HERE, OURS, RQ_BIN, STOCK, percentile, private_redis, table, wait_until
+from common import HERE, OURS, RQ_BIN, STOCK, percentile, private_redis, table, wait_until, worker_environ
 from rq import Queue
+
+from rq_emq.keys import sweeper_election_key, watch_key
 
 #: The benchmark's own commands (no worker sends them): left out of every count.
 OWN = ("cmdstat_info", "cmdstat_client|list", "cmdstat_hstrlen", "cmdstat_config|resetstat")
@@ -57,21 +59,28 @@ class Fleet:
         #: blocked clients when every worker waits (None: not known for this fleet size)
         self._expected_blocked: int | None = None
         path = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
-        self.env = {**os.environ, "PYTHONPATH": path, **env}
+        self.env = {**worker_environ(), "PYTHONPATH": path, **env}
 
-    @property
-    def waits_per_worker(self) -> int:
-        """Blocked commands an idle worker holds: ours one per queue, stock one (BLPOP/BLMOVE)."""
-        return len(self.queues) if self.worker_class == OURS else 1
+    def idle(self) -> int:
+        """Workers idle now. Stock RQ's: blocked in its BLPOP (or BLMOVE). Ours on one queue:
+        blocked in its BLMOVE; on several: the set's watcher (holding the watch, nothing left
+        in the wake list to hand on) and the standbys blocked in BLPOP on the wake list
+        (rq_emq/intake/watch.py)."""
+        listed = self.r.client_list()
 
-    def blocked(self) -> int:
-        """Blocked queue waits: ours are BLMOVEs (a standby's wait in the election's line
-        is a BLPOP, not counted), stock RQ's a BLPOP (or BLMOVE)."""
-        waits = ("blmove",) if self.worker_class == OURS else ("blpop", "blmove")
-        return sum(c.get("cmd") in waits and "b" in str(c.get("flags")) for c in self.r.client_list())
+        def blocked(*commands: str) -> int:
+            return sum(c.get("cmd") in commands and "b" in str(c.get("flags")) for c in listed)
+
+        if self.worker_class != OURS:
+            return blocked("blpop", "blmove")
+        if len(self.queues) == 1:
+            return blocked("blmove")
+        watch = watch_key(sweeper_election_key(self.queues))
+        watcher = bool(self.r.exists(watch)) and not self.r.exists(watch.replace(":watch", ":wake"))
+        return blocked("blpop") + int(watcher)
 
     def all_idle(self) -> bool:
-        return self.blocked() == len(self.processes) * self.waits_per_worker
+        return self.idle() == len(self.processes)
 
     def blocked_clients(self) -> int:
         return int(self.r.info("clients")["blocked_clients"])

@@ -26,6 +26,7 @@ from rq_emq.testing import find_redis_server
 HERE = Path(__file__).resolve().parent
 
 BENCHMARKS = {
+    "cost": "What a worker costs: connections, throughput and Redis CPU per job, start-up included",
     "pickup": "Idle workers: pick-up latency and idle Redis cost",
     "fleet": "A fleet of idle workers: Redis work per job, connections and pick-up as it grows",
     "idle_cost": "Idle fleets: Redis commands per second per idle worker (N = 1, 10, 50)",

@@ -22,7 +22,8 @@ ARGV:
 Returns (each reply ends with `malformed`: our keys found malformed and skipped or
 replaced, {key, what, ...}, lib/own_keys.lua):
   {0}               fenced out: the lease is not ours, nothing was written (the refusal
-                    goes to the queue's record, lib/record.lua)
+                    goes to the queue's record, lib/record.lua) but for the lock, released
+                    if it still holds this token (lib/lease.lua `release_own_lock`)
   {1, replies}      replies[i] is the i-th command's reply (an error reply in place)
   {2, status}       RQ or an operator changed the job since the lease's last write and
                     put it where that status says (canceled, failed or requeued by stock
@@ -45,6 +46,10 @@ if state == 'lost' then
     record_event(queue_prefix(KEYS[3]), {}, 'refused', job_id, token_worker(token),
       'outcome refused: the lease was no longer its own')
   end
+  -- the run is over (its outcome is being written): a lock it still holds (its job was
+  -- deleted, or enqueued again, while it ran) goes now, so the job's new take need not
+  -- wait for it to lapse
+  release_own_lock(KEYS[2], token)
   return {0, MALFORMED}
 end
 if state == 'ended' then return {2, redis.call('HGET', KEYS[1], 'status') or '', MALFORMED} end

@@ -15,9 +15,18 @@ LEASES = "tests/hold/test_lease_scripts.py"
 FENCE = "tests/fence/test_fenced_writes.py"
 LIFE = "tests/lifecycle/test_lifecycle.py"
 LIFE_MODEL = "tests/lifecycle/test_state_machine_lifecycle.py::test_leases_hold_across_rqs_job_lifecycle"
+LIFE_REPLAY_LOSS = (
+    "tests/lifecycle/test_state_machine_lifecycle.py::"
+    "test_the_models_actors_replay_redis_losing_its_data_under_two_runs"
+)
+LIFE_REPLAY_STALE = (
+    "tests/lifecycle/test_state_machine_lifecycle.py::"
+    "test_the_models_actors_replay_a_stale_save_over_a_dead_holders_job"
+)
 SWEEP = "tests/recover/test_sweep.py"
 WAKE = "tests/intake/test_wake.py"
 SOAK = "tests/tooling/test_soak_checks.py"
+BUDGET = "tests/intake/test_connection_budget.py"
 SETTINGS_T = "tests/shared/test_settings.py"
 MODEL = "tests/lifecycle/test_state_machine.py::test_the_lease_protocol_holds_its_invariants"
 OPTIONS = "tests/run/test_worker_options.py"
@@ -37,6 +46,9 @@ ABORTS = "tests/fence/test_fenced_pipeline_aborts.py"
 WORKER_LOGS = "tests/run/test_worker_logs.py"
 WORKER_SETTINGS = "tests/run/test_worker_settings.py"
 LOGS = "tests/shared/test_logs.py"
+EVIDENCE = "tests/lifecycle/test_evidence_processes.py"
+TAKES = "tests/connection/test_failover_takes.py"
+FAILOVER = "tests/connection/test_failover.py"
 
 
 @dataclass(frozen=True)
@@ -57,6 +69,60 @@ def _m(
 
 
 CATALOG: list[Mutation] = [
+    # -- the connection budget and the idle watch (issue 35) ---------------------------------
+    _m(
+        "horse_opens_its_own_connection",
+        "rq_emq/connection/budget.py",
+        "pool._available_connections[:] = [lent]",
+        "pool._available_connections[:] = []",
+        [
+            f"{BUDGET}::test_a_worker_holds_three_connections_idle_and_running_on_any_number_of_queues[1-rq_emq.LeaseWorker]"
+        ],
+        "a forked horse opens a connection beside the one its worker lent it: four while a job runs",
+    ),
+    _m(
+        "busy_watcher_looks_only_where_written",
+        "rq_emq/intake/watch.py",
+        "        keys = [self.keys[1], *self.queue_keys]",
+        "        keys = [self.keys[1], *(self.queue_keys if written is ALL else sorted(written))]",
+        [
+            f"{BUDGET}::"
+            "test_a_busy_watcher_wakes_standbys_while_any_queue_holds_a_job_not_only_the_one_written"
+        ],
+        "a take that empties one queue stops the wakes while other queues of the set hold jobs",
+    ),
+    _m(
+        "idle_watcher_not_woken",
+        "rq_emq/intake/watch.py",
+        "        if idle:\n            self.arrived.set()",
+        "        if idle:\n            pass",
+        [f"{BUDGET}::test_a_push_to_an_idle_set_is_taken_by_its_watcher_and_no_standby_wakes"],
+        "a push to an idle set of queues waits for a standby's wait to run out (two leases)",
+    ),
+    _m(
+        "busy_watcher_wakes_nobody",
+        "rq_emq/intake/watch.py",
+        "        elif self.watching:\n            self._wake_soon()",
+        "        elif self.watching:\n            pass",
+        [f"{BUDGET}::test_a_busy_watcher_wakes_a_standby_for_the_next_job"],
+        "a job pushed while the watcher runs one waits behind it, idle workers beside",
+    ),
+    _m(
+        "vacant_watch_never_taken",
+        "lua/hold_watch-2.lua",
+        "if holder == token or (not holder and redis.call('LLEN', wake) == 0) then",
+        "if holder == token then",
+        [f"{BUDGET}::test_a_push_to_an_idle_set_is_taken_by_its_watcher_and_no_standby_wakes"],
+        "nobody ever watches a set of several queues: pushes wait for standby timeouts",
+    ),
+    _m(
+        "the_lines_call_not_announced",
+        "lua/hold_sweeper-5.lua",
+        "    redis.call('LPUSH', line, token)\n    redis.call('PUBLISH', line, token)",
+        "    redis.call('LPUSH', line, token)",
+        [f"{FLEET}::test_a_standby_hears_the_sweepers_call_on_the_lines_channel_and_becomes_the_deputy"],
+        "a deputy is recruited only when a standby's listening ends (one or two leases)",
+    ),
     # -- token checks (the fence) -------------------------------------------------------------
     _m(
         "finish_job_no_token_check",
@@ -164,6 +230,41 @@ CATALOG: list[Mutation] = [
         [f"{FENCE}::test_a_finish_that_runs_a_script_of_its_own_is_checked_then_committed"],
         "a finish holding a script of its own commits without the owner check",
     ),
+    _m(
+        "fence_held_back_record_not_sent_ahead",
+        "rq_emq/fence/fencing.py",
+        "            commands = [*ahead, *commands]",
+        "            ahead = []",
+        [f"{FENCE}::test_a_held_back_transaction_rides_in_the_next_guarded_write_and_is_refused_with_it"],
+        "a SimpleLeaseWorker's execution record, held back for the run's start, is never written",
+    ),
+    _m(
+        "fence_watch_with_read_dropped",
+        "rq_emq/fence/fencing.py",
+        '            conn.send_packed_command(conn.pack_commands([("WATCH", *names), args]))',
+        '            conn.send_packed_command(conn.pack_commands([("PING",), args]))',
+        [f"{FENCE}::test_rqs_watch_goes_with_its_read_in_one_round_trip_and_still_guards_the_outcome"],
+        "RQ's WATCH of a job's dependents, sent with the read after it, no longer guards its outcome",
+    ),
+    _m(
+        "simple_worker_record_sent_alone",
+        "rq_emq/run/worker.py",
+        "    _record_rides_in_start = True",
+        "    _record_rides_in_start = False",
+        [
+            "tests/run/test_worker_costs.py::"
+            "test_a_job_costs_four_script_calls_and_three_where_the_worker_runs_it_itself"
+        ],
+        "a SimpleLeaseWorker pays a script call and a round trip more per job",
+    ),
+    _m(
+        "watch_deaf_after_pubsub_reconnect",
+        "rq_emq/intake/watch.py",
+        "            connection.register_connect_callback(self._reconnected)",
+        "            pass",
+        [f"{BUDGET}::test_a_watcher_whose_pubsub_connection_reconnected_hears_the_next_push_at_once"],
+        "after RQ's pubsub connection reconnected, the idle watcher hears no push until its next keep",
+    ),
     # -- lease bookkeeping ----------------------------------------------------------------------
     _m(
         "take_sets_no_lock",
@@ -199,7 +300,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "claim_job_without_owning_the_entry",
-        "lua/claim_job-5.lua",
+        "lua/claim_job-6.lua",
         "if redis.call('LREM', KEYS[1], 1, job_id) == 0 then return {-1} end",
         "redis.call('LREM', KEYS[1], 1, job_id)",
         [f"{LEASES}::test_claim_leases_a_job_moved_to_the_moving_list"],
@@ -208,7 +309,7 @@ CATALOG: list[Mutation] = [
     _m(
         "take_runs_a_stray_copy_of_an_ended_job",
         "lua/lib/lease.lua",
-        "    if placed_by_rq(job_key, job_id, nil, rq_prefix) then return true end",
+        "    if placed_by_rq(job_key, job_id, nil, rq_prefix) then return 'stray' end",
         "local _ = status",
         [
             f"{LEASES}::test_a_stray_copy_of_a_job_that_left_every_queue_is_dropped_never_run_again",
@@ -219,10 +320,70 @@ CATALOG: list[Mutation] = [
     _m(
         "take_runs_a_stray_copy_under_a_live_lease",
         "lua/lib/lease.lua",
-        "  return leased_live(hash, lock_key)\nend",
-        "  return false\nend",
+        "  if leased_live(hash, lock) then return 'stray' end",
+        "",
         [f"{LEASES}::test_a_stray_duplicate_entry_of_a_job_in_flight_is_dropped_never_run_twice"],
         "a copy of a job in flight is granted to a second worker: two runs overlap",
+    ),
+    _m(
+        "take_runs_beside_an_old_run_that_holds_the_lock",
+        "lua/lib/lease.lua",
+        "    if left > 0 then return 'busy', left end",
+        "    if false then return 'busy', left end",
+        [f"{LEASES}::test_a_job_deleted_and_enqueued_again_waits_at_its_place_until_the_old_run_ends"],
+        "a job deleted while it ran and enqueued again runs beside its old run until that run's renewal",
+    ),
+    _m(
+        "take_runs_beside_an_old_run_that_holds_the_lock_processes",
+        "lua/lib/lease.lua",
+        "    if left > 0 then return 'busy', left end",
+        "    if false then return 'busy', left end",
+        [
+            f"{EVIDENCE}::test_a_running_job_deleted_and_enqueued_again_runs_again_only_once_the_old_run_stopped"
+        ],
+        "with real workers: the two runs overlap (124-286 ms under a 3 s lease, 300 ms renewals)",
+        fast=False,
+    ),
+    _m(
+        "pop_stops_at_a_held_back_job",
+        "lua/pop_job-3n.lua",
+        "      at = at + 1\n",
+        "      break\n",
+        [f"{LEASES}::test_a_job_deleted_and_enqueued_again_waits_at_its_place_until_the_old_run_ends"],
+        "one job held back by its old run holds up every job behind it in its queue",
+    ),
+    _m(
+        "claim_drops_a_held_back_job",
+        "lua/claim_job-6.lua",
+        "  redis.call('LPUSH', KEYS[6], job_id)\n",
+        "",
+        [f"{LEASES}::test_a_job_deleted_and_enqueued_again_waits_at_its_place_until_the_old_run_ends"],
+        "a job the idle wait moved while its old run held the id is in no queue: lost",
+    ),
+    _m(
+        "refused_finish_keeps_its_lock",
+        "lua/finish_job-6.lua",
+        "  release_own_lock(KEYS[2], token)\n",
+        "",
+        [f"{LEASES}::test_a_job_deleted_and_enqueued_again_waits_at_its_place_until_the_old_run_ends"],
+        "a job deleted while it ran and enqueued again waits for the old lock to lapse (a lease)",
+    ),
+    _m(
+        "lost_crash_recovery_keeps_its_lock",
+        "lua/recover_crashed_job-10.lua",
+        "  if state == 'lost' then release_own_lock(lock_key, token) end\n",
+        "",
+        [f"{CRASH}::test_a_crash_of_a_run_whose_job_was_deleted_releases_the_lock_it_still_holds"],
+        "a job deleted while its horse died and enqueued again waits for the dead run's lock to lapse",
+    ),
+    _m(
+        "simple_self_kill_keyed_by_job_id",
+        "rq_emq/run/run_guard.py",
+        "if self._running_job_id == job_id and self._run_serial == run:",
+        "if self._running_job_id == job_id:",
+        [f"{EVIDENCE}::test_a_simple_worker_runs_a_job_deleted_and_enqueued_again_itself_without_ending"],
+        "a SimpleLeaseWorker that runs a job id again right after a lease-lost stop ends itself mid-run",
+        fast=False,
     ),
     # -- the idle wait: one blocked BLMOVE per queue -------------------------------------------
     _m(
@@ -464,6 +625,63 @@ CATALOG: list[Mutation] = [
         ],
         "after SENTINEL FAILOVER the old master's takes run beside the new master's: two runs overlap",
     ),
+    _m(
+        "degraded_take_gate_never_probes",
+        "rq_emq/intake/take.py",
+        "                confirm.probed(replication)\n",
+        "                pass\n",
+        [f"{TAKES}::test_a_degraded_take_counts_and_asks_the_master_for_its_replicas"],
+        "after a failover the take gate stays off for 30 s, through a failback",
+    ),
+    _m(
+        "degraded_take_gate_never_probes_processes",
+        "rq_emq/intake/take.py",
+        "                confirm.probed(replication)\n",
+        "                pass\n",
+        [f"{FAILOVER}::test_after_a_failover_the_take_gate_is_on_again_for_the_failback"],
+        "with real workers and Sentinel: the gate is off through the failback",
+        fast=False,
+    ),
+    _m(
+        "degraded_take_gate_ignores_an_online_replica",
+        "rq_emq/connection/confirm.py",
+        "        self._degraded_until, self._probing, self._rearmed = 0.0, False, True\n",
+        "        self._probing, self._rearmed = False, True\n",
+        [f"{TAKES}::test_a_degraded_gate_waits_again_from_the_first_take_that_finds_a_replica_online"],
+        "a replica back online does not turn the take gate on again",
+    ),
+    _m(
+        "take_gate_flaps_on_an_online_replica_that_never_acknowledges",
+        "rq_emq/connection/confirm.py",
+        "self._probing, self._rearmed = not self._rearmed, False",
+        "self._probing, self._rearmed = True, False",
+        [f"{TAKES}::test_a_degraded_gate_waits_again_from_the_first_take_that_finds_a_replica_online"],
+        "a replica online but slow turns the gate on and off, 3 s of takes handed back each time",
+    ),
+    _m(
+        "rejoining_replica_stalls_takes",
+        "rq_emq/connection/confirm.py",
+        "        if fresh and not online_replicas(replication):\n",
+        "        if False:\n",
+        [f"{TAKES}::test_just_after_a_switch_a_master_with_no_replica_online_yet_is_taken_from_at_once"],
+        "after every switch the workers hand takes back for 3 s while the old master resyncs",
+    ),
+    _m(
+        "failback_master_taken_from_without_the_gate",
+        "rq_emq/connection/confirm.py",
+        "fresh = replication is not None and self.just_switched() and not self._online_since_switch",
+        "fresh = replication is not None and self.just_switched()",
+        [f"{TAKES}::test_just_after_a_switch_a_master_with_no_replica_online_yet_is_taken_from_at_once"],
+        "a failback soon after a failover meets no gate: the demoted master's takes run, two runs overlap",
+    ),
+    _m(
+        "take_gate_waits_for_sentinels_count",
+        "rq_emq/connection/confirm.py",
+        "replicas = max(self.watch.live_replicas, self._seen_online)",
+        "replicas = self.watch.live_replicas",
+        [f"{TAKES}::test_just_after_a_switch_a_master_with_no_replica_online_yet_is_taken_from_at_once"],
+        "a replica back online is waited for only once Sentinel's count, read every 5 s, has it",
+    ),
     # -- the sweeper election ---------------------------------------------------------------------
     _m(
         "every_worker_sweeps",
@@ -489,7 +707,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "no_deputy_is_called",
-        "lua/hold_sweeper-3.lua",
+        "lua/hold_sweeper-5.lua",
         "redis.call('LPUSH', line, token)",
         "local _ = line",
         [f"{FLEET}::test_the_election_is_kept_only_by_its_holder_and_given_up_only_by_it"],
@@ -497,7 +715,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "a_lapsed_deputy_goes_to_the_line",
-        "lua/hold_sweeper-3.lua",
+        "lua/hold_sweeper-5.lua",
         "if deputy_token == token or not deputy_token then",
         "if deputy_token == token then",
         [f"{FLEET}::test_a_deputy_whose_key_lapsed_takes_it_again_while_it_is_free"],
@@ -505,7 +723,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "a_sweeping_deputy_keeps_its_deputy_key",
-        "lua/hold_sweeper-3.lua",
+        "lua/hold_sweeper-5.lua",
         "redis.call('DEL', deputy)  -- the deputy took over",
         "deputy_token = deputy_token  -- the deputy took over",
         [f"{FLEET}::test_the_election_is_kept_only_by_its_holder_and_given_up_only_by_it"],
@@ -522,8 +740,8 @@ CATALOG: list[Mutation] = [
     _m(
         "line_wait_ignores_a_stop",
         "rq_emq/recover/election.py",
-        "while not connection.can_read(timeout=STOP_POLL_S):",
-        "while not connection.can_read(timeout=timeout_s + LINE_MARGIN_S):",
+        "        while not self.stopping.is_set():",
+        "        while True:",
         [f"{FLEET}::test_a_line_wait_ends_at_once_when_its_worker_stops"],
         "a stopping worker waits out its line wait (minutes) before it exits",
     ),
@@ -552,6 +770,123 @@ CATALOG: list[Mutation] = [
         "",
         [f"{SOAK}::test_a_kill_before_the_run_or_after_its_repeat_explains_nothing"],
         "one kill of a worker excuses every later repeat of any job it ran",
+    ),
+    # conservation at every sample, and Redis losing its data (issue 33)
+    _m(
+        "soak_conservation_not_enforced",
+        "soak/conservation.py",
+        'v.violations += [f"conservation sample {line}: {what}" for line, what in bad]',
+        "pass",
+        [f"{SOAK}::test_a_job_in_no_place_at_a_sample_fails_the_soak_whatever_becomes_of_it"],
+        "a job a sample found in no place RQ reads passes the soak once it finished",
+    ),
+    _m(
+        "soak_conservation_allows_two_places",
+        "soak/conservation.py",
+        "    if len(found) == 1:",
+        "    if len(found) >= 1:",
+        [f"{SOAK}::test_a_job_in_two_places_fails_but_for_a_run_rq_ended_and_what_invariant_3_judges"],
+        "a job both queued and finished (it would run again) passes the soak",
+    ),
+    _m(
+        "soak_conservation_sample_misreads_a_live_lock",
+        "soak/conservation.py",
+        "redis.call('GET', ARGV[2] .. id .. ':lock') == owner then mark(id, 'in-flight') end",
+        "true then mark(id, 'in-flight') end",
+        [f"{SOAK}::test_the_conservation_sample_names_each_job_not_in_exactly_one_place"],
+        "a job whose lease lapsed with no lease entry left (in no place) reads as in flight",
+    ),
+    _m(
+        "soak_conservation_sample_misses_rqs_ready_registry",
+        "soak/conservation.py",
+        "'deferred', 'ready', 'finished'",
+        "'deferred', 'finished'",
+        [f"{SOAK}::test_the_conservation_sample_names_each_job_not_in_exactly_one_place"],
+        "RQ 3's dependent on its way to its queue (the ready registry) reads as in no place",
+    ),
+    _m(
+        "soak_credits_any_run_across_a_loss_to_stock_rq",
+        "soak/dataloss.py",
+        "if r.ppid in stock and begun(r) < at and (r.ended is None or r.ended >= at)",
+        "if begun(r) < at and (r.ended is None or r.ended >= at)",
+        [f"{SOAK}::test_a_stock_run_across_the_loss_that_finished_the_resubmitted_job_is_stock_rqs"],
+        "a run of ours whose outcome landed on the resubmitted job passes as stock RQ's",
+    ),
+    _m(
+        "soak_accepts_a_resubmitted_job_finished_by_no_run",
+        "soak/dataloss.py",
+        'if seen.final.get(job_id, {}).get("status") == "finished" and not ran:',
+        "if False:",
+        [f"{SOAK}::test_a_stock_run_across_the_loss_that_finished_the_resubmitted_job_is_stock_rqs"],
+        "an old run's outcome written over the resubmitted job (a fence that let it) passes the soak",
+    ),
+    _m(
+        "soak_conservation_credits_any_stock_run",
+        "soak/conservation.py",
+        "    if acted > at:\n        return False\n",
+        "",
+        [f"{SOAK}::test_a_job_in_two_places_fails_but_for_a_run_rq_ended_and_what_invariant_3_judges"],
+        "a stock run's job found in two places passes, though the producer canceled it only later",
+    ),
+    _m(
+        "soak_conservation_credits_any_delete",
+        "soak/conservation.py",
+        "    if since is not None and since <= at <= acted:",
+        "    if since is not None:",
+        [f"{SOAK}::test_a_job_in_two_places_fails_but_for_a_run_rq_ended_and_what_invariant_3_judges"],
+        "a job in no place before the producer's delete began passes as the delete's doing",
+    ),
+    _m(
+        "soak_queue_samples_judged_without_the_runs_before_a_loss",
+        "soak/checks.py",
+        "    check_queues(every_run, v)",
+        "    check_queues(ev, v)",
+        [f"{SOAK}::test_a_job_queued_twice_after_a_stock_neighbours_run_is_stock_rqs_double_enqueue"],
+        "a stock double enqueue seen before a loss of Redis's data fails the soak as ours",
+    ),
+    _m(
+        "soak_tokens_may_fall_across_a_loss",
+        "soak/dataloss.py",
+        "if before and after and min(after) <= max(before):",
+        "if False:",
+        [f"{SOAK}::test_fencing_tokens_rise_across_a_loss_and_no_two_runs_share_one"],
+        "a fencing token that starts again at 1 after Redis lost its data passes the soak",
+    ),
+    _m(
+        "soak_tokens_may_be_shared",
+        "soak/dataloss.py",
+        "if len(tokens) != len(set(tokens)):",
+        "if False:",
+        [f"{SOAK}::test_fencing_tokens_rise_across_a_loss_and_no_two_runs_share_one"],
+        "two runs under one fencing token (an outside store cannot tell them apart) pass the soak",
+    ),
+    _m(
+        "soak_judges_a_resubmitted_job_by_its_lost_runs",
+        "soak/dataloss.py",
+        "job_id: [r for r in runs if begun(r) >= resubmitted.get(job_id, -math.inf)]",
+        "job_id: runs",
+        [
+            f"{SOAK}::test_a_resubmitted_jobs_run_after_a_loss_of_redis_data_is_no_duplicate_but_may_not_overlap"
+        ],
+        "a resubmitted job's run after Redis lost its data fails the soak as a duplicate",
+    ),
+    _m(
+        "soak_overlap_judged_since_the_loss_only",
+        "soak/checks.py",
+        "check_overlap(every_run, v, lease)",
+        "check_overlap(ev, v, lease)",
+        [
+            f"{SOAK}::test_a_resubmitted_jobs_run_after_a_loss_of_redis_data_is_no_duplicate_but_may_not_overlap"
+        ],
+        "an old run that goes on beside its resubmitted job's run after a loss passes the soak",
+    ),
+    _m(
+        "soak_accepts_any_job_as_lost_with_redis",
+        "soak/dataloss.py",
+        'lost: dict[str, float] = getattr(ev, "lost_by_redis", {})',
+        "lost: dict[str, float] = {job_id: 0.0 for job_id in ev.jobs}",
+        [f"{SOAK}::test_a_job_lost_with_redis_is_accepted_only_when_redis_lost_it"],
+        "a job our workers lost passes the soak as one Redis lost",
     ),
     _m(
         "soak_recovery_bound_not_enforced",
@@ -811,9 +1146,35 @@ CATALOG: list[Mutation] = [
         "after Redis lost its data the old run goes on beside the resubmitted job's",
     ),
     _m(
+        "vanished_lease_reads_settled_model",
+        "lua/renew_leases-3.lua",
+        "redis.call('GET', prefix .. job_id .. ':lock') == owner_done)",
+        "redis.call('EXISTS', job_key) == 0)",
+        [LIFE_REPLAY_LOSS, LIFE_MODEL],
+        "the lifecycle model finds a vanished lease read as settled (its run never stops)",
+        fast=False,
+    ),
+    _m(
+        "a_changed_field_ends_the_lease_model",
+        "lua/lib/lease.lua",
+        "  if placed_by_rq(job_key, job_id, queue_key, rq_prefix) then return 'ended', lease_ms end",
+        "  if true then return 'ended', lease_ms end",
+        [LIFE_MODEL],
+        "the lifecycle model finds a stale save's run outcome discarded (the job left in no place)",
+        fast=False,
+    ),
+    _m(
+        "sweep_reads_a_changed_field_as_rqs_word_model",
+        "lua/move_stalled_jobs_to_wait-9.lua",
+        "  return untouched(found, 2) or not placed_by_rq(job_key, job_id, queue_key, rq_prefix)",
+        "  return untouched(found, 2)",
+        [LIFE_REPLAY_STALE],
+        "the model's replay finds a dead holder's job a stale save overwrote never recovered",
+    ),
+    _m(
         "take_pops_before_it_leases",
         "lua/pop_job-3n.lua",
-        "local job_id = redis.call('LINDEX', queue_key, 0)",
+        "local job_id = redis.call('LINDEX', queue_key, at)",
         "local job_id = redis.call('LPOP', queue_key)",
         [f"{LIFE}::test_a_take_whose_lease_cannot_be_written_leaves_the_job_in_its_queue"],
         "a take whose lease write fails has already popped the job: lost",
@@ -945,16 +1306,16 @@ CATALOG: list[Mutation] = [
     _m(
         "crash_recovery_no_token_check",
         "lua/recover_crashed_job-10.lua",
-        "if state ~= 'held' then return {0, state, MALFORMED} end",
-        "if state == 'ended' then return {0, state, MALFORMED} end",
+        "if state ~= 'held' then\n",
+        "if state == 'ended' then\n",
         [f"{CRASH}::test_a_crash_recovery_by_a_worker_that_lost_its_lease_changes_nothing"],
         "a worker whose horse died after the job was recovered elsewhere requeues a job it no longer owns",
     ),
     _m(
         "crash_recovery_ignores_rqs_end",
         "lua/recover_crashed_job-10.lua",
-        "if state ~= 'held' then return {0, state, MALFORMED} end",
-        "if state == 'lost' then return {0, state, MALFORMED} end",
+        "if state ~= 'held' then\n",
+        "if state == 'lost' then\n",
         [f"{CRASH}::test_a_job_rq_ended_meanwhile_is_left_as_rq_put_it"],
         "a job RQ canceled while its horse ran is queued again when the horse dies",
     ),
@@ -1214,6 +1575,15 @@ CATALOG: list[Mutation] = [
         "(count_value((hash_field(hash, 'emq_fence'))) or 0) + 1",
         [f"{LEASES}::test_a_token_granted_after_redis_lost_its_data_is_above_every_token_before"],
         "after a restart without persistence the new holder's token is below the old run's",
+    ),
+    _m(
+        "fencing_token_restarts_after_redis_lost_its_data_model",
+        "lua/lib/lease.lua",
+        "math.max((count_value((hash_field(hash, 'emq_fence'))) or 0) + 1, now)",
+        "(count_value((hash_field(hash, 'emq_fence'))) or 0) + 1",
+        [LIFE_REPLAY_LOSS, LIFE_MODEL],
+        "the lifecycle model finds a token granted after the loss of Redis's data not above the old",
+        fast=False,
     ),
     _m(
         "fenced_pipeline_checks_only_its_first_execute",

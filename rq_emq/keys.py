@@ -180,7 +180,17 @@ def sweeper_deputy_key(election_key: str) -> str:
 
 
 def sweeper_line_key(election_key: str) -> str:
-    """The line of one sweeper election's standbys: a list each of them waits on with
-    ``BLPOP``; the sweeper pushes one element when its set has no deputy, which wakes the
-    standby that has waited longest."""
+    """The line of one sweeper election's standbys: a list holding the sweeper's call when
+    its set has no deputy, announced on the pubsub channel of the same name, on which
+    every standby listens."""
     return election_key + ":line"
+
+
+def watch_key(election_key: str) -> str:
+    """The idle watcher of one set of several queues (its token, with an expiry)."""
+    return election_key + ":watch"
+
+
+def wake_key(election_key: str) -> str:
+    """The wake list of one set of several queues: its other idle workers block on it."""
+    return election_key + ":wake"

@@ -89,6 +89,14 @@ def load(name: str) -> LuaScript:
 
 
 def load_all(client: Redis) -> None:
-    """Load every script once (workers do this at startup)."""
-    for path in sorted(lua_dir().glob("*-*.lua")):
-        load(path.stem.rsplit("-", 1)[0]).load(client)
+    """Load every script Redis does not have yet (workers do this at startup). One ``SCRIPT
+    EXISTS`` asks for all of them first: a worker starting beside others (a deploy, a pool)
+    would otherwise send every source again (some 600 KB) for Redis to hash once more."""
+    every = [load(path.stem.rsplit("-", 1)[0]) for path in sorted(lua_dir().glob("*-*.lua"))]
+    present = client.script_exists(*(script.sha for script in every))
+    missing = [script for script, there in zip(every, present, strict=True) if not there]
+    if missing:
+        with client.pipeline(transaction=False) as pipe:
+            for script in missing:
+                pipe.script_load(script.source)
+            pipe.execute()

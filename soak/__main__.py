@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .checks import evaluate
-from .faults import KINDS, NOT_WITH_SENTINEL, SENTINEL_KINDS
+from .faults import KINDS, NOT_WITH_SENTINEL, OPT_IN, SENTINEL_KINDS
 from .model import BOUND_SLACK_S, Config, Evidence, load
 from .run import Soak
 from .verdict import Verdict
@@ -60,6 +60,12 @@ def parse(argv: list[str] | None) -> tuple[Config, bool, bool, Path | None, floa
         help="a primary, a replica and 3 sentinels; workers find the master through Sentinel; "
         "failover and kill_master faults (soak/sentinel.py)",
     )
+    p.add_argument(
+        "--lose-data",
+        action="store_true",
+        help="also: Redis restarts once without persistence (its data lost), half-way, and the "
+        "producer resubmits its plain jobs under their ids (soak/dataloss.py)",
+    )
     p.add_argument("--keep", type=Path, help="keep the run's files (worker logs, side-effect log) here")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--recheck", type=Path, help="run no soak: check again the evidence a --keep DIR holds")
@@ -71,6 +77,10 @@ def parse(argv: list[str] | None) -> tuple[Config, bool, bool, Path | None, floa
     unknown = [k for k in kinds if k not in known]
     if unknown:
         p.error(f"--faults: kind(s) {', '.join(unknown)} not known here; known: {', '.join(known)}")
+    if a.lose_data:
+        if a.sentinel:
+            p.error("--lose-data: not with --sentinel (a replica keeps the data)")
+        kinds += OPT_IN
     if a.workers < 1 or a.duration <= 0 or a.rate <= 0 or a.fault_every <= 0:
         p.error("--workers, --duration, --rate and --fault-every must be positive")
     if a.bound_slack is not None and a.bound_slack < 0:
@@ -154,6 +164,19 @@ def table(ev: Evidence, v: Verdict) -> str:
         (
             "queued twice / by a stock neighbour's own double enqueue",
             f"{c['queued_twice']} / {c.get('queued_twice_by_stock', 0)} (in {c['queue_samples']} samples)",
+        ),
+        (
+            "fencing tokens: runs with one / shared by two runs / not above a loss of Redis's data",
+            f"{c.get('runs_with_a_token', 0)} / {c.get('tokens_shared', 0)} / "
+            f"{c.get('tokens_not_above_the_loss', 0)}",
+        ),
+        (
+            "Redis lost its data (--lose-data): jobs resubmitted / lost with it (lifecycle units)",
+            f"{c.get('resubmitted_after_loss', 0)} / {c.get('lost_with_redis', 0)}",
+        ),
+        (
+            "jobs not in exactly one place RQ reads (conservation, every sample)",
+            f"{c.get('conservation_violations', 0)} (in {c.get('conservation_samples', 0)} samples)",
         ),
         (
             "stray copies RQ's own clients pushed: samples that saw one / copies our take dropped",

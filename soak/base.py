@@ -39,6 +39,16 @@ class SoakBase:
         self.faults: list[Fault] = []
         self.queue_violations: list[str] = []
         self.queue_samples = 0
+        #: job id -> when Redis lost it (the ``lose_data`` fault's start): resubmitted by the
+        #: producer under its id, or lost with Redis (a lifecycle unit's)
+        self.resubmitted: dict[str, float] = {}
+        self.lost_by_redis: dict[str, float] = {}
+        #: held by the producer around each enqueue, and by a ``lose_data`` fault from the
+        #: kill to the end of the resubmission: no enqueue straddles the loss
+        self.enqueue_guard = threading.Lock()
+        #: conservation samples' lines (soak/conservation.py): jobs not in exactly one place
+        self.conservation: list[str] = []
+        self.conservation_samples = 0
         #: (Redis time s, job id) of each push of a job by our scripts (soak/watchers.py)
         self.our_pushes: list[tuple[float, str]] = []
         self._guard = threading.Lock()
@@ -75,6 +85,11 @@ class SoakBase:
         t = threading.Thread(target=fn, name=name, daemon=True)
         t.start()
         return t
+
+    def resubmit_after_loss(self, at: float) -> tuple[int, int]:
+        """The producer's part after Redis lost its data at ``at`` (soak/producer.py):
+        (jobs resubmitted, jobs lost)."""
+        raise NotImplementedError
 
     def record(self, fault: Fault) -> Fault:
         with self._guard:

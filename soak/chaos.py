@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import subprocess
 import time
 from typing import Any
@@ -62,6 +63,8 @@ class Chaos(SoakBase):
 
     def inject(self, kind: str) -> Fault | None:
         cfg, rng, now = self.config, self.chaos_rng, time.time()
+        if kind == "lose_data":
+            return self.lose_data()
         if kind == "restart":
             fault = Fault(kind, now)
             self.record(fault)
@@ -124,6 +127,28 @@ class Chaos(SoakBase):
             fault.lapse_at = time.time() + max(pttl, 0) / 1000
         return fault
 
+    def lose_data(self) -> Fault:
+        """Redis restarts without persistence: SIGKILLed, its AOF removed, started empty
+        after as long as a ``restart`` is down. The producer resubmits once the holders of
+        the lost leases have had a lease to hear of it (their next renewal finds the lease
+        lost and stops the run; a resubmission within a renew interval of the restart may
+        be taken before that renewal: docs/soak.md)."""
+        cfg = self.config
+        with self.enqueue_guard:  # no enqueue straddles the loss
+            fault = self.record(Fault("lose_data", time.time()))
+            self.server.kill()
+            for name in ("appendonlydir", "appendonly.aof", "dump.rdb"):  # what a restart reloads
+                path = self.server.dir / name
+                shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+            time.sleep(self.chaos_rng.uniform(0.1, 0.8) * cfg.grace_s)
+            self.server.start()
+            back = time.time()
+            time.sleep(cfg.lease_ms / 1000)
+            resubmitted, lost = self.resubmit_after_loss(fault.started)
+            fault.ended = time.time()
+        fault.detail = f"down {1000 * (back - fault.started):.0f} ms; resubmitted {resubmitted}, lost {lost}"
+        return fault
+
     def release(self, slot: Slot, fault: Fault, horses: list[int]) -> None:
         if fault.kind == "stop_worker":
             F.send(F.signal.SIGCONT, *(p for p in (slot.pid,) if p is not None))
@@ -167,13 +192,16 @@ class Chaos(SoakBase):
     def schedule(self, start: float, end: float) -> list[tuple[float, str]]:
         """(monotonic time, kind) of the faults that hit every worker at once. Redis
         restarts: a third of the way in, then every 30 s, the last at least 10 s before
-        the chaos ends."""
-        if "restart" not in self.config.kinds:
-            return []
-        restarts = [start + self.config.duration / 3]
-        while restarts[-1] + 30 < end - 10:
-            restarts.append(restarts[-1] + 30)
-        return [(at, "restart") for at in restarts]
+        the chaos ends; a loss of its data (``--lose-data``): once, half-way."""
+        scheduled = []
+        if "lose_data" in self.config.kinds:
+            scheduled.append((start + self.config.duration / 2, "lose_data"))
+        if "restart" in self.config.kinds:
+            restarts = [start + self.config.duration / 3]
+            while restarts[-1] + 30 < end - 10:
+                restarts.append(restarts[-1] + 30)
+            scheduled += [(at, "restart") for at in restarts]
+        return sorted(scheduled)
 
     def stock_actors(self) -> None:
         """Stock RQ beside the lease fleet, as a mixed fleet has it: a stock worker frozen

@@ -13,6 +13,11 @@ invariant family lives in a module of its own (soak/README.md, "What it checks")
 8. **Each fenced job's effect lands exactly once**, beside its plain twin's at-least-once
    count (:mod:`soak.effectcheck`).
 
+At every sample, each job is in exactly one place RQ reads (:mod:`soak.conservation`). After
+a loss of Redis's data (``--lose-data``) the checks that read Redis's state judge what it
+kept, and no loss excuses an overlap or a fencing token that did not rise
+(:mod:`soak.dataloss`).
+
 Beside them: the recovery bound (:mod:`soak.recoverybound`, ``--worker lease``), failure
 callbacks and, with Sentinel, failovers (:mod:`soak.failovercheck`). ``--worker lease``
 fails on any violation; ``--worker stock`` only counts (:class:`soak.verdict.Verdict`).
@@ -23,6 +28,8 @@ from __future__ import annotations
 from typing import Any
 
 from .attempts import check_attempts
+from .conservation import check_conservation
+from .dataloss import apply_loss, check_tokens
 from .effectcheck import check_effects
 from .failovercheck import check_callbacks, check_failover, with_window
 from .faults import Fault
@@ -55,8 +62,12 @@ def evaluate(ev: Any) -> Verdict:
     v.counts["jobs"] = len(ev.jobs)
     v.counts["respawns"] = ev.respawns
 
+    every_run = ev
+    # after a loss of Redis's data, what Redis kept: a resubmitted job's runs since, no lost job
+    ev = apply_loss(every_run, v)
     check_outcomes(ev, v, lease)  # 1, 2
-    check_queues(ev, v)  # 3
+    check_queues(every_run, v)  # 3: its samples, and their credits, read the runs before a loss too
+    check_conservation(every_run, v)  # 3, at every sample: each job in exactly one place
     check_crashes(ev, v)
     check_repeats(ev, v)  # 5
     if lease:
@@ -70,8 +81,9 @@ def evaluate(ev: Any) -> Verdict:
         # a job a stock neighbour's copy finished (its double enqueue) is RQ's ended job too:
         # the sweep rightly leaves where RQ put it the lease one of ours held on the other copy
         ended |= {job_id for job_id in ev.runs if stock_doubled(job_id, ev)}
-        check_recovery_bound(cfg, faults, v, ended)
-    check_overlap(ev, v, lease)  # 7
+        check_recovery_bound(cfg, ev.faults, v, ended)
+    check_overlap(every_run, v, lease)  # 7, across a loss of Redis's data too
+    check_tokens(every_run, v)  # fencing tokens: one per run, above every one before a loss
     check_callbacks(ev, v)
     check_effects(ev, v)  # 8
     if getattr(cfg, "sentinel", False):

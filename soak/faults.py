@@ -16,6 +16,12 @@ Kinds (the victim is a worker that is running a job, when the kind needs one):
 - ``cut_short`` / ``cut_long``: the worker's TCP proxy cuts it off (reset or blackhole),
   healed after less or more than the grace;
 - ``restart``: Redis is SIGKILLed and restarted from its AOF (``appendfsync always``);
+- ``lose_data`` (only with ``--lose-data``): Redis is SIGKILLed and restarted without its
+  AOF, empty, as a server without persistence restarts; the producer then resubmits every
+  plain job it had enqueued under its id (lifecycle units are lost with Redis). The checks
+  judge a resubmitted job by its runs since the loss, and a lost one not at all; no two
+  runs may overlap across the loss, and every run's fencing token since is above every
+  one before it (soak/dataloss.py);
 - the faults that let a run go on while its job runs elsewhere unless the holder fences
   itself (issue 11), each hitting a worker whose horse is mid-job (its job function began
   and has not returned), held past the lease:
@@ -80,7 +86,9 @@ GLOBAL = {"restart_long", "failover", "kill_master"}
 SENTINEL_KINDS = ("failover", "kill_master")
 #: Kinds that need a worker's TCP proxy, or the single server's restart: not in Sentinel
 #: mode, where a worker connects to whatever address Sentinel names (no proxy in between).
-NOT_WITH_SENTINEL = {"cut_short", "cut_long", "hang", "partition_long", "restart"}
+NOT_WITH_SENTINEL = {"cut_short", "cut_long", "hang", "partition_long", "restart", "lose_data"}
+#: Scheduled once, only when asked for (``--lose-data``): most checks read what Redis kept.
+OPT_IN = ("lose_data",)
 KINDS = (
     "kill_worker",
     "kill_group",

@@ -4,7 +4,7 @@ Every run appends one ``start`` line when it begins and one ``end`` line when th
 function returns or raises (``O_APPEND``, one ``write`` per line, so lines from concurrent
 runs never interleave):
 
-    start <job_id> <pid> <ppid> <unix time> <attempt> <rq start>
+    start <job_id> <pid> <ppid> <unix time> <attempt> <rq start> <fencing token>
     alive <job_id> <pid> <unix time>          (every TICK_S while it runs)
     effect <job_id> <pid> <unix time> <token>|- counted|again|refused|nolease
                                               (a fenced job's effect, :mod:`soak.effects`)
@@ -33,6 +33,8 @@ past a stop shows by that line and its end).
 ``rq start`` is the time the horse stamped on the job as it wrote status ``started``
 (``last_heartbeat``, taken before that write commits): a run whose start committed
 before a cancel or delete has an earlier stamp than the moment that call returned.
+``fencing token`` is the run's grant's (``current_lease().fencing_token``; ``-`` under
+stock RQ): the tokens of a job's runs must rise, across a loss of Redis' data too.
 The log counts runs independently of anything the workers write to Redis.
 """
 
@@ -59,6 +61,14 @@ def append_line(path: str, line: str) -> None:
         os.write(fd, (line + "\n").encode())
     finally:
         os.close(fd)
+
+
+def _fencing_token() -> str:
+    """This run's grant's fencing token, or ``-`` outside a lease (a stock worker's run,
+    which never imports rq_emq)."""
+    rq_emq = sys.modules.get("rq_emq")
+    lease = rq_emq.current_lease() if rq_emq is not None else None
+    return "-" if lease is None else str(lease.fencing_token)
 
 
 def _attempt(job: object) -> str:
@@ -102,7 +112,9 @@ def work(
     assert job is not None
     stamp = job.last_heartbeat.timestamp() if job.last_heartbeat is not None else 0.0
     append_line(
-        log, f"start {job.id} {os.getpid()} {os.getppid()} {time.time():.6f} {_attempt(job)} {stamp:.6f}"
+        log,
+        f"start {job.id} {os.getpid()} {os.getppid()} {time.time():.6f} {_attempt(job)} {stamp:.6f} "
+        f"{_fencing_token()}",
     )
     fails = outcome == "raise" or (outcome == "flaky" and job.retries_left == retries)
     wrap_up = seconds * WRAP_UP if effect and not fails else 0.0
@@ -181,6 +193,8 @@ class Run:
     #: None: it wrote none) and the fencing token it wrote under
     effect: str | None = None
     token: int | None = None
+    #: its grant's fencing token, from its start line (None: a stock run, or an older log)
+    fence: int | None = None
 
 
 def read_runs(path: str) -> dict[str, list[Run]]:
@@ -189,10 +203,11 @@ def read_runs(path: str) -> dict[str, list[Run]]:
     open_runs: dict[tuple[str, int], Run] = {}
     for line in log_lines(path):
         parts = line.split()
-        if len(parts) in (6, 7) and parts[0] == "start":
+        if len(parts) in (6, 7, 8) and parts[0] == "start":
             _, job_id, pid, ppid, t, attempt = parts[:6]
             run = Run(job_id, int(pid), int(ppid), float(t), int(attempt) if attempt.isdigit() else None)
-            run.rq_started = float(parts[6]) if len(parts) == 7 and float(parts[6]) > 0 else None
+            run.rq_started = float(parts[6]) if len(parts) >= 7 and float(parts[6]) > 0 else None
+            run.fence = int(parts[7]) if len(parts) == 8 and parts[7].isdigit() else None
             runs.setdefault(job_id, []).append(run)
             open_runs[(job_id, run.pid)] = run
         elif len(parts) in (4, 6) and parts[0] in ("alive", "effect"):

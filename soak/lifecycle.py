@@ -111,6 +111,8 @@ def wait_to_act(job: Planned, started: Callable[[], bool], stop: threading.Event
 
 def act(client: Any, job: Planned) -> None:
     """``job.cancel()`` or ``job.delete()``, as a producer would; records when it returned."""
+    if job.acting_since is None:
+        job.acting_since = time.time()
     if job.acted_on is None:
         status = client.hget(f"rq:job:{job.job_id}", "status")
         job.acted_on = status.decode() if status is not None else "none"

@@ -118,6 +118,9 @@ class Planned:
     #: side-effect log's clock), and the job's status just before it
     acted_at: float | None = None
     acted_on: str | None = None
+    #: cancel/delete: when the producer's call began (RQ's ``job.delete()`` takes the job
+    #: out of its places before it deletes the hash, in commands of their own)
+    acting_since: float | None = None
 
 
 @dataclass
@@ -153,6 +156,14 @@ class Evidence:
     our_pushes: list[tuple[float, str]] = field(default_factory=list)
     #: job id -> times its ``on_failure`` callback ran (the side-effect log's ``failure`` lines)
     failure_callbacks: dict[str, list[float]] = field(default_factory=dict)
+    #: conservation samples taken, and their lines: ``<time> <job> <places>`` of each job
+    #: not in exactly one place (:mod:`soak.conservation`)
+    conservation_samples: int = 0
+    conservation: list[str] = field(default_factory=list)
+    #: job id -> when Redis lost it (``lose_data``): resubmitted under its id by the
+    #: producer, or lost with Redis (:mod:`soak.dataloss`)
+    resubmitted: dict[str, float] = field(default_factory=dict)
+    lost_by_redis: dict[str, float] = field(default_factory=dict)
     #: fenced job id -> its effects in Redis at the end: ``plain`` (plain twins landed),
     #: ``counted`` (the token whose fenced effect counted, or None), ``writes`` (the tokens
     #: of the fenced writes that committed, in commit order); :mod:`soak.effects`
@@ -208,4 +219,8 @@ def load(path: Path) -> Evidence:
         our_pushes=[(float(at), job_id) for at, job_id in data.get("our_pushes", [])],
         failure_callbacks=data.get("failure_callbacks", {}),
         effects=data.get("effects", {}),
+        conservation_samples=data.get("conservation_samples", 0),
+        conservation=data.get("conservation", []),
+        resubmitted=data.get("resubmitted", {}),
+        lost_by_redis=data.get("lost_by_redis", {}),
     )

@@ -83,14 +83,30 @@ class Producer(SoakBase):
         if not self._stop.is_set():
             self.redis_call(lambda: lifecycle.act(self.client, job))
 
+    def resubmit_after_loss(self, at: float) -> tuple[int, int]:
+        """Every job enqueued before Redis lost its data, as a producer with idempotent ids
+        recovers: a plain job enqueued again under its id with its plan; a lifecycle unit's
+        job (a cancel's, a dependent's, a scheduled one...) is left lost with Redis."""
+        resubmitted, lost = 0, 0
+        for job_id, job in list(self.jobs.items()):
+            if job.kind in ("plain", "fenced"):
+                self.enqueue(job)
+                self.resubmitted[job_id] = at
+                resubmitted += 1
+            else:
+                self.lost_by_redis[job_id] = at
+                lost += 1
+        return resubmitted, lost
+
     def produce(self) -> None:
         interval = 1.0 / self.config.rate
         next_at = time.monotonic()
         while self._producing.is_set():
             plain = self.plan()
-            if self.job_rng.random() < lifecycle.SHARE:
-                self.enqueue_unit(lifecycle.plan_unit(self.job_rng, plain, self.config.lease_ms / 1000))
-            else:
-                self.enqueue(plain)
+            with self.enqueue_guard:  # not across a loss of Redis' data (lose_data)
+                if self.job_rng.random() < lifecycle.SHARE:
+                    self.enqueue_unit(lifecycle.plan_unit(self.job_rng, plain, self.config.lease_ms / 1000))
+                else:
+                    self.enqueue(plain)
             next_at += interval
             time.sleep(max(0.0, next_at - time.monotonic()))

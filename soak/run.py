@@ -47,7 +47,8 @@ class Soak(Producer, Chaos, Watchers):
         settled = sum(
             1
             for j in ids
-            if lifecycle.settled(self.jobs[j], status[j], [status.get(p) for p in self.jobs[j].parents])
+            if (j in self.lost_by_redis and status[j] is None)  # lost with Redis, not resubmitted
+            or lifecycle.settled(self.jobs[j], status[j], [status.get(p) for p in self.jobs[j].parents])
             and not (self.jobs[j].kind in ("cancel", "delete") and j in leased)
         )
         return settled == len(ids) and outbox == 0, settled
@@ -217,6 +218,10 @@ class Soak(Producer, Chaos, Watchers):
             stray_drops=read_drops(self.dir / "workers", pid_of),
             our_pushes=list(self.our_pushes),
             effects=effects.collect(self.client, [j for j, p in self.jobs.items() if p.kind == "fenced"]),
+            conservation_samples=self.conservation_samples,
+            conservation=list(self.conservation),
+            resubmitted=dict(self.resubmitted),
+            lost_by_redis=dict(self.lost_by_redis),
         )
         return evidence
 

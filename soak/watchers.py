@@ -12,6 +12,7 @@ import redis
 
 from rq_emq.keys import QueueKeys
 
+from . import conservation
 from . import faults as F
 from .base import SoakBase
 from .faults import Fault
@@ -89,6 +90,7 @@ class Watchers(SoakBase):
                 time.sleep(0.1)
                 continue
             self.queue_samples += 1
+            self._sample_conservation()
             ids = [v.decode() for v in queued]
             twice = {i for i, n in Counter(ids).items() if n > 1}
             both = set(ids) & {v.decode() for v in leased} if self.config.worker == "lease" else set()
@@ -96,6 +98,15 @@ class Watchers(SoakBase):
                 what = "twice in the queue" if job_id in twice else "queued while leased"
                 self.queue_violations.append(f"{time.time():.3f} {job_id} {what}")
             time.sleep(0.25)
+
+    def _sample_conservation(self) -> None:
+        """Each job in exactly one place RQ reads (soak/conservation.py), in one script."""
+        try:
+            lines = conservation.sample(self.client, QUEUE, list(self.jobs), time.time())
+        except redis.RedisError:
+            return
+        self.conservation_samples += 1
+        self.conservation += lines
 
     def _read_our_pushes(self, stream: str, after: str) -> str:
         """Our scripts' pushes of a job to its queue since ``after``, from the queue's event

@@ -77,11 +77,14 @@ def exit_cleanly_first(log: str) -> str:
 
 def child_then_die(log: str, child_log: str, own_group: bool = False) -> str:
     """The first run starts a child process (as a job running ffmpeg or a script would),
-    which appends a line to ``child_log`` every 20 ms, then kills its own horse; the next
-    run succeeds. ``own_group``: the child leads a process group of its own
+    which appends a line to ``child_log`` every 20 ms (``tick <time.time()>``), then kills
+    its own horse; the next run succeeds. ``own_group``: the child leads a process group of its own
     (``process_group=0``), out of the horse's group."""
     if _runs_so_far(log) == 1:
-        script = f"import time\nwhile True:\n    open({child_log!r}, 'a').write('tick\\n'); time.sleep(0.02)"
+        script = (
+            f"import time\nwhile True:\n    open({child_log!r}, 'a').write('tick %f\\n' % time.time()); "
+            "time.sleep(0.02)"
+        )
         subprocess.Popen([sys.executable, "-c", script], preexec_fn=os.setpgrp if own_group else None)
         deadline = time.monotonic() + 30
         while not os.path.exists(child_log) and time.monotonic() < deadline:

@@ -188,3 +188,10 @@ class HandMixedWorker(LeaseMixin, Worker):  # type: ignore[misc]
 _SpawnWorker = getattr(__import__("rq.worker", fromlist=["SpawnWorker"]), "SpawnWorker", None)
 if _SpawnWorker is not None:  # RQ 3
     LeaseSpawnWorker = lease_worker(_SpawnWorker)
+
+
+class PerQueueWaitLeaseWorker(LeaseWorker):
+    """A LeaseWorker that waits on several queues with a connection per queue (the path of
+    a server refusing the idle watch: ``tests/intake/test_fleet_processes.py``)."""
+
+    _watch_idle = False

@@ -17,6 +17,13 @@ local function hash_field(hash, field)
   return nil, nil
 end
 
+-- Each field's value position in `hash` (as HGETALL returns it): field -> position.
+local function value_positions(hash)
+  local position = {}
+  for i = 1, #hash, 2 do position[hash[i]] = i + 1 end
+  return position
+end
+
 -- A count our scripts stored (attempts, max attempts): digits only, else nil. Anything
 -- else (a float, "nan", "1e3", a negative number) reads as absent, the same way in every
 -- script and in Python, so a malformed value can neither crash a script nor exempt a job.
@@ -78,19 +85,31 @@ local function lease_fields(job_key)
     'emq_status', 'emq_enqueued_at', 'emq_started_at', 'emq_lease_ms')
 end
 
--- Whether job_key is in flight under a live lease: its lock is set, names the job's owner,
--- and nothing but that lease's writes changed the job since (`untouched`). An entry of
--- such a job in a queue list is a stray duplicate (a client's push retried after a Redis
--- restart: redis-py retries a command whose reply the restart lost), never a second run.
--- `hash` is the job's HGETALL, which the taking scripts read anyway: only a job whose hash
--- names a lease token costs a command more (the lock's GET), a plain queued job none.
-local function leased_live(hash, lock_key)
+-- The value of a job's lock key (its holder's token, or `done:<token>` that a finish
+-- leaves), or nil. A lock of another type (no script of ours writes one) is no holder's:
+-- read as none and noted; the next grant's SET replaces it.
+local function lock_value(lock_key)
+  local reply = redis.pcall('GET', lock_key)
+  if wrong_type(reply) then
+    malformed(lock_key, 'not a string: no lease holds it; the next grant replaces it')
+    return nil
+  end
+  if refused(reply) then return error(reply) end
+  return reply or nil
+end
+
+-- Whether a job is in flight under a live lease: its lock (`lock`, its value) names the
+-- job's owner, and nothing but that lease's writes changed the job since (`untouched`).
+-- An entry of such a job in a queue list is a stray duplicate (a client's push retried
+-- after a Redis restart: redis-py retries a command whose reply the restart lost), never
+-- a second run. `hash` is the job's HGETALL, which the taking scripts read anyway.
+local function leased_live(hash, lock)
   local owner = (hash_field(hash, 'emq_token'))
   if not owner or owner:sub(1, 5) == 'done:' or owner:sub(1, 6) == 'outbox' then return false end
   local found = {owner}
   for i = 1, #SEEN do found[1 + i] = (hash_field(hash, SEEN[i])) end
   for i = 1, #RECORDED do found[1 + #SEEN + i] = (hash_field(hash, RECORDED[i])) end
-  return untouched(found, 2) and redis.call('GET', lock_key) == owner
+  return untouched(found, 2) and lock == owner
 end
 
 -- Where RQ puts a job as it writes each status that takes it out of the queues: the
@@ -133,20 +152,44 @@ local function placed_by_rq(job_key, job_id, queue_key, rq_prefix)
   return registry ~= nil and redis.call('ZSCORE', rq_prefix .. registry .. origin, job_id) ~= false
 end
 
--- Whether an entry of a job in a queue list is a stray copy, not a job waiting to run: a
--- duplicate of a push that a client sent again after a lost reply (redis-py resends a
--- command or a transaction after a connection error, whether or not Redis ran it: a
--- producer's enqueue, RQ's scheduler moving a due job, RQ 3's fan-in enqueueing a
--- dependent twice), found while the job runs under a live lease (`leased_live`) or while
--- RQ has it elsewhere (`placed_by_rq`: ended, scheduled, deferred, or started by a stock
--- worker). Running it would run the job again, or early. A status that RQ's placement does
--- not back (a stale whole-hash save) leaves the entry a job waiting to run.
-local function stray_copy(hash, lock_key, job_key, job_id, rq_prefix)
+-- What a take makes of an entry of a job in a queue list (`hash`: the job's HGETALL):
+-- 'stray': a stray copy, dropped unrun: a duplicate of a push that a client sent again
+--   after a lost reply (redis-py resends a command or a transaction after a connection
+--   error, whether or not Redis ran it: a producer's enqueue, RQ's scheduler moving a due
+--   job, RQ 3's fan-in enqueueing a dependent twice), found while the job runs under a live
+--   lease (`leased_live`) or while RQ has it elsewhere (`placed_by_rq`: ended, scheduled,
+--   deferred, or started by a stock worker). Running it would run the job again, or early.
+--   A status that RQ's placement does not back (a stale whole-hash save) leaves the entry a
+--   job waiting to run.
+-- 'busy', and the ms left on the lock: an earlier run of this job id still holds its lock
+--   (the job was deleted, or RQ enqueued it again, while that run went on). Its holder's
+--   renewal finds the lease lost (its job hash no longer names it) and stops the run, or
+--   its local lease clock does before the lock lapses; its end releases the lock
+--   (`release_own_lock`). Until then the entry stays where RQ reads it: no second run.
+-- 'take': a job waiting to run.
+-- The lock is read once (one GET per take; its PTTL only for a lock a holder's token holds).
+local function take_verdict(hash, lock_key, job_key, job_id, rq_prefix)
   local status = hash_field(hash, 'status')
   if status and status ~= 'queued' then
-    if placed_by_rq(job_key, job_id, nil, rq_prefix) then return true end
+    if placed_by_rq(job_key, job_id, nil, rq_prefix) then return 'stray' end
   end
-  return leased_live(hash, lock_key)
+  local lock = lock_value(lock_key)
+  if leased_live(hash, lock) then return 'stray' end
+  -- a finish leaves `done:<token>`; ours always expire (one that does not was written by
+  -- something else, and would hold the job back for ever)
+  if lock and lock:sub(1, 5) ~= 'done:' then
+    local left = redis.call('PTTL', lock_key)
+    if left > 0 then return 'busy', left end
+  end
+  return 'take'
+end
+
+-- Delete a lock that still holds `token` once its run is over and its lease was not
+-- settled by this holder (its finish was refused: the job hash no longer names it), so a
+-- new take of the job id (held back by `take_verdict` while it lives) need not wait for
+-- it to lapse. Another holder's lock is left alone.
+local function release_own_lock(lock_key, token)
+  if lock_value(lock_key) == token then redis.call('DEL', lock_key) end
 end
 
 -- Forget what the lease recorded: the job is no lease's now (handed back, recovered).
@@ -196,8 +239,11 @@ local function grant_lease(job_key, lock_key, leases_key, stats_key, job_id, tok
   local fields = {'emq_attempts', tostring(attempts), 'emq_token', token, 'emq_worker', worker,
     'emq_lease_ms', string.format('%d', lease_ms), 'emq_fence', string.format('%d', fencing_token),
     'emq_progress_at', string.format('%d', now), 'emq_granted_at', string.format('%d', now)}
+  -- the rest looked up by position, indexed in one pass: a scan per field went through the
+  -- whole hash for each one a first take does not find (50k of a take's 370k Redis instructions)
+  local position = value_positions(hash)
   -- a report of an earlier grant that no end forgot (a lease RQ ended) is not this one's
-  if hash_field(hash, 'emq_report') or hash_field(hash, 'emq_no_progress') then
+  if position['emq_report'] or position['emq_no_progress'] then
     redis.call('HDEL', job_key, 'emq_report', 'emq_no_progress')
     for i = #hash - 1, 1, -2 do
       if hash[i] == 'emq_report' or hash[i] == 'emq_no_progress' then
@@ -205,14 +251,17 @@ local function grant_lease(job_key, lock_key, leases_key, stats_key, job_id, tok
         table.remove(hash, i)
       end
     end
+    position = value_positions(hash)
   end
   for i = 1, #SEEN do
+    local at = position[SEEN[i]]
     fields[#fields + 1] = RECORDED[i]
-    fields[#fields + 1] = (hash_field(hash, SEEN[i])) or ''
+    fields[#fields + 1] = at and hash[at] or ''
   end
   redis.call('HSET', job_key, unpack(fields))
+  -- the caller's copy follows
   for i = 1, #fields, 2 do
-    local _, at = hash_field(hash, fields[i])
+    local at = position[fields[i]]
     if at then
       hash[at] = fields[i + 1]
     else

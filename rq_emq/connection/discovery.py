@@ -36,7 +36,7 @@ class Master:
 def sentinel_of(client: Redis) -> tuple[Any, str] | None:
     """The ``Sentinel`` manager and service name behind ``client``'s connections, if any:
     its pool's (RQ's ``SENTINEL`` setting) or, for a pool copied from one
-    (:func:`rq_emq.hold.lease.own_client`), the one its connections resolve through."""
+    (:func:`rq_emq.connection.budget.control_client`), the one its connections resolve through."""
     pool = client.connection_pool
     for holder in (pool, pool.connection_kwargs.get("connection_pool")):
         manager = getattr(holder, "sentinel_manager", None)

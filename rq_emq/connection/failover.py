@@ -226,10 +226,11 @@ def watch(client: Redis) -> FailoverWatch | None:
 
 
 def take_confirmation(client: Redis) -> TakeConfirmation | None:
-    """The take gate of ``client``'s watch, when its takes should wait for a replica now."""
+    """The take gate of ``client``'s watch, when its takes should wait for a replica now,
+    or, degraded, ask the master whether one is online again (``TakeConfirmation.probing``)."""
     found = sentinel_of(client)
     current = _watches.get(id(found[0])) if found is not None and _watches_pid == os.getpid() else None
-    if current is None or not current.takes.wanted():
+    if current is None or not (current.takes.wanted() or current.takes.probing()):
         return None
     return current.takes
 

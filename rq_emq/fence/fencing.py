@@ -26,7 +26,9 @@ from typing import Any
 
 from redis import Redis
 from redis.client import Pipeline
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoPermissionError, ResponseError, WatchError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import malformed, scripts
 from ..keys import RQ_PREFIX, QueueKeys
@@ -139,6 +141,12 @@ class FencedSession:
         #: job's own pipeline, whose commands are anyone's. RQ's own commands are RQ's: not
         #: looked at (one command less per write).
         self.check_queued = False
+        #: Where a writing transaction is held back instead of sent (None: sent): the
+        #: worker's execution record, which rides in the run's start (``ahead``).
+        self.hold_back: list[Any] | None = None
+        #: Commands an earlier block held back, sent ahead of this block's transaction in
+        #: its one script call; their replies are not this transaction's.
+        self.ahead: list[Any] = []
 
     def mark_committed(self) -> None:
         self.committed = True
@@ -160,17 +168,75 @@ class FencedSession:
 
 
 class FencedPipelineMixin:
-    """Turns a transaction's queued commands into one fenced ``finish_job`` call."""
+    """Turns a transaction's queued commands into one fenced ``finish_job`` call, and sends
+    RQ's ``WATCH`` with the read that follows it (RQ's finish watches a job's dependents
+    key, then reads it): one round trip for the two."""
 
     _emq_session: FencedSession
+    #: Keys to WATCH, not sent yet: they go ahead of the next command sent at once.
+    _emq_watch: tuple[Any, ...] | None = None
+
+    def watch(self, *names: Any) -> Any:
+        pipe: Any = self
+        if pipe.explicit_transaction or pipe.watching:
+            return super().watch(*names)  # type: ignore[misc]
+        self._emq_watch = names
+        pipe.watching = True  # redis-py sends what follows at once, until MULTI
+        return True
+
+    def immediate_execute_command(self, *args: Any, **options: Any) -> Any:
+        names, self._emq_watch = self._emq_watch, None
+        if names is None:
+            return super().immediate_execute_command(*args, **options)  # type: ignore[misc]
+        return self._watch_with(names, args, options)
+
+    def _watch_with(self, names: tuple[Any, ...], args: tuple[Any, ...], options: dict[str, Any]) -> Any:
+        """The WATCH and the command after it in one send; RQ's error as redis-py gives it
+        (a connection lost while watching: WatchError, which RQ's loop retries)."""
+        pipe: Any = self
+        if pipe.connection is None:
+            pipe.connection = _pool_connection(pipe.connection_pool)
+        conn = pipe.connection
+        try:
+            conn.send_packed_command(conn.pack_commands([("WATCH", *names), args]))
+            watched: Exception | None = None
+            try:
+                pipe.parse_response(conn, "WATCH")
+            except ResponseError as error:
+                watched = error
+            reply = pipe.parse_response(conn, args[0], **options)
+        except (RedisConnectionError, RedisTimeoutError) as error:
+            conn.disconnect()
+            pipe.reset()
+            raise WatchError(f"A {type(error).__name__} occurred while watching one or more keys") from error
+        except ResponseError:
+            raise  # both replies read: the connection is as redis-py would leave it
+        except BaseException:
+            conn.disconnect()  # a reply may be left unread
+            pipe.reset()
+            raise
+        if watched is not None:
+            raise watched
+        return reply
+
+    def reset(self) -> None:
+        self._emq_watch = None
+        super().reset()  # type: ignore[misc]
 
     def execute(self, raise_on_error: bool = True) -> list[Any]:
         pipe: Any = self
+        names, self._emq_watch = self._emq_watch, None
+        if names is not None:  # nothing read since the WATCH: it goes alone, as before
+            super().immediate_execute_command("WATCH", *names)  # type: ignore[misc]
         commands = list(pipe.command_stack)
         session = self._emq_session
         if not pipe.transaction or not commands or session.committed or reads_only(commands):
             # reads, and RQ's steps after the outcome (enqueueing dependents), run as they would
             return super().execute(raise_on_error)  # type: ignore[misc]
+        if session.hold_back is not None:
+            session.hold_back.extend(commands)
+            pipe.reset()
+            return [None] * len(commands)
         fence = session.fence
         if session.refused:
             pipe.reset()
@@ -178,8 +244,12 @@ class FencedPipelineMixin:
         if session.error is not None:
             pipe.reset()
             raise session.error
+        ahead = session.ahead
+        if ahead:
+            commands = [*ahead, *commands]
+            pipe.command_stack = commands
         try:
-            return self._execute_fenced(commands, raise_on_error)
+            return self._execute_fenced(commands, raise_on_error)[len(ahead) :]
         except (LeaseLost, WatchError):
             raise  # a WATCH that fired wrote nothing: RQ's loop retries the same block
         except Exception as error:
@@ -292,6 +362,13 @@ class FencedPipelineMixin:
         return data
 
 
+def _pool_connection(pool: Any) -> Any:
+    try:
+        return pool.get_connection()
+    except TypeError:  # redis-py before 5.3 names the command
+        return pool.get_connection("WATCH")
+
+
 @cache
 def fenced_class(base: type) -> type:
     return type(f"Fenced{base.__name__}", (FencedPipelineMixin, base), {})
@@ -308,14 +385,23 @@ def prepare(connection: Redis) -> None:
 
 @contextmanager
 def fenced(
-    connection: Redis, fence: Fence, release: bool = True, on_commit: Callable[[], None] | None = None
+    connection: Redis,
+    fence: Fence,
+    release: bool = True,
+    on_commit: Callable[[], None] | None = None,
+    hold_back: list[Any] | None = None,
+    ahead: list[Any] | None = None,
 ) -> Iterator[FencedSession]:
     """Within this block, the first transaction that writes, opened on ``connection``,
     commits only while ``fence`` holds the lease, and (``release``) releases it;
     transactions after a refused or failed one are refused too, and those after a
-    committed one run unchanged."""
+    committed one run unchanged. With ``hold_back``, writing transactions are not sent but
+    appended there (their replies None); ``ahead`` (commands held back so) is sent in the
+    first writing transaction's script call, before its own commands."""
     original = connection.pipeline
     session = FencedSession(fence, release, on_commit)
+    session.hold_back = hold_back
+    session.ahead = list(ahead or ())
 
     def pipeline(*args: Any, **kwargs: Any) -> Pipeline:
         pipe = original(*args, **kwargs)

@@ -64,6 +64,19 @@ class HeldLeases(Protocol):
     def get(self, job_id: str) -> HeldLease | None: ...
 
 
+@dataclasses.dataclass
+class HeldBackRecord:
+    """The worker's execution record of a job, held back to ride in the run's start: one
+    guarded script call (and round trip) for both, in a process that runs its jobs itself,
+    where the two are consecutive steps of one thread."""
+
+    job_id: str
+    commands: list[Any]
+    execution: Any
+    #: The executions the worker knew before this one (a refused start forgets it again).
+    known: set[str]
+
+
 class LeaseJobInterrupted(Exception):
     """Raised inside a SimpleLeaseWorker's job when its lease was lost."""
 
@@ -86,9 +99,19 @@ class JobWritesMixin:
     _refused_as: str | None = None
     #: The job whose outcome this process's last finish discarded (refused by the fence).
     _discarded_job_id: str | None = None
+    #: The execution record rides in the run's start (a class that runs its jobs itself).
+    _record_rides_in_start: bool = False
+    #: The execution record held back for the run's start, until that lands or is refused.
+    _held_back_record: HeldBackRecord | None = None
 
     @contextmanager
-    def _fenced(self, job: Job, release: bool = True, records_status: bool = True) -> Iterator[None]:
+    def _fenced(
+        self,
+        job: Job,
+        release: bool = True,
+        records_status: bool = True,
+        hold_back: list[Any] | None = None,
+    ) -> Iterator[None]:
         """Fence the first writing transaction opened in this block. A refused finish is
         swallowed (logged where refused, one line; nothing written); a refused start is
         raised. A blip that failed the fenced transaction is raised after the block even
@@ -101,7 +124,14 @@ class JobWritesMixin:
         try:
             fence = lease.fence if records_status else dataclasses.replace(lease.fence, records_status=False)
             on_commit = self._settled(job) if release else None
-            with fenced(self.connection, fence, release=release, on_commit=on_commit) as session:
+            held = self._held_back_record
+            ahead: list[Any] = []
+            if held is not None and held.job_id == job.id and not release and records_status:
+                ahead = held.commands  # the run's start: the execution record rides in it
+                fence = dataclasses.replace(fence, started_entry=f"{job.id}:{held.execution.id}")
+            with fenced(
+                self.connection, fence, release, on_commit, hold_back=hold_back, ahead=ahead
+            ) as session:
                 with _hide_swallowed(session, getattr(self, "log", None)):
                     yield
         except LeaseLost:
@@ -212,12 +242,33 @@ class JobWritesMixin:
                 compat.forget_executions(self, known)
                 raise
 
-        # RQ's execution record leaves the job's status alone: nothing to record as ours
-        execution = self._guarded(job, record, "record its execution", records_status=False)
         lease = self.lock_manager.get(job.id) if self.lock_manager else None
+        if self._record_rides_in_start and lease is not None:
+            held_back: list[Any] = []
+            with self._fenced(job, release=False, records_status=False, hold_back=held_back):
+                execution = record()  # sends nothing: held back for the run's start
+            if held_back:
+                self._held_back_record = HeldBackRecord(job.id, held_back, execution, known)
+                return execution
+        else:
+            # RQ's execution record leaves the job's status alone: nothing to record as ours
+            execution = self._guarded(job, record, "record its execution", records_status=False)
         if lease is not None:
             lease.execution = execution
         return execution
+
+    def _held_back_record_sent(self, job: Job, landed: bool) -> None:
+        """The run's start that carried the held-back execution record landed (the lock
+        manager heartbeats the execution from then on) or did not (forgotten again)."""
+        held, self._held_back_record = self._held_back_record, None
+        if held is None or held.job_id != job.id:
+            return
+        if not landed:
+            compat.forget_executions(self, held.known)
+            return
+        lease = self.lock_manager.get(job.id) if self.lock_manager else None
+        if lease is not None:
+            lease.execution = held.execution
 
     def prepare_job_execution(self, job: Job, *args: Any, **kwargs: Any) -> Any:
         """The horse's first writes (status started, heartbeats), guarded: a horse that
@@ -239,11 +290,14 @@ class JobWritesMixin:
                     )
             finally:
                 self._starting_run = False
+            self._held_back_record_sent(job, landed=True)
             self._running_job_id = job.id
             return started
         except LeaseLost:
+            self._held_back_record_sent(job, landed=False)
             reason = "lease lost before it started"
         except BLIPS:
+            self._held_back_record_sent(job, landed=False)
             # Redis stayed out of reach for a whole lease before the job began: it did not
             # run, so it is not failed. Hand it back if Redis is back, else the sweep will.
             reason = "Redis unreachable as it started; handed back"

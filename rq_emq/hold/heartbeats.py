@@ -32,6 +32,15 @@ class HeartbeatMixin:
     #: Monotonic time a job ended at: RQ's loop then beats alone and, a moment later, again
     #: in its suspension check's transaction.
     _job_ended_at: float = -math.inf
+    #: RQ's run of a job is under way (``execute_job``): the state it writes alone as the
+    #: run ends ("idle") is held back for the transaction RQ's loop sends next.
+    _holding_state = False
+    #: The state held back, not sent yet; and the one queued in the suspension check's
+    #: transaction, not known to have landed yet.
+    _state_pending: str | None = None
+    _state_riding: str | None = None
+    #: RQ's `rq suspend` check runs (its transaction carries the held-back state).
+    _checking_suspension = False
 
     def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
         """RQ's worker heartbeat. RQ's loop sends one on its own three times per job (before
@@ -47,6 +56,10 @@ class HeartbeatMixin:
         if pipeline is not None:
             if not self._starting_run:
                 super().heartbeat(timeout, pipeline=pipeline)  # type: ignore[misc]
+            if self._checking_suspension and self._state_pending is not None:
+                # the state RQ wrote as the last job ended rides in this transaction
+                super().set_state(self._state_pending, pipeline=pipeline)  # type: ignore[misc]
+                self._state_riding, self._state_pending = self._state_pending, None
             return
         me: Any = self
         if time.monotonic() - self._job_ended_at < HEARTBEAT_REPEAT_S:
@@ -67,13 +80,27 @@ class HeartbeatMixin:
         """A job's run just ended (RQ's loop beats next, then checks for suspension)."""
         self._job_ended_at = time.monotonic()
 
-    def suspension_checked(self) -> None:
+    def suspension_checked(self, landed: bool = True) -> None:
         """RQ's suspension check ran: unless a stop cut it short, it beat (the default
-        TTL) in its transaction, which the wait's own beat then need not repeat."""
+        TTL) in its transaction, which the wait's own beat then need not repeat; so did
+        the state held back as the last job ended. ``landed``: its transaction went
+        through (else a blip failed it, and a held-back state is held again)."""
         me: Any = self
         self._job_ended_at = -math.inf
+        riding, self._state_riding = self._state_riding, None
+        if riding is not None:
+            if landed:
+                self._state_sent = (time.monotonic(), riding)
+            elif self._state_pending is None:
+                self._state_pending = riding
         if not me._stop_requested:
             self._last_heartbeat = (time.monotonic(), me.worker_ttl + 60)
+
+    def send_held_state(self) -> None:
+        """A state still held back goes alone (the worker stops before RQ's loop sent it)."""
+        state, self._state_pending = self._state_pending, None
+        if state is not None:
+            self.set_state(state)
 
     def heartbeat_after_take(self) -> None:
         """RQ's beat right after a take. Skipped while the worker key's TTL from the last
@@ -89,9 +116,17 @@ class HeartbeatMixin:
 
     def set_state(self, state: str, pipeline: Pipeline | None = None) -> None:
         """RQ's worker state. RQ's loop writes "idle" twice in a row after each job (after
-        the job, then as its wait begins): a write alone of the state this worker wrote
-        alone less than a second ago, nothing else in between, is skipped."""
+        the job, then as its wait begins): the first rides in the transaction of RQ's
+        `rq suspend` check, sent right after it; a write alone of the state this worker
+        wrote less than a second ago, nothing else in between, is skipped."""
         me: Any = self
+        if pipeline is None and self._holding_state:
+            # RQ's "idle" as a run ends: sent in the transaction its loop sends next (its
+            # `rq suspend` check, at once), not in a round trip of its own
+            me._state = state
+            self._state_pending = state
+            return
+        self._state_pending = None  # a state written since replaces one held back
         sent_at, sent_state = self._state_sent
         if pipeline is None and state == sent_state and time.monotonic() - sent_at < HEARTBEAT_REPEAT_S:
             me._state = state  # RQ's own record of it, as its set_state keeps it

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from redis import ConnectionPool, Redis
+from redis import Redis
 from redis.client import Pipeline
 from rq.utils import now, utcformat
 
@@ -170,6 +170,9 @@ class LockManager(BackgroundLoop):
     def loop(self, stop: Stopping) -> None:
         interval = self.renew_interval_ms / 1000.0
         down = False  # Redis went away: said once, not a traceback per tick (a failover)
+        serve_first = getattr(self.client.connection_pool, "serve_first", None)
+        if serve_first is not None:  # a connection shared with the sweeper and the worker
+            serve_first()
         while not stop.wait(interval):
             try:
                 self.tick()
@@ -361,16 +364,3 @@ def pack(commands: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> list[Any]:
 
 def _ids(values: list[Any]) -> list[str]:
     return [v.decode() if isinstance(v, bytes) else str(v) for v in values]
-
-
-def own_client(connection: Redis, timeout_s: float | None = None) -> Redis:
-    """A client with its own pool, so the lock manager's thread shares no connection
-    (nor pool lock) with the main thread or a forked horse. With ``timeout_s`` its socket
-    and connect timeouts are that short (RQ's own are minutes), so no renewal or sweep
-    call hangs past a tick."""
-    pool = connection.connection_pool
-    kwargs = dict(pool.connection_kwargs)
-    if timeout_s is not None:
-        kwargs["socket_timeout"] = timeout_s
-        kwargs["socket_connect_timeout"] = timeout_s
-    return Redis(connection_pool=ConnectionPool(connection_class=pool.connection_class, **kwargs))

@@ -38,6 +38,7 @@ from ..hold.held import new_token
 from ..keys import RQ_PREFIX, QueueKeys
 from ..settings import LeaseSettings
 from .wake import SELECT_MARGIN_S, QueueWait, WaitRefused
+from .watch import ALL, QueueSetWatch
 
 logger = logging.getLogger("rq_emq.lease")
 
@@ -57,6 +58,12 @@ LEAST_WAIT_S = 0.01
 #: its one main connection, and tries the blocking waits again after RETRY_WAITS_S.
 POLL_WHEN_REFUSED_S = 0.5
 RETRY_WAITS_S = 60.0
+
+#: How long a take that found only jobs held back by an earlier run of their id (deleted,
+#: or enqueued again, while that run went on; ``take_verdict`` in lua/lib/lease.lua) waits
+#: before the worker looks again, at most: that run ends at its holder's next renewal, and
+#: its end releases the lock. Short, so a stop held back meanwhile is barely delayed.
+HELD_BACK_RETRY_S = 0.05
 
 #: Signals that stop a worker; held back while a take is granted and registered.
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
@@ -134,6 +141,12 @@ class Taker:
         self.worker_name = worker_name
         self.settings = settings
         self._wait = QueueWait(connection)
+        #: The idle wait of a worker on several queues, on its one work connection; None: a
+        #: wait per queue, each on a connection of its own (one queue; a server refusing it)
+        self.watch: QueueSetWatch | None = None
+        #: The last job came after a wait: the next take looks first (one EXISTS), as the
+        #: queues are most likely empty
+        self._after_job = False
         #: The queues are most likely empty (the last look found nothing, or the last job
         #: came from a wait that had to wait): the next take goes straight to the wait,
         #: whose ``BLMOVE`` returns at once where a job is waiting. Cleared when the wait
@@ -142,13 +155,23 @@ class Taker:
         self._expect_empty = False
         #: Monotonic time Redis last refused the waits' connections (-inf: never).
         self._waits_refused_at = float("-inf")
+        #: The last pop found only jobs held back by an earlier run of their id: the next
+        #: look comes after a moment, not after a wait (their old run's end writes no queue,
+        #: which the idle watch would hear)
+        self._holding_back = False
+        #: The last job a claim found held back by an earlier run of its id (logged once).
+        self._held_back_id: str | None = None
 
-    def pop(self, queues: Sequence[str | QueueKeys]) -> Taken | None:
-        """Lease the first waiting job across ``queues``; None when all are empty."""
+    def pop(self, queues: Sequence[str | QueueKeys], only: frozenset[str] = ALL) -> Taken | None:
+        """Lease the first waiting job across ``queues`` (those whose list is in ``only``,
+        when the watch says where a push landed); None when all are empty, or hold only
+        jobs that an earlier run of their id still holds (after a short wait)."""
         script = scripts.load("pop_job")
         keys: list[str] = []
         prefixes: list[str] = []
-        layouts = [_keys(queue) for queue in queues]
+        every = [_keys(queue) for queue in queues]
+        places = [i for i, q in enumerate(every) if only is ALL or q.rq_queue in only]
+        layouts = [every[i] for i in places]
         queue_names = [q.queue for q in layouts]
         for q in layouts:
             keys += [q.rq_queue, q.leases, q.stats]
@@ -162,7 +185,7 @@ class Taker:
             if not reply:
                 return None
             index = int(reply[0])
-            skipped = [_text(v) for v in reply[1 if index == 0 else 3]]
+            skipped = [_text(v) for v in reply[1 if index <= 0 else 3]]
             for job_id in skipped:
                 logger.warning(
                     "job %s was in one of queues %s but its hash is gone, or the entry is a stray "
@@ -173,17 +196,21 @@ class Taker:
                 )
             if index == 0:
                 continue
+            if index == -1:  # only jobs an earlier run of their id still holds
+                self._held_back(int(reply[2]))
+                self._holding_back = True
+                return None
             malformed.report(reply[4])
             if not self._kept(confirm, layouts[index - 1], _text(reply[1]), token):
                 return None
-            return Taken(index - 1, _text(reply[1]), token, int(reply[2]), _as_hash(reply[5:]))
+            return Taken(places[index - 1], _text(reply[1]), token, int(reply[2]), _as_hash(reply[5:]))
 
     def claim(self, queue: str | QueueKeys, job_id: str, queue_index: int = 0) -> Taken | None:
         """Lease a job that ``BLMOVE`` put in ``queue``'s moving list (``emq:{<q>}:moving``)."""
         q = _keys(queue)
         queue_name = q.queue
         token = new_token(self.worker_name)
-        keys = [q.moving, q.job(job_id), q.lock(job_id), q.leases, q.stats]
+        keys = [q.moving, q.job(job_id), q.lock(job_id), q.leases, q.stats, q.rq_queue]
         args = [job_id, token, self.worker_name, self.settings.lease_ms, RQ_PREFIX]
         reply, confirm = self._granted(scripts.load("claim_job"), keys, args)
         status = int(reply[0])
@@ -202,24 +229,50 @@ class Taker:
                 queue_name,
                 extra={"job_id": job_id, "queue": queue_name},
             )
+        if status == -3:
+            if job_id != self._held_back_id:
+                self._held_back_id = job_id
+                logger.warning(
+                    "job %s on queue %s: an earlier run of this job id (deleted, or enqueued again, "
+                    "while it ran) still holds its lock; left in the queue until that run has ended",
+                    job_id,
+                    queue_name,
+                    extra={"job_id": job_id, "queue": queue_name},
+                )
+            self._held_back(int(reply[1]))
         if status == 1:
             malformed.report(reply[2])
         if status != 1 or not self._kept(confirm, q, job_id, token):
             return None
         return Taken(queue_index, job_id, token, int(reply[1]), _as_hash(reply[3:]))
 
+    def _held_back(self, lock_left_ms: int) -> None:
+        """A take found only jobs that an earlier run of their id still holds: wait a
+        moment (that run ends at its holder's next renewal, or its lock lapses within
+        ``lock_left_ms``), so the worker does not spin on them meanwhile."""
+        time.sleep(min(max(lock_left_ms, 1) / 1000.0, HELD_BACK_RETRY_S))
+
     def _granted(
         self, script: scripts.LuaScript, keys: list[str], args: list[Any]
-    ) -> tuple[Any, tuple[TakeConfirmation, bool] | None]:
+    ) -> tuple[Any, tuple[TakeConfirmation, bool, Any] | None]:
         """Run a take script; behind Sentinel with a live replica, in one pipeline with
-        ``WAIT 1`` on the same connection, whose answer says whether a replica has it."""
+        ``WAIT 1`` on the same connection, whose answer says whether a replica has it; with
+        the gate degraded (no acknowledgement for a while), with ``INFO replication``
+        instead, whose answer says whether a replica is online again (the take counts)."""
         confirm = failover.take_confirmation(self.connection)
         if confirm is None:
             return script(self.connection, keys, args), None
+        waits = confirm.wanted()
+        # a degraded take asks whether a replica is online again; one just after a switch
+        # too, so that an unacknowledged take can tell a master without a replica online yet
+        asks = not waits or confirm.just_switched()
         for _ in range(2):
             pipe = self.connection.pipeline(transaction=False)
             script.queue(pipe, keys, args)
-            pipe.execute_command("WAIT", 1, TAKE_WAIT_MS)
+            if waits:
+                pipe.execute_command("WAIT", 1, TAKE_WAIT_MS)
+            if asks:
+                pipe.execute_command("INFO", "replication")
             replies = pipe.execute(raise_on_error=False)
             if scripts.is_noscript(replies[0]):
                 script.load(self.connection)
@@ -227,11 +280,15 @@ class Taker:
             for reply in replies:
                 if isinstance(reply, Exception):
                     raise reply
-            return replies[0], (confirm, isinstance(replies[1], int) and replies[1] >= 1)
+            replication = replies[-1] if asks else None
+            if not waits:
+                confirm.probed(replication)
+                return replies[0], None
+            return replies[0], (confirm, isinstance(replies[1], int) and replies[1] >= 1, replication)
         raise RuntimeError(f"{script.name}: the script would not load")
 
     def _kept(
-        self, confirm: tuple[TakeConfirmation, bool] | None, q: QueueKeys, job_id: str, token: str
+        self, confirm: tuple[TakeConfirmation, bool, Any] | None, q: QueueKeys, job_id: str, token: str
     ) -> bool:
         """Whether a granted take may run: always, unless no replica acknowledged it, in
         which case it goes back to the front of its queue, attempt refunded (on a master
@@ -244,7 +301,7 @@ class Taker:
             self.connection, q.returning(job_id), [job_id, token, RQ_PREFIX]
         )
         malformed.report(returned[1])
-        confirm[0].unacked(job_id)
+        confirm[0].unacked(job_id, confirm[2])
         return False
 
     def take(
@@ -258,17 +315,36 @@ class Taker:
         stop signals held back (:func:`stop_signals_deferred`)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         least = 0.0  # a first wait is sent for any time left; a later one only for LEAST_WAIT_S
+        look = ALL
+        if self.watch is not None and self._after_job and len(queue_names) > 1:
+            look = self.watch.after_job()
+            self._expect_empty = not look
+        self._after_job = False
+        waited = False
         while True:
             taken = None
             if deadline is None or not self._expect_empty:
-                taken = self._pop_and_record(queue_names, record)
+                taken = self._pop_and_record(queue_names, record, look)
                 self._expect_empty = taken is None
+            if taken is not None:
+                # a job that came after a wait was likely the only one: the next take looks
+                # with one EXISTS; one taken straight off a backlog, with the next pop
+                self._after_job = waited
             if taken is not None or deadline is None:
                 return taken
             remaining = deadline - time.monotonic()
             if remaining <= least:
                 return None
             least = LEAST_WAIT_S
+            if self._holding_back:
+                self._holding_back = False
+                self._expect_empty = False
+                continue
+            if self.watch is not None and len(queue_names) > 1:
+                look = self.watch.wait(remaining)
+                self._expect_empty = not look
+                waited = True
+                continue
             taken = self._wait_and_claim(queue_names, remaining, record)
             if taken is not None:
                 return taken
@@ -320,13 +396,13 @@ class Taker:
                     self._wait.hand_back(queues[index], job_id)
 
     def _pop_and_record(
-        self, queues: Sequence[str | QueueKeys], record: Callable[[Taken], None]
+        self, queues: Sequence[str | QueueKeys], record: Callable[[Taken], None], only: frozenset[str] = ALL
     ) -> Taken | None:
         """``pop`` and, for a job taken, ``record``, with stop signals held back; the lease's
         clock starts when the pop was sent."""
         with stop_signals_deferred():
             sent_at = time.monotonic()
-            taken = self.pop(queues)
+            taken = self.pop(queues, only)
             if taken is not None:
                 taken = dataclasses.replace(taken, sent_at=sent_at)
                 record(taken)
@@ -348,4 +424,10 @@ class Taker:
             time.sleep(min(POLL_WHEN_REFUSED_S, remaining))
 
     def close(self) -> None:
-        """Nothing to close: the waits' connections belong to the client's pool."""
+        """A stopping watcher hands the watch on (the waits' connections belong to the
+        client's pool)."""
+        if self.watch is not None:
+            try:
+                self.watch.leave()
+            except Exception as error:  # it lapses; the sweeper wakes a standby then
+                logger.info("could not hand the idle watch on: %s", error)

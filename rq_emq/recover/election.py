@@ -14,20 +14,25 @@ Now the standbys have two parts:
   election every ``standby/2 .. standby`` with ``hold_sweeper``, which in the same call
   renews its deputy key, and takes the election once the sweeper's hold lapsed (it died,
   froze or lost Redis). A deputy that becomes the sweeper drops its deputy key;
-- **the line** (``<election>:line``, a list): every other standby blocks in ``BLPOP`` on
-  it, on a connection of its own, and sends nothing while it waits. When the sweeper's
-  renewal (the same script) finds no deputy and an empty line, it pushes one element:
-  Redis hands it to the standby that has waited longest, which takes the deputy key
-  (``SET NX PX``; if another was quicker, it goes back to the line). A starting worker
-  that finds the election taken tries the deputy key too, so that a fleet that starts
-  together has a deputy before the sweeper's first renewal.
+- **the line** (``<election>:line``, a list, and a pubsub channel of the same name): every
+  other standby listens on the channel, on RQ's pubsub connection that each worker holds
+  anyway (no connection of its own, nothing sent while it waits). When the sweeper's
+  renewal (the same script) finds no deputy and an empty line, it pushes one element, the
+  call, and announces it on the channel; the standbys that hear it race to ``LPOP`` it, and
+  the one that gets it takes the deputy key (``SET NX PX``; if another was quicker, it goes
+  back to listening). A call nobody took waits in the line, where a standby just come to
+  the line looks first. A starting worker that finds the election taken tries the deputy
+  key too, so that a fleet that starts together has a deputy before the sweeper's first
+  renewal.
 
-A line wait ends after ``line = 2 lease`` at the most (each wait a random
-``line/2 .. line``); the standby then checks the election once (``SET NX PX``) and waits
+A standby's listening ends after ``line = 2 lease`` at the most (each a random
+``line/2 .. line``); the standby then checks the election once (``SET NX PX``) and listens
 again: that covers the sweeper and the deputy dying together (one host running both, a
-common crash). That residue is one ``BLPOP`` and one ``SET`` per standby per ``3/4 line``
-on average (0.044 commands/s at the default 30 s lease): the one idle cost that still
-grows with the fleet, a third of what every standby paid before the deputy. A longer
+common crash). That residue is one ``SET`` per standby per ``3/4 line`` on average (0.022
+commands/s at the default 30 s lease): the one idle cost that still grows with the fleet.
+A call costs one ``LPOP`` per standby that hears it, once per deputy recruited. (The line
+was a ``BLPOP`` on a connection of each standby's own until the connection budget,
+:mod:`rq_emq.connection.budget`: a connection per worker for a wait that seldom ends.) A longer
 line was cheaper still, but at 10 leases a host crash taking the sweeper and the deputy
 left their jobs unrecovered for up to 5 minutes, which the chaos soak caught.
 
@@ -61,37 +66,34 @@ import math
 import random
 import threading
 import time
-from typing import Any
 
 from redis import Redis
 
 from .. import scripts
 from ..hold.held import new_token
-from ..keys import JOB_PREFIX, QUEUE_PREFIX, sweeper_deputy_key, sweeper_election_key, sweeper_line_key
+from ..keys import (
+    JOB_PREFIX,
+    QUEUE_PREFIX,
+    sweeper_deputy_key,
+    sweeper_election_key,
+    sweeper_line_key,
+    wake_key,
+    watch_key,
+)
 
 logger = logging.getLogger("rq_emq.sweep")
 
 #: A line wait ends after at most this many leases (a random half to all of it), and the
 #: standby checks the election once: the bound when the sweeper and the deputy die together.
 LINE_LEASES = 2
-#: How often a line wait looks whether its worker is stopping (no Redis command): a stop
-#: waits this long at most, and an idle fleet's host wakes each standby's thread 4 times a second.
+#: How often a listening standby looks whether its worker is stopping (no Redis command): a
+#: stop waits this long at most, and an idle fleet's host wakes each standby's thread 4 times a second.
 STOP_POLL_S = 0.25
-#: A line wait's reply is read this much after Redis's own timeout at the latest.
-LINE_MARGIN_S = 1.0
-
 #: A sweeper without a deputy whose call still waits in the line (no standby took it) looks
 #: at the line again only every this many renewals: a lone worker pays no more than before.
 LINE_LOOK_EVERY = 4
 
 SWEEPER, DEPUTY, LINE, CHECK = "sweeper", "deputy", "line", "check"
-
-
-def _borrow(pool: Any) -> Any:
-    try:
-        return pool.get_connection()
-    except TypeError:  # redis-py < 5.3 wants a command name
-        return pool.get_connection("BLPOP")
 
 
 class SweeperElection:
@@ -113,6 +115,8 @@ class SweeperElection:
         self.key = sweeper_election_key(queues, queue_prefix, job_prefix)
         self.deputy_key = sweeper_deputy_key(self.key)
         self.line_key = sweeper_line_key(self.key)
+        #: A set of several queues has an idle watcher, which the sweeper replaces when it died
+        self.watched = len(set(queues)) > 1
         self.token = new_token(name)
         self.hold_ms = max(idle_ms * 4 // 3, 1)
         self.standby_ms = max(idle_ms * 2 // 3, 1)
@@ -123,7 +127,10 @@ class SweeperElection:
         #: The last call's answer was lost (a timeout): the election or the deputy may be ours.
         self._unsure = False
         self._renewed_at = -math.inf  # monotonic send time of the last successful hold
-        self._line: Any = None  # the line wait's own connection, borrowed from the client's pool
+        #: Set by RQ's pubsub thread when the sweeper calls on the line's channel.
+        self.called = threading.Event()
+        #: Just come to the line: a call made before it listened may wait there
+        self._fresh_in_line = False
         #: Renewals left that do not look at the line (its call was still waiting: nobody stands by)
         self._skip_line_looks = 0
 
@@ -159,6 +166,8 @@ class SweeperElection:
             self._unsure = True
             raise
         self._unsure = False
+        if self.role == LINE and was != LINE:
+            self._fresh_in_line = True
         if self.role == SWEEPER:
             self._renewed_at = sent
             if was != SWEEPER:
@@ -171,7 +180,8 @@ class SweeperElection:
 
     def _hold_script(self) -> str:
         look = "1" if self._skip_line_looks == 0 else "0"
-        held = int(scripts.load("hold_sweeper")(self.client, self._keys(), [self.token, self.hold_ms, look]))
+        args = [self.token, self.hold_ms, look, "1" if self.watched else "0"]
+        held = int(scripts.load("hold_sweeper")(self.client, self._keys(), args))
         if held == 3:  # nobody waits in the line: look again only every few renewals
             self._skip_line_looks = LINE_LOOK_EVERY - 1
         elif look == "0":
@@ -179,7 +189,7 @@ class SweeperElection:
         return SWEEPER if held in (1, 3) else DEPUTY if held == 2 else LINE
 
     def _keys(self) -> list[str]:
-        return [self.key, self.deputy_key, self.line_key]
+        return [self.key, self.deputy_key, self.line_key, watch_key(self.key), wake_key(self.key)]
 
     def _check(self, or_deputy: bool) -> str:
         """One plain look at the election, which takes it when free; a starting worker
@@ -193,66 +203,54 @@ class SweeperElection:
         return LINE
 
     def _wait_in_line(self) -> str:
-        """Block in the line until the sweeper calls for a deputy (then try to be it) or
-        the wait ends (then check the election once)."""
-        popped = self._blpop(random.uniform(self.line_ms / 2, self.line_ms) / 1000.0)
-        if popped is None:  # stopping
+        """Listen for the sweeper's call (then try to take it, and the deputy key) until the
+        listening ends (then check the election once). A standby just come to the line
+        looks for a call first: one made before it listened waits in the list."""
+        if self._fresh_in_line:
+            self._fresh_in_line = False
+            if self.client.lpop(self.line_key) is not None:
+                return self._answer()
+        called = self._listen(random.uniform(self.line_ms / 2, self.line_ms) / 1000.0)
+        if called is None:  # stopping
             return LINE
-        if popped:
-            if self.client.set(self.deputy_key, self.token, nx=True, px=self.hold_ms):
-                return DEPUTY
-            return LINE
+        if called:
+            if self.client.lpop(self.line_key) is None:
+                return LINE  # another standby took the call
+            return self._answer()
         return self._check(or_deputy=False)
 
-    def _blpop(self, timeout_s: float) -> bool | None:
-        """``BLPOP`` on the line, on the line's own connection: True when an element came,
-        False on Redis's timeout, None when the worker stops meanwhile (the connection is
-        then closed, which ends the wait in Redis too)."""
-        if self._line is None:
-            self._line = _borrow(self.client.connection_pool)
-        connection = self._line
-        timeout_s = max(round(timeout_s, 3), 0.001)  # Redis reads 0 as "forever"
-        try:
-            if self.stopping.is_set():
-                return None
-            # Reconnect here, not in send_command: a Sentinel-managed connection asks
-            # Sentinel for the master in connect(), while redis-py 8's send_command reopens a
-            # closed socket to the address it last used. This connection lives outside the
-            # pool, so after a failover broke it, every BLPOP went back to the old master.
-            connection.connect()
-            connection.send_command("BLPOP", self.line_key, timeout_s)
-            deadline = time.monotonic() + timeout_s + LINE_MARGIN_S
-            while not connection.can_read(timeout=STOP_POLL_S):
-                if self.stopping.is_set():
-                    connection.disconnect()
-                    return None
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"no reply to BLPOP {self.line_key} after {timeout_s} s")
-            return connection.read_response() is not None
-        except BaseException:
-            connection.disconnect()
-            raise
+    def _answer(self) -> str:
+        """With the sweeper's call taken: the deputy key, unless another took it meanwhile."""
+        if self.client.set(self.deputy_key, self.token, nx=True, px=self.hold_ms):
+            return DEPUTY
+        return LINE
 
-    def close(self) -> None:
-        """Hand the line's connection back to the pool (a stopping worker)."""
-        connection, self._line = self._line, None
-        if connection is not None:
-            connection.disconnect()
-            try:
-                self.client.connection_pool.release(connection)
-            except Exception:  # a pool that is gone or reset: nothing to give back
-                pass
+    def heard(self) -> None:
+        """The sweeper called on the line's channel (RQ's pubsub thread calls this)."""
+        self.called.set()
+
+    def _listen(self, timeout_s: float) -> bool | None:
+        """Wait for a call for up to ``timeout_s``: True when one came, False when none,
+        None when the worker stops meanwhile."""
+        deadline = time.monotonic() + timeout_s
+        while not self.stopping.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if self.called.wait(min(STOP_POLL_S, remaining)):
+                self.called.clear()
+                return True
+        return None
 
     def resign(self) -> None:
         """Give the election and the deputy up (a stopping worker), so that the deputy
         takes over at its next check, or the sweeper's next renewal recruits a deputy,
         instead of after the hold."""
-        self.close()
         if not (self.role in (SWEEPER, DEPUTY) or self._unsure):
             return
         self.role, self._unsure = CHECK, False
         self._renewed_at = -math.inf
         try:
-            scripts.load("hold_sweeper")(self.client, self._keys(), [self.token, 0, "0"])
+            scripts.load("hold_sweeper")(self.client, self._keys(), [self.token, 0, "0", "0"])
         except Exception as error:  # it lapses on its own
             logger.info("could not give up the sweeper election of %s: %s", self.key, error)

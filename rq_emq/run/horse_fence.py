@@ -22,6 +22,8 @@ Every end this module makes is of the whole run: the horse's group and descendan
 
 from __future__ import annotations
 
+import _thread
+import fcntl
 import math
 import mmap
 import os
@@ -29,6 +31,8 @@ import signal
 import struct
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 if __package__:
     from .process_tree import kill_tree, libc, parent_and_group
@@ -36,13 +40,15 @@ else:  # imported by the watchdog's own interpreter (rq_emq/run/watchdog.py run 
     from process_tree import kill_tree, libc, parent_and_group  # type: ignore[no-redef]
 
 # bytes 0-7 the deadline (double), 8 settled, 9 stopping, 12-15 the watchdog's pid
-# (int32; 0: none), 16-23 the pid of the run (int64; 0: none); then the job's newest
-# report: 24-31 its number (even once written whole), 32-35 its length, 36- its JSON text
-# (the horse writes, the worker's ticks read)
+# (int32; 0: none), 16-23 the pid of the run (int64; 0: none), 24-31 when the watchdog
+# reads this memory again at the latest (double, monotonic; inf: only when poked); then
+# the job's newest report: 32-39 its number (even once written whole), 40-43 its length,
+# 44- its JSON text (the horse writes, the worker's ticks read)
 REPORT_LIMIT_BYTES = 1024
 #: the signal that tells the watchdog to read this memory again (a run began)
 POKE = signal.SIGUSR2
-_REPORT_AT = 24
+_WAKES_AT = 24
+_REPORT_AT = 32
 _SIZE = _REPORT_AT + 12 + REPORT_LIMIT_BYTES
 
 
@@ -65,6 +71,7 @@ class HorseDeadline:
         if path is None and fd is None:
             self._memory = mmap.mmap(-1, _SIZE)  # MAP_SHARED | MAP_ANONYMOUS: survives the fork shared
             self.reset(math.inf)
+            self.wakes_at = math.inf
             return
         opened = os.open(path, os.O_RDWR) if path is not None else fd
         assert opened is not None
@@ -86,6 +93,7 @@ class HorseDeadline:
         os.ftruncate(fd, _SIZE)
         deadline = cls(fd=fd)
         deadline.reset(math.inf)
+        deadline.wakes_at = math.inf
         return deadline
 
     def open_fd(self) -> int:
@@ -109,6 +117,7 @@ class HorseDeadline:
             os.close(fd)
         deadline = cls(path)
         deadline.reset(math.inf)
+        deadline.wakes_at = math.inf
         return deadline
 
     def remove(self) -> None:
@@ -150,12 +159,68 @@ class HorseDeadline:
     def watchdog_pid(self, pid: int) -> None:
         self._memory[12:16] = struct.pack("i", pid)
 
+    @property
+    def wakes_at(self) -> float:
+        """When the watchdog reads this memory again at the latest (monotonic): the time
+        its wait ends, or inf while it waits for a poke only (or may not have read the
+        run just written: a poker that reads inf always pokes)."""
+        return float(struct.unpack("d", self._memory[_WAKES_AT : _WAKES_AT + 8])[0])
+
+    @wakes_at.setter
+    def wakes_at(self, when: float) -> None:
+        self._memory[_WAKES_AT : _WAKES_AT + 8] = struct.pack("d", when)
+
+    @contextmanager
+    def locked(self) -> Iterator[bool]:
+        """This memory's lock (a POSIX record lock on its file, which the kernel releases
+        when its holder dies), never waited for: True when held. Between the watchdog
+        and whoever tells it of a run, it makes "the watchdog read the run, or will read
+        it by ``wakes_at``" a fact rather than a guess about two processes' timing. Anonymous
+        memory (no file) is never locked."""
+        fd = self.fd
+        if fd is None:
+            yield False
+            return
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0, os.SEEK_SET)
+        except OSError:  # held by the other side (a moment, or it is frozen): not waited for
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.lockf(fd, fcntl.LOCK_UN, 1, 0, os.SEEK_SET)
+
+    def start_run(self, pid: int) -> bool:
+        """The run's pid written (its deadline already is), and whether its watchdog must
+        be woken to read it: not while the watchdog is sure to read this memory again
+        before the run's deadline anyway (it sleeps until an earlier run's deadline, which
+        is no later: back-to-back jobs then poke it about once per lease, not once a job,
+        where each poke cost the poker some 0.1-0.2 ms and the watchdog as much)."""
+        # the lock taken here rather than through locked(): a generator's machinery is more
+        # code for a fresh horse to touch (copy-on-write faults) at every start
+        fd = self.fd
+        try:
+            if fd is None:
+                raise OSError("anonymous memory: no lock")
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0, os.SEEK_SET)
+        except OSError:  # not held: the watchdog may be reading, tell it
+            self.pid = pid
+            return True
+        try:
+            self.pid = pid
+            return self.wakes_at > self.get()
+        finally:
+            fcntl.lockf(fd, fcntl.LOCK_UN, 1, 0, os.SEEK_SET)
+
     def run_started_here(self) -> None:
         """In the horse, as it starts: its own pid, and its worker's watchdog woken
-        (:data:`POKE`) to read it. The worker writes both after the fork returns, but a
+        (:data:`POKE`) to read it if it would not read it by the run's deadline anyway
+        (:meth:`start_run`). The worker writes the pid after the fork returns too, but a
         starved worker may be frozen before it does while the horse already runs the job,
         and a watchdog never told of the run would sleep through its deadline."""
-        self.pid = os.getpid()
+        if not self.start_run(os.getpid()):
+            return
         watchdog = self.watchdog_pid
         # the watchdog is this horse's sibling (the worker started both): a pid that names
         # any other process is one reused since that watchdog died, and is left alone
@@ -234,10 +299,10 @@ class HorseDeadline:
         # ends before any more of the job's code runs, however the scheduler orders its
         # threads after the resume (the thread alone left up to a check interval)
         signal.signal(signal.SIGCONT, self._on_resume)
-        thread = threading.Thread(
-            target=self._watch, args=(interval_s,), name="rq-emq-horse-fence", daemon=True
-        )
-        thread.start()
+        # a bare thread: threading.Thread.start() waits until the new thread has run, some
+        # 0.4 ms of every horse's start; nothing here needs it to have started (it lives
+        # until the horse exits, as a daemon thread would)
+        _thread.start_new_thread(self._watch, (interval_s,))
 
     def check(self) -> None:
         """End this process and its whole tree (SIGKILL) if the deadline has passed, or

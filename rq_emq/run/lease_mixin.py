@@ -27,15 +27,17 @@ from rq.job import Job
 from rq.queue import Queue
 
 from .. import compat, events, scripts
-from ..connection import failover
+from ..connection import budget, failover
 from ..connection.blips import BLIPS, wait_for_redis
 from ..fence import fencing
 from ..fence.fencing import LeaseLost
 from ..fence.job_writes import JobWritesMixin, LeaseJobInterrupted
 from ..hold.heartbeats import HeartbeatMixin
 from ..hold.held import Lease
-from ..hold.lease import LockManager, own_client
+from ..hold.lease import LockManager
+from ..intake import watch
 from ..intake.take import Taker
+from ..keys import QueueKeys, sweeper_election_key, sweeper_line_key
 from ..recover.registries import pin_started_entries_of, prepare_registries
 from ..recover.sweep import Sweeper
 from ..settings import LeaseSettings
@@ -212,7 +214,16 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
         scripts.load_all(self.connection)
         settings = self.lease_settings
         self._taker = Taker(self.connection, self.name, settings)
-        self.lock_manager = self._new_lock_manager(own_client(self.connection, settings.redis_timeout_s))
+        control = budget.control_client(self.connection, settings.redis_timeout_s)
+        self.lock_manager = self._new_lock_manager(control)
+        self._lender = budget.WorkConnectionLender(self.connection, control)
+        line = self._pubsub_line
+        if line is not None and line.client_id is not None:
+            me: Any = self
+            layouts = [QueueKeys.named(q.name, type(q), me.job_class) for q in self.queues]
+            self._taker.watch = watch.QueueSetWatch(
+                self.connection, control, self.name, layouts, settings.lease_ms, line
+            )
         self.lock_manager.start()
         # a Sentinel failover breaks these connections at once, and they reconnect to the
         # master Sentinel names now (not to the old one, writable until its demotion)
@@ -244,12 +255,24 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
         whatever becomes of it), then RQ's heartbeats ride with the renewal."""
         if leases:
             self._replace_dead_watchdog()
+        idle_watch = self._taker.watch if self._taker is not None else None
+        if idle_watch is not None:
+            try:
+                idle_watch.keep()
+            except Exception as error:  # never in the way of the renewal; taken again after
+                if idle_watch.watching:
+                    logger.info("the idle watch is given up for a moment: %s", error)
+                idle_watch.lost()
         self._tick_heartbeats(pipe, leases)
 
     def teardown(self) -> None:
         if not self.is_horse:  # type: ignore[attr-defined]
             # a stop between the take and the job's start: nothing ran, hand it back now
             self._hand_back_leases(unstarted_only=True)
+            try:  # RQ's "idle" of the last run, if its loop did not send it (max jobs reached)
+                self.send_held_state()
+            except BLIPS:
+                pass  # Redis is away: the worker's key expires on its own
             for timer in (self.sweeper, self.lock_manager):
                 if timer is not None:
                     timer.stop()
@@ -263,6 +286,47 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
             # queued (a pool member ends with os._exit, which runs no atexit handler)
             events.drain_at_exit()
         super().teardown()  # type: ignore[misc]
+
+    _lender: budget.WorkConnectionLender | None = None
+
+    _pubsub_line: watch.PubsubLine | None = None
+    #: Several queues are waited on with the set's idle watch (one connection); False: with
+    #: a connection per queue (:mod:`rq_emq.intake.wake`), as where Redis refuses the watch.
+    _watch_idle = True
+
+    def subscribe(self) -> None:
+        """RQ's, with more on the same connection (:mod:`rq_emq.connection.budget`): the
+        sweeper election's line, where a standby hears the sweeper's call, and on several
+        queues the invalidations that wake the set's idle watcher (:mod:`rq_emq.intake.watch`)."""
+        me: Any = self
+        layout = QueueKeys.named("", me.queue_class, me.job_class)
+        names = [q.name for q in self.queues]
+        election = sweeper_election_key(names, layout.queue_prefix, layout.job_prefix)
+        channels = {sweeper_line_key(election): self._line_called}
+        line = None
+        if len(set(names)) > 1 and self._watch_idle:
+            resp3 = watch.can_watch(self.connection)
+            if resp3 is not None:
+                line = watch.PubsubLine(self._queue_written, resp3, self._pubsub_reconnected)
+                channels.update(line.channels())
+        with budget.subscribing_also(self.connection, channels, line.name_it if line else None):
+            super().subscribe()  # type: ignore[misc]
+        self._pubsub_line = line
+
+    def _line_called(self, message: Any) -> None:
+        election = self.sweeper.election if self.sweeper is not None else None
+        if election is not None:
+            election.heard()
+
+    def _queue_written(self, message: Any) -> None:
+        taker_watch = self._taker.watch if self._taker is not None else None
+        if taker_watch is not None:
+            taker_watch.heard(message)
+
+    def _pubsub_reconnected(self) -> None:
+        taker_watch = self._taker.watch if self._taker is not None else None
+        if taker_watch is not None:
+            taker_watch.lost()
 
     def unsubscribe(self) -> None:
         """RQ's, with its pubsub thread told to stop before the UNSUBSCRIBE whose reply
@@ -288,8 +352,18 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
     def check_for_suspension(self, burst: bool) -> None:
         """RQ's `rq suspend` check, run by its work loop before each take."""
         parent: Any = super()
-        self._riding_out_blips(lambda: parent.check_for_suspension(burst))
-        self.suspension_checked()
+        landed: list[bool] = []
+
+        def check() -> None:
+            parent.check_for_suspension(burst)
+            landed.append(True)
+
+        self._checking_suspension = True
+        try:
+            self._riding_out_blips(check)
+        finally:
+            self._checking_suspension = False
+        self.suspension_checked(landed=bool(landed))
 
     def run_maintenance_tasks(self) -> None:
         """RQ's registry maintenance, run by its work loop between takes."""
@@ -374,6 +448,7 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
             self._shutdown_timer.cancel()
 
     def execute_job(self, job: Job, queue: Queue) -> Any:
+        self._holding_state = True
         try:
             return super().execute_job(job, queue)  # type: ignore[misc]
         except LeaseLost:
@@ -392,6 +467,8 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
             wait_for_redis(self.connection, stop=lambda: bool(me._stop_requested))
             return None
         finally:
+            self._holding_state = False
+            self._held_back_record_sent(job, landed=False)  # a start that never ran
             self._run_ended()
             if self.lock_manager is not None:
                 self.lock_manager.remove(job.id)

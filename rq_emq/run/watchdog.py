@@ -26,9 +26,13 @@ still finds the horse's descendants (the kernel would re-parent them as it ended
 horse). It ignores SIGINT and SIGTERM: a warm stop (Ctrl+C, systemd's SIGTERM to the whole
 group) lets the running job finish, and the job stays guarded until then.
 
-Signals it waits for: ``POKE`` (a new run, re-read now: from the worker after the fork,
-and from the horse as it starts, since a starved worker may be frozen before it pokes) and
-``GONE`` (its worker died).
+Signals it waits for: ``POKE`` (a new run, re-read now: from a forked horse as it starts,
+which tells it itself since a starved worker may be frozen before any step of its own
+after the fork, or from a ``SimpleLeaseWorker`` as its run begins) and ``GONE`` (its
+worker died). A run's start pokes it only when it would not read the memory by the run's
+deadline anyway: it publishes when its wait ends (``HorseDeadline.wakes_at``; reading and
+publishing under the memory's lock), and while it sleeps until an earlier run's deadline
+the runs that start meanwhile need no poke (about one per lease, not one per job).
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ else:  # the watchdog's own interpreter: this file as a script, its neighbours b
     from process_tree import kill_tree, libc, parent_and_group  # type: ignore[no-redef]
 
 GONE = signal.SIGHUP
+#: How soon the watchdog reads the memory again when a run's start held its lock.
+LOCK_RETRY_S = 0.01
 #: blocked from the start: a poke, a hangup or a Ctrl+C in its first instants must not end it
 _BLOCKED = {POKE, GONE, signal.SIGINT, signal.SIGTERM}
 
@@ -136,18 +142,22 @@ def _run(deadline: HorseDeadline, worker: int, group: bool) -> None:
                 # group (a pgid is never reused while a member lives)
                 _killpg(pid)
             return
-        pid, due = _read(deadline)
-        wait: float | None = None
-        if pid and pid != ended and math.isfinite(due):
-            wait = due - time.monotonic()
-            if wait <= 0:
-                if _is_run(pid, worker):
-                    killed = kill_tree(pid, group=group and pid != worker)
-                    _say(
-                        f"run {pid} past its deadline by {-1000 * wait:.0f} ms: ended {len(killed)} processes"
-                    )
-                ended = pid
-                continue
+        with deadline.locked() as held:
+            pid, due = _read(deadline)
+            wait: float | None = None
+            if pid and pid != ended and math.isfinite(due):
+                wait = due - time.monotonic()
+            if wait is None or wait > 0:
+                if not held:  # a run's start holds the lock (a moment, or it froze): read again soon
+                    wait = LOCK_RETRY_S if wait is None else min(wait, LOCK_RETRY_S)
+                # what tells a run's start whether to poke (HorseDeadline.start_run)
+                deadline.wakes_at = math.inf if wait is None else time.monotonic() + wait
+        if wait is not None and wait <= 0:
+            if _is_run(pid, worker):
+                killed = kill_tree(pid, group=group and pid != worker)
+                _say(f"run {pid} past its deadline by {-1000 * wait:.0f} ms: ended {len(killed)} processes")
+            ended = pid
+            continue
         if wait is None:
             signal.sigwaitinfo({POKE, GONE})
         else:

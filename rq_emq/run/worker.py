@@ -55,6 +55,8 @@ class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, Worker):
     _horse_job_id: str | None = None
 
     def main_work_horse(self, job: Job, queue: Queue) -> None:
+        if self._lender is not None:
+            self._lender.adopt()  # the job runs on the connection its worker took it with
         # the job's processes stay findable: in this horse's session however they regroup,
         # and its children when their parent exits
         lead_own_session()
@@ -83,7 +85,11 @@ class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, Worker):
         self._horse_forking(lease.valid_until if lease is not None else math.inf)
         if lease is not None:
             lease.report_source = self._horse_deadline.read_report  # the job's reports, from the horse
+        if self._lender is not None:
+            self._lender.before_fork()
         super().fork_work_horse(job, queue)
+        if self._lender is not None:
+            self._lender.lent()  # three connections while the horse runs: it has the work one
         self._horse_forked()
 
     def _on_lease_lost(self, lease: Lease) -> None:
@@ -107,6 +113,9 @@ class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, Worker):
             logger.warning(
                 "job %s was deleted while it ran", job.id, extra={"job_id": job.id, "queue": queue.name}
             )
+        finally:
+            if self._lender is not None:
+                self._lender.returned()
 
     def _outcome_committed(self) -> None:
         if self.is_horse and self._horse_deadline is not None:
@@ -129,6 +138,9 @@ class SimpleLeaseWorker(SimpleRunGuard, LeaseMixin, SimpleWorker):
     """A non-forking RQ worker whose jobs hold lock leases; a thread renews while jobs run."""
 
     _in_process_parts = True  # what an in-process class needs (rq_emq.run.worker_check)
+    #: RQ's execution record and the run's start are consecutive steps of this thread:
+    #: one guarded script call for both (rq_emq.fence.job_writes)
+    _record_rides_in_start = True
 
     #: Delivered to the main thread to interrupt a job whose lease was lost.
     interrupt_signal = signal.SIGUSR1

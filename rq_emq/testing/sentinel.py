@@ -103,6 +103,32 @@ class SentinelGroup:
         until a sentinel's next look demotes it (up to 10 s)."""
         redis.Redis(port=self.port).execute_command("SENTINEL", "FAILOVER", SERVICE)
 
+    def failover_when_possible(self, timeout: float = 30.0) -> None:
+        """``SENTINEL FAILOVER`` once a replica can be promoted: after an earlier switch
+        the old primary must first be demoted and resynced (Sentinel answers NOGOODSLAVE
+        until it sees a replica fit to promote)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.failover()
+                return
+            except redis.ResponseError as error:
+                if time.monotonic() > deadline or not any(s in str(error) for s in ("NOGOODSLAVE", "INPROG")):
+                    raise
+            time.sleep(0.1)
+
+    def replica_online(self) -> bool:
+        """Whether the primary Sentinel names now has a replica online and caught up (what a
+        take's ``WAIT 1`` needs): after a switch, the old primary once demoted and resynced."""
+        info = redis.Redis(port=self.primary_port(), socket_timeout=2).info("replication")
+        replicas = [v for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)]
+        return any(r.get("state") == "online" and int(r.get("lag", 99)) <= 1 for r in replicas)
+
+    def wait_replica_online(self, timeout: float = 30.0) -> float:
+        """Wait for :meth:`replica_online`; returns the monotonic time it was seen."""
+        _wait(self.replica_online, timeout, "a replica of the new primary online")
+        return time.monotonic()
+
     def kill_primary(self) -> None:
         """SIGKILL the primary: the sentinels promote the replica once it is down for
         ``down_after_ms`` and they agree."""

@@ -11,7 +11,7 @@ import pytest
 import redis
 from helpers import FAST, status
 from jobs import runs
-from procs import Processes, wait_for
+from procs import Processes, blocked_clients, wait_for
 from rq import Queue
 from rq.job import Job
 
@@ -62,7 +62,11 @@ def _horse_cut_off_as_it_starts(
     # not take the job at all on a loaded host (seen under -n 4), or lost its renewals.
     warm_up = Queue(connection=r).enqueue("jobs.sleep_and_record", log + ".warm-up", 0.0, job_timeout=30)
     wait_for(lambda: status(r, warm_up.id) == "finished", timeout=30, what="the warm-up job")
-    proxy.cut("new")  # the worker keeps its connections; the horse it forks gets none
+    # back in its wait, on its work connection again (opened anew after each run: the horse
+    # had it), which the forked horse is lent: a horse opens none of its own, and one that
+    # did (a pool the worker cannot lend from) would get none here
+    wait_for(lambda: blocked_clients(r, "blmove") == 1, timeout=30, what="the worker waiting again")
+    proxy.cut("new")
     job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 0.2, job_timeout=30)
     wait_for(lambda: r.hget(f"rq:job:{job.id}", "emq_attempts") == b"1", timeout=10, what="the take")
     time.sleep(cut_s)

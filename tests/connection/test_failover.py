@@ -22,7 +22,6 @@ import pytest
 import redis
 from redis_server import require_redis_server
 
-from rq_emq.recover.election import SweeperElection
 from rq_emq.testing import free_port
 
 # tests/connection/ -> the repository
@@ -65,6 +64,44 @@ def test_a_failover_costs_at_most_reruns(tmp_path: Path, kind: str) -> None:
     assert 1 <= trial.moved_lines <= 4, trial
 
 
+def test_after_a_failover_the_take_gate_is_on_again_for_the_failback(tmp_path: Path) -> None:
+    """``SENTINEL FAILOVER``, then, once the old primary is back as the new one's replica, a
+    second one that moves the master back. The new primary has no replica that can
+    acknowledge until the old one is demoted and resynced (about 10 s): takes go on without
+    waiting meanwhile, said once per worker; and every worker that said so says the gate is
+    on again (a replica online) before the failback, so no take the failback loses runs.
+    Before: the gate stayed off for 30 s, through the failback."""
+    require_redis_server()
+    trial = harness.trial(
+        tmp_path,
+        "failback",
+        "rq_emq.LeaseWorker+rq_emq.SimpleLeaseWorker",
+        workers=4,
+        jobs=120,
+        fault_at=1.5,
+        sentinels=1,
+        settle_s=40.0,
+        job_seconds=(0.5, 1.0),
+        failback_after=3.0,
+    )
+    assert trial.lost == 0 and trial.overlaps == 0 and trial.spurious_callbacks == 0, trial
+    assert trial.tracebacks == 0, f"{trial}\n{trial.traceback_text}"
+    degraded = 0
+    for log in sorted(tmp_path.glob("w*.log")):
+        lines = log.read_text(errors="replace").splitlines()
+        back = next(i for i, line in enumerate(lines) if "master moved" in line and "epoch 2" in line)
+        offs = [i for i, line in enumerate(lines[:back]) if "without a replica's acknowledgement" in line]
+        if offs:
+            degraded += 1
+            on = [
+                line
+                for line in lines[offs[-1] : back]
+                if "takes wait for a replica's acknowledgement again" in line
+            ]
+            assert on, f"{log.name}: the take gate was off through the failback\n" + "\n".join(lines[-40:])
+    assert degraded >= 1, trial  # the resync after the failover turned it off (the case under test)
+
+
 def test_a_chained_exception_logged_once_counts_as_one_traceback() -> None:
     """RQ logs a run that raised with its whole traceback; when the error was raised while
     handling another (a connection dropped under ``job.perform()``), that is one entry with
@@ -100,24 +137,6 @@ class _MasterNow:
 
     def get_master_address(self) -> tuple[str, int]:
         return ("127.0.0.1", self.port)
-
-
-def test_the_election_line_reconnects_to_the_master_sentinel_names_now(r: redis.Redis) -> None:
-    """Found by the Sentinel soak (``python -m soak --sentinel``): a standby's line wait
-    keeps its connection outside the pool, and after a failover broke it, redis-py 8's
-    ``send_command`` reopened it to the address it last used (the old master), skipping
-    the Sentinel lookup of ``SentinelManagedConnection.connect``: every later ``BLPOP`` ran
-    on the old master, whose election nobody else was in."""
-    from redis.sentinel import SentinelManagedConnection
-
-    live = int(r.connection_pool.connection_kwargs["port"])
-    gone = free_port()  # the old master's address: nothing listens there any more
-    line = SentinelManagedConnection(connection_pool=_MasterNow(live), host="127.0.0.1", port=gone)
-    election = SweeperElection(r, ["q"], idle_ms=3_000, name="standby")
-    election._line = line  # its socket closed by the failover watch, as after a switch
-    assert election._blpop(0.05) is False  # Redis's own timeout: the wait ran, on the live master
-    assert line.port == live
-    election.close()
 
 
 def test_the_worker_watches_rqs_scheduler_connection_too(

@@ -114,6 +114,91 @@ def test_a_guarded_start_commits_only_for_the_holder_and_keeps_the_lease(r: redi
     assert int(r.hget(q.stats, "fenced")) == 1
 
 
+def test_a_held_back_transaction_rides_in_the_next_guarded_write_and_is_refused_with_it(
+    r: redis.Redis,
+) -> None:
+    """A SimpleLeaseWorker's execution record is held back and sent in its run's start's
+    one script call: it lands with the start, and a refused start refuses it too."""
+    job, lease = leased_job(r)
+    held: list[object] = []
+    with fenced(r, lease.fence, release=False, hold_back=held):
+        pipe = r.pipeline()
+        pipe.set("record", "1")
+        assert pipe.execute() == [None]
+    assert not r.exists("record") and len(held) == 1  # nothing sent yet
+    with fenced(r, lease.fence, release=False, ahead=held):
+        pipe = r.pipeline()
+        pipe.hset(job_key(job.id), "status", "started")
+        assert pipe.execute() == [0]  # the start's own reply only
+    assert r.get("record") == b"1"
+    r.delete("record")
+    r.hset(job_key(job.id), "emq_token", "someone-else")
+    with fenced(r, lease.fence, release=False, ahead=held):
+        pipe = r.pipeline()
+        pipe.hset(job_key(job.id), "status", "started")
+        with pytest.raises(LeaseLost):
+            pipe.execute()
+    assert not r.exists("record")
+
+
+def _sends(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """From now on, one entry per send to Redis (a round trip)."""
+    from redis.connection import AbstractConnection
+
+    sent: list[int] = []
+    original = AbstractConnection.send_packed_command
+
+    def counting(self: AbstractConnection, command: object, check_health: bool = True) -> None:
+        sent.append(1)
+        original(self, command, check_health)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", counting)
+    return sent
+
+
+def test_rqs_watch_goes_with_its_read_in_one_round_trip_and_still_guards_the_outcome(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RQ's finish WATCHes the job's dependents key, reads it, then writes: the WATCH
+    rides with the read, and a dependent added after the read still aborts the EXEC."""
+    job, lease = leased_job(r)
+    scripts.load_all(r)  # a first call under a WATCH would retry for the load
+    dependents = f"rq:job:{job.id}:dependents"
+    sent = _sends(monkeypatch)
+    with fenced(r, lease.fence, release=False):
+        with r.pipeline() as pipe:
+            pipe.watch(dependents)
+            assert pipe.smembers(dependents) == set()
+            assert len(sent) == 1  # the WATCH and the read together
+            r.sadd(dependents, "late")  # another client, between the read and the write
+            pipe.multi()
+            pipe.hset(job_key(job.id), "status", "started")
+            with pytest.raises(redis.WatchError):
+                pipe.execute()
+    assert r.hget(job_key(job.id), "status") == b"queued"  # nothing written
+    with fenced(r, lease.fence, release=False):
+        with r.pipeline() as pipe:
+            pipe.watch(dependents)
+            assert pipe.smembers(dependents) == {b"late"}
+            pipe.multi()
+            pipe.hset(job_key(job.id), "status", "started")
+            assert pipe.execute() == [0]
+    assert r.hget(job_key(job.id), "status") == b"started"
+
+
+def test_a_watch_with_no_read_after_it_is_sent_before_the_transaction(r: redis.Redis) -> None:
+    job, lease = leased_job(r)
+    scripts.load_all(r)
+    with fenced(r, lease.fence, release=False):
+        with r.pipeline() as pipe:
+            pipe.watch(f"rq:job:{job.id}:dependents")
+            pipe.multi()
+            pipe.hset(job_key(job.id), "status", "started")
+            assert pipe.execute() == [0]
+            assert not pipe.watching
+    assert r.hget(job_key(job.id), "status") == b"started"
+
+
 def test_transactions_after_the_outcome_run_unfenced(r: redis.Redis) -> None:
     job, lease = leased_job(r)
     with fenced(r, lease.fence):

@@ -12,6 +12,7 @@ import pytest
 import redis
 from helpers import count_pipelines, leased_job, rq_moves
 from rq import Queue
+from rq.job import Job
 
 from rq_emq import scripts
 from rq_emq.fence.fencing import Fence
@@ -189,11 +190,54 @@ def test_a_stray_duplicate_entry_of_a_job_in_flight_is_dropped_never_run_twice(r
     r.lmove(q.rq_queue, q.moving)
     assert taker(r, "w3").claim("q", job.id) is None
     assert r.llen(q.moving) == 0 and r.get(q.lock(job.id)).decode() == first.token
-    # once RQ itself changed the job (a requeue rewrites enqueued_at), it is RQ's to run again
+    # once RQ itself changed the job (a requeue rewrites enqueued_at), it is RQ's to run
+    # again, but not beside the run that still holds its lock: held back at its place
     r.hset(job_key(job.id), "enqueued_at", "2030-01-01T00:00:00.000000Z")
     r.lpush(q.rq_queue, job.id)
+    assert taker(r, "w4").pop(["q"]) is None
+    assert r.lrange(q.rq_queue, 0, -1) == [job.id.encode()]
+    # that run's end (its finish finds RQ moved the job on) releases the lock: taken now
+    assert not Fence("q", job.id, first.token).release(r) and not r.exists(q.lock(job.id))
     again = taker(r, "w4").pop(["q"])
     assert again is not None and again.job_id == job.id
+
+
+def test_a_job_deleted_and_enqueued_again_waits_at_its_place_until_the_old_run_ends(r: redis.Redis) -> None:
+    """``job.delete()`` of a running job, then its id enqueued again: the old run's lock is
+    live, so no take starts a second run beside it. The entry stays at the head of its
+    queue (a pop looks past it; a claim puts it back where the BLMOVE took it), the old
+    holder's renewal finds its lease lost, and its refused finish releases the lock: then
+    the job is taken. A finish's `done:` mark holds nothing back."""
+    queue = Queue("q", connection=r)
+    q = QueueKeys("q")
+    job = queue.enqueue("jobs.noop", job_id="order-20")
+    old = taker(r, "w1").pop(["q"])
+    assert old is not None
+    Job.fetch(job.id, connection=r).delete()
+    queue.enqueue("jobs.noop", job_id="order-20")
+    behind = queue.enqueue("jobs.noop")
+    second = taker(r, "w2").pop(["q"])
+    assert second is not None and second.job_id == behind.id, "the job behind it is taken"
+    assert r.lrange(q.rq_queue, 0, -1) == [b"order-20"] and r.get(q.lock("order-20")).decode() == old.token
+    assert taker(r, "w2").pop(["q"]) is None
+    # the idle wait's path: the claim puts it back at the head of its queue
+    r.lmove(q.rq_queue, q.moving)
+    assert taker(r, "w3").claim("q", "order-20") is None
+    assert r.lrange(q.rq_queue, 0, -1) == [b"order-20"] and r.llen(q.moving) == 0
+    assert r.hget(job_key("order-20"), "emq_token") is None  # nothing granted
+    # the old holder hears its lease is lost; its run's refused finish releases its lock
+    lost: list[Lease] = []
+    held = manager(r, lost)
+    held.add(Lease("q", "order-20", old.token))
+    assert held.tick() == ["order-20"]
+    assert not Fence("q", "order-20", old.token).release(r) and not r.exists(q.lock("order-20"))
+    again = taker(r, "w3").pop(["q"])
+    assert again is not None and again.job_id == "order-20" and r.llen(q.rq_queue) == 0
+    # a finish that deleted its job (result_ttl=0) leaves `done:<token>`: no run holds the id
+    r.set(q.lock("order-21"), "done:" + again.token, px=5_000)
+    queue.enqueue("jobs.noop", job_id="order-21")
+    taken = taker(r, "w4").pop(["q"])
+    assert taken is not None and taken.job_id == "order-21"
 
 
 @pytest.mark.parametrize(

@@ -32,15 +32,20 @@ USER, PASSWORD = "rq-emq", "lease-me"
 #: (scripts, the lock manager, the sweep, the multi-queue idle wait) together.
 COMMANDS = (
     # connection; RQ names its connection and reads its address back
-    # (RQ 3: CLIENT INFO, RQ 2: CLIENT LIST); our idle wait: CLIENT ID, UNBLOCK
+    # (RQ 3: CLIENT INFO, RQ 2: CLIENT LIST); the idle watch of several queues: CLIENT
+    # TRACKING, TRACKINGINFO, and ID, SETNAME and LIST for its pubsub connection; the wait
+    # per queue where the watch is refused: CLIENT ID, UNBLOCK
     *"ping info client|setname client|info client|list client|id client|unblock".split(),
+    *"client|tracking client|trackinginfo".split(),
     # our Lua scripts (the commands they run are checked too) and RQ's transactions
     *"evalsha script|load script|exists multi exec watch unwatch time".split(),
-    # RQ's worker channel (its commands: stop job, shutdown)
-    *"subscribe unsubscribe".split(),
+    # RQ's worker channel (its commands: stop job, shutdown), on which a worker also hears
+    # its sweeper election's call (PUBLISH, from hold_sweeper) and, on RESP2, the watch's
+    # invalidations
+    *"subscribe unsubscribe publish".split(),
     *"get mget set del exists expire persist pttl".split(),
     *"hget hmget hgetall hset hsetnx hdel hincrby hincrbyfloat".split(),
-    # blpop: a standby's wait in its sweeper election's line (never on a queue)
+    # blpop: an idle standby's wait on its queue set's wake list (never on a queue)
     *"llen lindex lpush rpush lpop lrange lrem lpos blmove blpop".split(),
     *"sadd srem smembers".split(),
     *"zadd zcard zcount zrange zrangebyscore zrem zremrangebyscore zscore".split(),
@@ -57,6 +62,8 @@ ACL_RULES = (
     "~emq:*",
     "resetchannels",
     "&rq:*",
+    "&emq:*",
+    "&__redis__:invalidate",
     "-@all",
     *(f"+{command}" for command in COMMANDS),
 )
@@ -182,11 +189,13 @@ def test_the_acl_user_is_really_limited(own_server: RedisServer) -> None:
         r.eval("return 1", 0)  # EVAL is not needed: scripts run by SHA
 
 
-def test_without_client_unblock_an_idle_worker_on_several_queues_closes_its_waits_and_still_works(
+def test_without_client_tracking_nor_unblock_an_idle_worker_on_several_queues_waits_per_queue(
     own_server: RedisServer, procs: Processes
 ) -> None:
+    """Refused the idle watch, a worker says so and waits with a connection per queue;
+    refused CLIENT UNBLOCK too, it ends its other waits by closing them, and still works."""
     admin = redis.Redis.from_url(own_server.url)
-    rules = tuple(rule for rule in ACL_RULES if rule != "+client|unblock")
+    rules = tuple(rule for rule in ACL_RULES if rule not in ("+client|unblock", "+client|tracking"))
     create_user(admin, rules)
     url = acl_url(own_server)
     r = redis.Redis.from_url(url)
@@ -203,6 +212,7 @@ def test_without_client_unblock_an_idle_worker_on_several_queues_closes_its_wait
     assert worker.wait(timeout=20) == 0, procs.log(worker)
     # Redis 7 names the subcommand (client|unblock); 6.2 logs the command alone (client)
     assert all(d.startswith("command client") for d in denials(admin)), denials(admin)
+    assert "Redis refuses the idle watch of several queues" in procs.log(worker)
     assert not any(r.llen(QueueKeys(q).moving) for q in ("other", "default"))
 
 

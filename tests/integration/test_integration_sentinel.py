@@ -27,6 +27,7 @@ from redis.sentinel import Sentinel
 from redis_server import require_redis_server
 from rq import Queue
 
+from rq_emq.keys import sweeper_election_key, watch_key
 from rq_emq.testing import RedisServer, free_port
 
 pytestmark = pytest.mark.slow
@@ -127,10 +128,12 @@ def test_lease_workers_through_a_sentinel_recover_a_killed_workers_job(
     survivor = sentinel_worker(procs, settings, tmp_path, "other", "default")
     wait_status(r, job.id, "finished", timeout=30)
     assert starts(log) == 2 and stat(r, "default", "recovered") == 1
-    # its idle wait on two queues: one blocked BLMOVE each, on Sentinel-managed connections
-    wait_for(
-        lambda: sum(c.get("cmd") == "blmove" for c in r.client_list()) == 2, timeout=10, what="the waits"
-    )
+    # its idle wait on two queues: the set's watch (tracking on its Sentinel-managed control
+    # connection, redirected to its pubsub), which a push to either queue wakes
+    watch = watch_key(sweeper_election_key(["other", "default"]))
+    wait_for(lambda: r.exists(watch), timeout=10, what="the survivor watching its queues")
+    woken = Queue("other", connection=r).enqueue("jobs.add", 2, 3)
+    wait_status(r, woken.id, "finished", timeout=15)
     assert survivor.poll() is None, procs.log(survivor)
 
 

@@ -19,7 +19,7 @@ from procs import Processes, wait_for
 from redis_server import in_ci, require_redis_server, using_bundled_redis_server
 from rq import Queue
 
-from rq_emq.keys import QueueKeys, job_key
+from rq_emq.keys import QueueKeys, job_key, sweeper_election_key, watch_key
 from rq_emq.testing import RedisServer
 
 pytestmark = pytest.mark.slow
@@ -70,15 +70,12 @@ def test_a_killed_workers_job_is_recovered_over_tls(
     wait_for(lambda: starts(log) == 1, timeout=20, what="the job to start")
     assert r.get(QueueKeys("default").lock(job.id)) == r.hget(job_key(job.id), "emq_token")
     os.kill(first.pid, signal.SIGKILL)
-    # the survivor listens on two queues: its idle wait (a blocked BLMOVE each) over TLS too
+    # the survivor listens on two queues: its idle wait (the set's watch) over TLS too
     survivor = procs.worker(url, "other", "default", **TLS_LEASE)
     wait_status(r, job.id, "finished", timeout=30)
     assert starts(log) == 2 and stat(r, "default", "recovered") == 1
-    wait_for(
-        lambda: sum(c.get("cmd") == "blmove" for c in r.client_list()) == 2,
-        timeout=10,
-        what="the survivor's two waits",
-    )
+    watch = watch_key(sweeper_election_key(["other", "default"]))
+    wait_for(lambda: r.exists(watch), timeout=10, what="the survivor watching its queues")
     woken = Queue("other", connection=r).enqueue("jobs.add", 2, 3)
     wait_status(r, woken.id, "finished", timeout=15)
     assert woken.latest_result().return_value == 5  # type: ignore[union-attr]

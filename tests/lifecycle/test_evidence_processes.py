@@ -18,6 +18,7 @@ from redis_server import RedisServer
 from rq import Queue
 from rq.job import Job
 from rq.registry import FinishedJobRegistry
+from rq.worker import Worker
 
 pytestmark = pytest.mark.slow
 
@@ -116,3 +117,66 @@ def each_run(log: str) -> list[tuple[float, float]]:
             start, _ = spans[current[pid]]
             spans[current[pid]] = (start, float(at))
     return spans
+
+
+@pytest.mark.parametrize("worker_class", ["rq_emq.LeaseWorker", "rq_emq.SimpleLeaseWorker"])
+@pytest.mark.parametrize("queues", [("q",), ("other", "q")])
+def test_a_running_job_deleted_and_enqueued_again_runs_again_only_once_the_old_run_stopped(
+    r: redis.Redis,
+    redis_url: str,
+    procs: Processes,
+    tmp_path: Path,
+    worker_class: str,
+    queues: tuple[str, ...],
+) -> None:
+    """``job.delete()`` of a running job, then the same id enqueued again (issue 33, rule
+    2). The old run's renewal finds its job hash gone (a vanished lease is lost) and stops
+    it; the new take finds the old holder's lock still live and leaves the job in its queue
+    until that lock is gone, so the two runs never overlap. Before: an idle worker took the
+    new job at once and both ran until the old holder's next renewal (up to one renew
+    interval: 145 ms measured at the default's tenth of a lease)."""
+    queue = Queue("q", connection=r)
+    log = str(tmp_path / "runs.log")
+    lease = {"RQ_EMQ_LEASE_MS": "3000", "RQ_EMQ_RENEW_INTERVAL_MS": "300"}
+    queue.enqueue("jobs.ticking_run", log, 8.0, 0.5, job_id="order-18", job_timeout=60)
+    procs.worker(redis_url, *queues, worker_class=worker_class, **lease)
+    wait_for(lambda: len(runs(log)) > 2, timeout=20, what="the first run to tick")
+    # idle: takes the new job at once (on one queue from its BLMOVE, on two as the watcher;
+    # a job held back is looked at again a moment later, its old run's end writing no queue)
+    procs.worker(redis_url, *queues, worker_class=worker_class, **lease)
+    wait_for(lambda: len(Worker.all(connection=r)) == 2, timeout=20, what="the second worker")
+    time.sleep(0.5)  # the idle worker is waiting on the queue
+    lock = "emq:{q}:order-18:lock"
+    last = r.pttl(lock)
+    wait_for(lambda: r.pttl(lock) > last, timeout=5, interval=0.005, what="a renewal")  # just landed
+    Job.fetch("order-18", connection=r).delete()  # a whole renew interval before the holder hears
+    queue.enqueue("jobs.ticking_run", log, 8.0, 0.5, job_id="order-18", job_timeout=60)
+    wait_status(r, "order-18", "finished", timeout=40)
+    spans = sorted(each_run(log))
+    assert len(spans) == 2, spans
+    (_, first_last), (second_start, _) = spans
+    overlap_ms = (first_last - second_start) * 1000
+    print(f"overlap {overlap_ms:.0f} ms ({worker_class})")
+    assert first_last < second_start, f"the runs overlapped for {overlap_ms:.0f} ms"
+
+
+def test_a_simple_worker_runs_a_job_deleted_and_enqueued_again_itself_without_ending(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
+) -> None:
+    """One ``SimpleLeaseWorker``: the old run, interrupted as its lease is lost, gives way,
+    and the same worker takes the job's new entry at once. The self-kill armed by that stop
+    is for the old run, not for the job id: before, it ended the worker in the middle of the
+    new run ("did not stop when its lease was lost"), and the sweep ran the job a third time."""
+    queue = Queue("q", connection=r)
+    log = str(tmp_path / "runs.log")
+    lease = {"RQ_EMQ_LEASE_MS": "3000", "RQ_EMQ_RENEW_INTERVAL_MS": "300"}
+    queue.enqueue("jobs.ticking_run", log, 8.0, 2.0, job_id="order-19", job_timeout=60)
+    worker = procs.worker(redis_url, "q", worker_class="rq_emq.SimpleLeaseWorker", **lease)
+    wait_for(lambda: len(runs(log)) > 2, timeout=20, what="the first run to tick")
+    Job.fetch("order-19", connection=r).delete()
+    queue.enqueue("jobs.ticking_run", log, 8.0, 2.0, job_id="order-19", job_timeout=60)
+    wait_status(r, "order-19", "finished", timeout=40)
+    spans = sorted(each_run(log))
+    assert len(spans) == 2, spans
+    assert spans[0][1] < spans[1][0]
+    assert worker.poll() is None and "ending the worker process" not in procs.log(worker)

@@ -471,6 +471,7 @@ def test_a_watch_that_fires_inside_the_fenced_finish_lets_rqs_retry_commit(r: re
             tries += 1
             try:
                 pipe.watch("parent:dependents")
+                pipe.smembers("parent:dependents")  # RQ reads the dependents it watches: WATCH rides with it
                 if tries == 1:
                     other.sadd("parent:dependents", "a-new-dependent")  # the WATCH fires
                 pipe.multi()

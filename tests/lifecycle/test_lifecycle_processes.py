@@ -269,8 +269,10 @@ def test_a_job_deleted_while_running_is_not_recreated_and_the_worker_goes_on(
 
 
 # -- 5. a refused start ---------------------------------------------------------------------
+# (a SimpleLeaseWorker's execution record rides in its run's start: refused with it)
+@pytest.mark.parametrize("worker_class", ["rq_emq.LeaseWorker", "rq_emq.SimpleLeaseWorker"])
 def test_a_refused_start_leaves_no_stale_execution_behind(
-    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path, worker_class: str
 ) -> None:
     queue = Queue(connection=r)
     stolen = queue.enqueue("jobs.noop", meta={"emq_test_steal": True})
@@ -278,6 +280,7 @@ def test_a_refused_start_leaves_no_stale_execution_behind(
     worker = procs.worker(
         redis_url,
         burst=True,
+        worker_class=worker_class,
         args=("--job-class", "worker_classes.StealingJob"),
         EMQ_TEST_STEAL_MARKER=str(tmp_path / "stolen"),
         # default renewals (every 3 s): a tick racing a finish may rewrite the execution's

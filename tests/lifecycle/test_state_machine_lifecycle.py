@@ -3,13 +3,19 @@
 Hypothesis drives two holders (take, guarded start, renew, finish with success, failure,
 ``Retry`` or stop, lapse, death, warm and cold stops) and RQ itself (enqueue with
 dependents in chains and fan-in, ``result_ttl=0``, ``Retry``; ``job.cancel()``,
-``job.delete()``, stock ``StartedJobRegistry.cleanup``, ``FailedJobRegistry.requeue``)
-and the sweep, in any order, with RQ's own APIs doing RQ's part. After every step:
+``job.delete()``, stock ``StartedJobRegistry.cleanup``, ``FailedJobRegistry.requeue``;
+a web process's ``job.save()`` of a stale copy of a leased job), Redis losing its data
+(and the producer resubmitting the same ids) and the sweep, in any order, with RQ's own
+APIs doing RQ's part. After every step:
 
-- nothing is lost: each job stands where its RQ status says (queue, in flight under a
-  lease, a registry), and no id is queued twice;
+- nothing is lost: each job stands where RQ put it (queue, in flight under a lease, a
+  registry), whatever a stale save wrote in its status, and no id is queued twice; a job
+  is gone only when RQ deleted it or Redis lost it;
 - a job RQ ended is never started again (until RQ itself requeues it);
-- no outcome is written by a holder that does not hold the lease as RQ left it.
+- no outcome is written by a holder that does not hold the lease as RQ left it;
+- a lease whose evidence Redis lost is lost, never settled: its renewal says so, its
+  hand-back and its outcome are refused, and each grant's fencing token is above every
+  token granted before for that id, across the loss.
 
 The transitions that carry the risk are counted, and the test fails if a run reached
 them too rarely to mean anything.
@@ -30,6 +36,7 @@ from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
     invariant,
+    precondition,
     rule,
     run_state_machine_as_test,
 )
@@ -77,7 +84,24 @@ MINIMUM = {
     # but what earlier tests leave in the process changes which branches they take)
     "recovered by the sweep": 3,
     "stock worker started a job": 5,
-    "stock worker started a job a dead lease names": 3,
+    # 3 to 21 in a run, as the rules' draws shift with every edit of this file: pinned by
+    # test_the_models_stock_actors_replay_the_status_aba
+    "stock worker started a job a dead lease names": 1,
+    # issue 33: a web process's stale whole-hash save, and Redis losing its data: about a
+    # third of the least that runs of this file alone reached at 300 examples (the draws
+    # shift with every edit of the file; docs/testing.md has the counts). A dead holder's
+    # job recovered after a stale save (1 to 11 in a run) is pinned by
+    # test_the_models_actors_replay_a_stale_save_over_a_dead_holders_job
+    "stale save over a leased job": 100,
+    "stale save over a running job": 100,
+    "outcome written after a stale save": 3,
+    "redis lost its data": 40,
+    "redis lost leases": 40,
+    "producer resubmitted": 35,
+    "vanished lease found lost by its renewal": 18,
+    "vanished lease's renewal met its resubmitted job": 11,
+    "vanished lease's outcome refused": 8,
+    "regranted after the loss, token above the old": 23,
 }
 
 
@@ -103,6 +127,9 @@ class Holder:
     stopping: bool = False
     leases: dict[str, Lease] = field(default_factory=dict)
     executions: dict[str, Execution] = field(default_factory=dict)
+    #: leases (and whether their run had started) whose every trace Redis lost: the
+    #: holder does not know until its next renewal
+    vanished: list[tuple[Lease, bool]] = field(default_factory=list)
 
 
 #: The job's fields the lease records after its own writes, and the fields recording them.
@@ -122,6 +149,43 @@ def _untouched(fields: dict[bytes, bytes]) -> bool:
     )
 
 
+#: Where RQ puts a job as it writes each status that takes it out of the queues
+#: (lua/lib/lease.lua PLACED_IN): ``rq:<registry>:<origin>``.
+PLACED_IN = {
+    b"finished": "finished",
+    b"failed": "failed",
+    b"stopped": "failed",
+    b"canceled": "canceled",
+    b"scheduled": "scheduled",
+    b"deferred": "deferred",
+}
+
+
+def placed_by_rq(r: redis.Redis, job_id: str) -> bool:
+    """Whether the job is where its status says RQ put it (lua/lib/lease.lua
+    ``placed_by_rq``, read from the outside): ``queued`` in its queue list, ``started``
+    under an execution a stock run wrote (finite score), an end or waiting status in its
+    registry. A stale whole-hash save writes a status and puts the job nowhere."""
+    status = r.hget(job_key(job_id), "status")
+    if status == b"queued":
+        return r.lpos(Q.rq_queue, job_id) is not None
+    if status == b"started":
+        executions = r.zrange(f"rq:executions:{job_id}", 0, -1)
+        scores = [r.zscore("rq:wip:q", f"{job_id}:{e.decode()}") for e in executions]
+        return any(score is not None and score != float("inf") for score in scores)
+    return status in PLACED_IN and r.zscore(f"rq:{PLACED_IN[status]}:q", job_id) is not None
+
+
+def lease_holds(r: redis.Redis, job_id: str, token: str) -> bool:
+    """The lease rule, from the outside (lua/lib/lease.lua ``lease_state``): ``token``
+    owns the job, and nothing but the lease's writes changed it, or something did but RQ
+    put the job nowhere (a stale save)."""
+    fields = r.hgetall(job_key(job_id))
+    if fields.get(b"emq_token") != token.encode():
+        return False
+    return _untouched(fields) or not placed_by_rq(r, job_id)
+
+
 class Lifecycle(RuleBasedStateMachine):
     client: redis.Redis
 
@@ -138,6 +202,20 @@ class Lifecycle(RuleBasedStateMachine):
         self.sweeper = Sweeper(self.r, ["q"], SETTINGS)
         #: jobs a stock worker (one that never imported rq_emq) started and has not finished
         self.stock_running: set[str] = set()
+        #: what the producer enqueued each job with, to resubmit it under its id
+        self.options: dict[str, dict[str, object]] = {}
+        #: the Job each job's enqueue returned: a copy of its whole hash as queued (a web
+        #: process's copy; ``web_fetches`` refreshes it at other moments)
+        self.copies: dict[str, Job] = {}
+        self.lost_data = False
+        #: jobs Redis lost (until the producer resubmits them)
+        self.lost_by_redis: set[str] = set()
+        #: jobs whose status a stale save wrote over while a lease held them
+        self.stale_saved: set[str] = set()
+        #: the highest fencing token granted for each id, across losses of Redis' data
+        self.highest_token: dict[str, int] = {}
+        #: resubmitted ids granted before the loss, not granted again since
+        self.resubmitted: set[str] = set()
 
     @initialize()
     def busy_start(self) -> None:
@@ -172,7 +250,10 @@ class Lifecycle(RuleBasedStateMachine):
             options["depends_on"] = live[-1]
         elif kind == "fan-in" and len(live) >= 2:
             options["depends_on"] = live[-2:]
-        self.jobs.append(self.queue.enqueue("jobs.noop", **options).id)  # type: ignore[arg-type]
+        job = self.queue.enqueue("jobs.noop", **options)  # type: ignore[arg-type]
+        self.jobs.append(job.id)
+        self.options[job.id] = options
+        self.copies[job.id] = job
 
     # -- the holders ---------------------------------------------------------------------
     def _holder(self, name: str) -> Holder | None:
@@ -187,6 +268,17 @@ class Lifecycle(RuleBasedStateMachine):
         taken = Taker(self.r, name, SETTINGS).pop(["q"])
         if taken is not None:
             holder.leases[taken.job_id] = Lease("q", taken.job_id, taken.token)
+            self._check_token(taken.job_id, taken.fencing_token)
+
+    def _check_token(self, job_id: str, token: int) -> None:
+        """Every grant's fencing token is above every one granted before for that id,
+        across a loss of Redis' data (tokens are the grant's Redis time in ms)."""
+        before = self.highest_token.get(job_id)
+        assert before is None or token > before, f"fencing token {token} after {before} for {job_id}"
+        if before is not None and job_id in self.resubmitted:
+            self.resubmitted.discard(job_id)
+            reached("regranted after the loss, token above the old")
+        self.highest_token[job_id] = token
 
     @rule(name=st.sampled_from(HOLDERS), data=st.data())
     def take_and_start(self, name: str, data: st.DataObject) -> None:
@@ -222,6 +314,10 @@ class Lifecycle(RuleBasedStateMachine):
             return
         assert job_id not in self.ended_by_rq, "a job RQ ended was started again"
         holder.executions[job_id] = execution
+        if any(old.job_id == job_id and ran for h in self.holders.values() for old, ran in h.vanished):
+            # the limit of "a vanished lease stops at its holder's next renewal": a resubmitted
+            # job taken before that renewal runs beside the old run until it (counted, not failed)
+            reached("resubmitted job started before its vanished run's renewal")
 
     @rule(name=st.sampled_from(HOLDERS), data=st.data(), outcome=st.sampled_from(OUTCOMES))
     def finish(self, name: str, data: st.DataObject, outcome: str) -> None:
@@ -238,7 +334,7 @@ class Lifecycle(RuleBasedStateMachine):
             return
         committed = False
         retrying = outcome == "fail" and bool(job.retries_left)
-        held = before.get(b"emq_token") == lease.token.encode() and _untouched(before)
+        held = lease_holds(self.r, job_id, lease.token)
         try:
             with fenced(self.r, lease.fence):
                 pipe = self.r.pipeline()
@@ -266,6 +362,9 @@ class Lifecycle(RuleBasedStateMachine):
             return
         assert held, "an outcome was written by a holder that did not hold the lease"
         assert job_id not in self.stock_running, "a holder's outcome was written over a stock worker's run"
+        if job_id in self.stale_saved:
+            self.stale_saved.discard(job_id)
+            reached("outcome written after a stale save")
         if outcome == "ok" and job.result_ttl == 0:
             self.gone.add(job_id)
             reached("result_ttl=0 finish")
@@ -288,7 +387,7 @@ class Lifecycle(RuleBasedStateMachine):
     @rule(name=st.sampled_from(HOLDERS))
     def renew(self, name: str) -> None:
         holder = self._holder(name)
-        if holder is None or not holder.leases:
+        if holder is None or not (holder.leases or holder.vanished):
             return
         manager = LockManager(self.r, SETTINGS.lease_ms, SETTINGS.renew_interval_ms, on_lost=lambda _: None)
         for lease in holder.leases.values():
@@ -298,6 +397,25 @@ class Lifecycle(RuleBasedStateMachine):
             if lease.lost or lease.settled:
                 holder.leases.pop(lease.job_id)
                 holder.executions.pop(lease.job_id, None)
+        self._renew_vanished(holder)
+
+    def _renew_vanished(self, holder: Holder) -> None:
+        """The holder's first renewal after Redis lost its data: each lease whose job hash,
+        owner and index entry are gone (or whose id the producer resubmitted since) is
+        lost, never settled, and its run stops. A lease manager of its own: the holder may
+        hold the resubmitted job under the same id."""
+        for lease, _ in holder.vanished:
+            resubmitted = self.r.exists(job_key(lease.job_id))
+            manager = LockManager(
+                self.r, SETTINGS.lease_ms, SETTINGS.renew_interval_ms, on_lost=lambda _: None
+            )
+            manager.add(lease)
+            manager.tick()
+            assert lease.lost and not lease.settled, f"a vanished lease of {lease.job_id} was not found lost"
+            reached("vanished lease found lost by its renewal")
+            if resubmitted:
+                reached("vanished lease's renewal met its resubmitted job")
+        holder.vanished.clear()
 
     @rule(name=st.sampled_from(HOLDERS))
     def die(self, name: str) -> None:
@@ -341,6 +459,15 @@ class Lifecycle(RuleBasedStateMachine):
                     reached("cold stop handed back" if cold else "warm stop handed back")
                 holder.leases.pop(job_id)
                 holder.executions.pop(job_id, None)
+        kept = []
+        for lease, started in holder.vanished:  # what it hands back finds nothing of its own
+            if started and not cold:
+                kept.append((lease, started))
+                continue
+            before = self.r.lrange(Q.rq_queue, 0, -1)
+            assert not lease.hand_back(self.r), f"a vanished lease of {lease.job_id} handed its job back"
+            assert self.r.lrange(Q.rq_queue, 0, -1) == before
+        holder.vanished = kept
         holder.stopping = True
         if cold:
             holder.alive = False
@@ -350,6 +477,111 @@ class Lifecycle(RuleBasedStateMachine):
         for name, holder in self.holders.items():
             if not holder.alive and not holder.leases:
                 self.holders[name] = Holder(name)
+
+    @rule(name=st.sampled_from(HOLDERS), data=st.data())
+    def vanished_run_writes_its_outcome(self, name: str, data: st.DataObject) -> None:
+        """A run whose lease Redis lost ends before its holder's next renewal and writes
+        its outcome: refused, whether its id is gone or resubmitted (and maybe leased to
+        another), and nothing is written (no hash re-created)."""
+        holder = self._holder(name)
+        if holder is None or not holder.vanished:
+            return
+        lease, _ = holder.vanished.pop(data.draw(st.integers(0, len(holder.vanished) - 1)))
+        before = self.r.hgetall(job_key(lease.job_id))
+        try:
+            with fenced(self.r, lease.fence):
+                pipe = self.r.pipeline()
+                pipe.hset(job_key(lease.job_id), mapping={"status": "finished", "result": "late"})
+                pipe.zadd("rq:finished:q", {lease.job_id: 1})
+                pipe.execute()
+        except LeaseLost:
+            pass
+        else:
+            raise AssertionError(f"a vanished lease's outcome for {lease.job_id} was written")
+        assert self.r.hgetall(job_key(lease.job_id)) == before
+        reached("vanished lease's outcome refused")
+
+    # -- a web process -------------------------------------------------------------------
+    @rule(data=st.data())
+    def web_fetches(self, data: st.DataObject) -> None:
+        """A web process reads a job (its copy goes stale as the job moves on)."""
+        live = [j for j in self.jobs if j not in self.gone]
+        if live:
+            job_id = data.draw(st.sampled_from(live))
+            try:
+                self.copies[job_id] = Job.fetch(job_id, connection=self.r)
+            except NoSuchJobError:
+                pass
+
+    @rule(data=st.data())
+    def web_saves_a_stale_copy(self, data: st.DataObject) -> None:
+        """A web process sets ``meta`` on the copy it read earlier and calls ``job.save()``
+        while a holder of ours holds (or runs) the job: stock RQ writes every field back,
+        the old status included, and puts the job nowhere. The run's lease still holds it:
+        its outcome is written, a dead holder's job is recovered by the sweep."""
+        held = [
+            (job_id, holder)
+            for holder in self.holders.values()
+            for job_id, lease in holder.leases.items()
+            if job_id not in self.stock_running and lease_holds(self.r, job_id, lease.token)
+        ]
+        if not held:
+            return
+        job_id, holder = held[data.draw(st.integers(0, len(held) - 1))]
+        copy = self.copies[job_id]
+        copy.meta["seen_by"] = "web"
+        copy.save()
+        self.stale_saved.add(job_id)
+        reached("stale save over a leased job")
+        if job_id in holder.executions:
+            reached("stale save over a running job")
+
+    # -- Redis ---------------------------------------------------------------------------
+    @precondition(lambda self: not self.lost_data)
+    @rule(restart=st.booleans(), resubmit=st.booleans())
+    def redis_loses_its_data(self, restart: bool, resubmit: bool) -> None:
+        """FLUSHALL, or a restart without persistence (its script cache goes too): every
+        job, lease, lock and index entry is gone; the producer may resubmit its jobs at
+        once (else later, ``producer_resubmits``). The holders learn it at their next
+        renewal; their runs are the vanished leases' until then. Once a run: more often
+        wipes out the state the other rules build up."""
+        self.lost_data = True
+        self.r.flushall()
+        if restart:
+            self.r.script_flush()
+        reached("redis lost its data")
+        if any(holder.leases for holder in self.holders.values()):
+            reached("redis lost leases")
+        for holder in self.holders.values():
+            holder.vanished += [
+                (lease, job_id in holder.executions) for job_id, lease in holder.leases.items()
+            ]
+            holder.leases.clear()
+            holder.executions.clear()
+        lost = {j for j in self.jobs if j not in self.gone}
+        self.lost_by_redis |= lost
+        self.gone |= lost
+        self.stock_running.clear()  # a stock worker's run of a lost job writes into nothing we judge
+        if resubmit:
+            self.producer_resubmits()
+
+    @precondition(lambda self: bool(self.lost_by_redis))
+    @rule()
+    def producer_resubmits(self) -> None:
+        """The producer enqueues every job Redis lost again under its id, with the same
+        options, in the order it first did (a dependent after what it depends on)."""
+        lost = self._ordered(self.lost_by_redis)
+        if not lost:
+            return
+        for job_id in lost:
+            self.copies[job_id] = self.queue.enqueue("jobs.noop", job_id=job_id, **self.options[job_id])  # type: ignore[arg-type]
+            if job_id in self.highest_token:
+                self.resubmitted.add(job_id)
+        self.lost_by_redis.clear()
+        self.gone -= set(lost)
+        self.ended_by_rq -= set(lost)
+        self.stale_saved -= set(lost)
+        reached("producer resubmitted")
 
     # -- RQ and operators ----------------------------------------------------------------
     def _leased(self) -> list[str]:
@@ -479,6 +711,9 @@ class Lifecycle(RuleBasedStateMachine):
                 reached("sweep left a job RQ ended")
             if report.requeued:
                 reached("recovered by the sweep")
+            if set(report.requeued) & self.stale_saved:
+                self.stale_saved -= set(report.requeued)
+                reached("recovered by the sweep after a stale save")
             self.ended_by_rq -= set(report.requeued)  # none, by the assertion above
 
     # -- invariants ----------------------------------------------------------------------
@@ -502,10 +737,15 @@ class Lifecycle(RuleBasedStateMachine):
             if raw_status is None:
                 assert job_id in self.gone, f"job {job_id} lost: its hash is gone"
                 continue
-            untouched = _untouched(hash_)
-            in_flight = job_id in leased and owner is not None and owner.count(":") and untouched
-            if raw_status == "queued":
-                assert (job_id in queued) != bool(in_flight), (job_id, queued, leased, owner)
+            own_lease = owner is not None and ":" in owner and not owner.startswith(("done:", "outbox"))
+            # in flight under a lease: RQ did not move it on (a stale save moves nothing)
+            in_flight = (
+                job_id in leased and own_lease and (_untouched(hash_) or not placed_by_rq(self.r, job_id))
+            )
+            if in_flight:
+                assert job_id not in queued, f"job {job_id} queued while in flight: {queued}"
+            elif raw_status == "queued":
+                assert job_id in queued, f"job {job_id} queued in no queue list and no lease: {queued}"
             elif raw_status == "started":
                 assert job_id in leased or job_id in self.stock_running, f"job {job_id} started with no lease"
             elif raw_status in registries:
@@ -523,7 +763,9 @@ def test_leases_hold_across_rqs_job_lifecycle(own_server: RedisServer) -> None:
     run_state_machine_as_test(
         Lifecycle,
         settings=settings(
-            max_examples=200,
+            # 300, not 200, since the stale save and the loss of Redis' data joined the rules:
+            # at 200 the warm stop's hand-back fell to 1 (the draws shift with every rule)
+            max_examples=300,
             stateful_step_count=40,
             deadline=None,
             derandomize=True,  # the same runs each time: the reach counts below are stable
@@ -583,4 +825,56 @@ def test_the_models_actors_replay_rq_ending_a_dead_holders_job(
     model.sweep()
     assert REACHED["sweep left a job RQ ended"] > before
     assert status_of(r, canceled) == "canceled" and status_of(r, failed) in ("failed", "queued")
+    model.every_job_stands_where_its_status_says()
+
+
+@pytest.mark.slow
+def test_the_models_actors_replay_a_stale_save_over_a_dead_holders_job(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A web process saves the copy it read while the job was queued over h1's run
+    (`status=queued`, in no queue list), then h1 dies: the job is still its lease's, so
+    the sweep recovers it into its queue. The random runs reach this rarely."""
+    monkeypatch.setattr(sys.modules[__name__], "event", lambda *args: None)  # outside a Hypothesis run
+    Lifecycle.client = r
+    model = Lifecycle()
+    model.busy_start()
+    job_id = model._ordered(model.holders["h1"].executions)[0]
+    model.web_saves_a_stale_copy(_Fixed(0))  # type: ignore[arg-type]  # the first held job: h1's
+    assert status_of(r, job_id) == "queued" and job_id not in r.lrange(Q.rq_queue, 0, -1)
+    model.every_job_stands_where_its_status_says()
+    model.die("h1")
+    before = REACHED["recovered by the sweep after a stale save"]
+    model.sweep()
+    assert REACHED["recovered by the sweep after a stale save"] > before
+    assert r.lrange(Q.rq_queue, 0, 0) == [job_id.encode()]
+    model.every_job_stands_where_its_status_says()
+
+
+@pytest.mark.slow
+def test_the_models_actors_replay_redis_losing_its_data_under_two_runs(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis restarts empty while h1 and h2 run, the producer resubmits every job under
+    its id, and h2 takes h1's old job again: its token is above the old one (the take
+    asserts it), h1's renewal finds its lease lost, not settled, and its late outcome is
+    refused; h1's hand-back of the other vanished lease pushes nothing."""
+    monkeypatch.setattr(sys.modules[__name__], "event", lambda *args: None)  # outside a Hypothesis run
+    Lifecycle.client = r
+    model = Lifecycle()
+    model.busy_start()
+    job_id = model._ordered(model.holders["h1"].executions)[0]
+    old_token = model.highest_token[job_id]
+    model.redis_loses_its_data(restart=True, resubmit=True)
+    assert r.lindex(Q.rq_queue, 0) == job_id.encode()
+    model.take("h2")
+    assert job_id in model.holders["h2"].leases and model.highest_token[job_id] > old_token
+    model.every_job_stands_where_its_status_says()
+    [(vanished, started)] = model.holders["h1"].vanished
+    assert started and vanished.job_id == job_id
+    model.renew("h1")  # asserts the lease is found lost, never settled
+    assert vanished.lost and not vanished.settled and not model.holders["h1"].vanished
+    model.holders["h1"].vanished.append((vanished, True))
+    model.vanished_run_writes_its_outcome("h1", _Fixed(0))  # type: ignore[arg-type]  # refused, asserted
+    assert r.hget(job_key(job_id), "emq_token") == model.holders["h2"].leases[job_id].token.encode()
     model.every_job_stands_where_its_status_says()

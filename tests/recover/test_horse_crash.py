@@ -198,12 +198,18 @@ def test_the_dead_horses_child_processes_end_before_the_job_runs_again(
     r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path, worker_class: str, own_group: bool
 ) -> None:
     """A child of the job outlives its OOM-killed horse; one that leads a process group of
-    its own (``process_group=0``) is out of the horse's group, but in its session."""
+    its own (``process_group=0``) is out of the horse's group, but in its session. Either is
+    gone before the job runs again (its last tick comes before the next run's start), not
+    only by the end."""
     log, child_log = str(tmp_path / "runs.log"), tmp_path / "child.log"
     job = Queue(connection=r).enqueue("crash_jobs.child_then_die", log, str(child_log), own_group)
     worker = procs.worker(redis_url, worker_class=worker_class, burst=True, **SLOW_LEASE)
     assert worker.wait(timeout=30) == 0, procs.log(worker)
     assert status(r, job.id) == "finished" and len(run_times(log)) == 2
+    last_tick = max(float(line.split()[1]) for line in child_log.read_text().splitlines())
+    assert last_tick < run_times(log)[1], (
+        f"the child ticked {last_tick - run_times(log)[1]:.3f} s into the next run"
+    )
     ticks = len(child_log.read_text().splitlines())
     time.sleep(0.5)  # 25 ticks of a child still alive
     assert len(child_log.read_text().splitlines()) == ticks

@@ -114,3 +114,17 @@ def test_a_malformed_history_is_replaced_not_a_script_error(r: redis.Redis) -> N
     r.hset(job_key(job.id), "emq_crashes", "not json{")
     assert recover_crashed(r, lease, KILL, 3)[0] == 1
     assert len(read_crashes(r.hget(job_key(job.id), "emq_crashes")) or []) == 1
+
+
+def test_a_crash_of_a_run_whose_job_was_deleted_releases_the_lock_it_still_holds(r: redis.Redis) -> None:
+    """The job was deleted while it ran (and enqueued again under its id): the dead horse's
+    lease is lost, nothing of the new job is touched, and the lock the old run still held
+    goes, so the new entry (held back while it lived) is taken at once, not a lease later."""
+    job, stale = leased(r)
+    Job.fetch(job.id, connection=r).delete()
+    Queue("q", connection=r).enqueue("jobs.noop", job_id=job.id)
+    assert Taker(r, "w2", LeaseSettings(lease_ms=5_000, renew_interval_ms=1_000)).pop(["q"]) is None
+    before = r.hgetall(job_key(job.id))
+    assert recover_crashed(r, stale, KILL, 3) == [0, b"lost"]
+    assert r.hgetall(job_key(job.id)) == before and not r.exists(Q.lock(job.id))
+    assert take(r, "w2").job_id == job.id

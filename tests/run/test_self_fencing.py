@@ -19,7 +19,8 @@ from procs import Processes, pid_alive, wait_for
 from redis_server import RedisServer
 from rq import Queue
 
-from rq_emq.hold.lease import Lease, LockManager, own_client
+from rq_emq.connection.budget import control_client
+from rq_emq.hold.lease import Lease, LockManager
 from rq_emq.run.horse_fence import HorseDeadline
 from rq_emq.settings import LeaseSettings
 from soak.proxy import TcpProxy
@@ -129,7 +130,7 @@ def test_a_renewal_against_a_stalled_redis_gives_up_within_a_renew_interval(
     own_server: RedisServer,
 ) -> None:
     settings = LeaseSettings(lease_ms=1000, renew_interval_ms=200)
-    client = own_client(redis.Redis.from_url(own_server.url), settings.redis_timeout_s)
+    client = control_client(redis.Redis.from_url(own_server.url), settings.redis_timeout_s)
     manager = LockManager(client, settings.lease_ms, settings.renew_interval_ms, on_lost=lambda lease: None)
     lease = Lease("default", "job-1", "token")
     manager.add(lease)
@@ -151,7 +152,7 @@ def test_a_lease_whose_local_clock_runs_out_is_stopped_though_redis_never_answer
     own_server: RedisServer,
 ) -> None:
     settings = LeaseSettings(lease_ms=1000, renew_interval_ms=200)
-    client = own_client(redis.Redis.from_url(own_server.url), settings.redis_timeout_s)
+    client = control_client(redis.Redis.from_url(own_server.url), settings.redis_timeout_s)
     stopped: list[tuple[str, float]] = []
     manager = LockManager(
         client,

@@ -4,6 +4,7 @@ Redis: which run it is told of, and by whom. This test process plays the worker.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -74,6 +75,44 @@ def test_a_run_whose_worker_froze_before_telling_the_watchdog_is_still_ended_at_
         os.waitpid(run, 0)
 
 
+def _run_that_sleeps() -> int:
+    """Fork a run that only holds on (its start is told to the watchdog by the caller)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setpgid(0, 0)
+            time.sleep(30)
+        finally:
+            os._exit(0)
+    return pid
+
+
+def test_a_run_that_starts_while_the_watchdog_sleeps_until_an_earlier_deadline_needs_no_poke(
+    watchdog: Watchdog,
+) -> None:
+    """Back-to-back runs: the watchdog sleeps until the deadline of the run it read last,
+    which is no later than the next run's. The next run's start does not wake it (a poke a
+    job cost both processes 0.1-0.2 ms), and the run is still ended at its own deadline."""
+    deadline = watchdog.deadline
+    wait_for(lambda: _idle(watchdog.pid), timeout=10, what="the watchdog to wait")
+    assert deadline.wakes_at == math.inf  # waiting for a poke only: a start pokes it
+    deadline.reset(time.monotonic() + 2 * DEADLINE_S)
+    first = _run_that_holds_on(deadline)
+    wait_for(lambda: deadline.wakes_at < math.inf, timeout=10, what="the watchdog to read the first run")
+    os.kill(first, signal.SIGKILL)  # the first run ends well before its deadline
+    os.waitpid(first, 0)
+    deadline.clear()
+    deadline.reset(time.monotonic() + 3 * DEADLINE_S)
+    second = _run_that_sleeps()
+    try:
+        assert not deadline.start_run(second)  # the watchdog reads it by the first deadline
+        wait_for(lambda: not pid_alive(second), timeout=3 * DEADLINE_S + 5, what="the watchdog to end it")
+    finally:
+        if pid_alive(second):
+            os.kill(second, signal.SIGKILL)
+        os.waitpid(second, 0)
+
+
 def test_a_horse_never_signals_a_process_that_is_not_its_workers_watchdog() -> None:
     """The watchdog's pid in the shared memory may outlive it and be reused: the horse
     signals only a sibling (a child of its own worker). The signal's default action would
@@ -86,6 +125,10 @@ def test_a_horse_never_signals_a_process_that_is_not_its_workers_watchdog() -> N
         stranger = int(holder.stdout.readline())  # a grandchild of this test: nobody's sibling
         deadline = HorseDeadline.in_memfd()
         deadline.watchdog_pid = stranger
+        # a run due before the watchdog's next look: the horse would poke it (a run the
+        # watchdog reads in time anyway is not poked, and would test nothing here)
+        deadline.set(-1.0)
+        assert deadline.start_run(os.getpid())
         deadline.run_started_here()  # this test process as the horse
         time.sleep(0.2)
         assert pid_alive(stranger)

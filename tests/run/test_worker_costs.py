@@ -89,6 +89,36 @@ def test_the_beat_right_after_a_take_is_left_to_the_lock_manager_while_the_worke
     assert heartbeat_commands(r) == 2 * size
 
 
+def test_the_idle_state_of_a_run_that_ended_rides_in_rqs_suspension_check(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RQ writes "idle" alone as each run ends, then at once checks `rq suspend` in a
+    transaction: the state rides in that transaction, one round trip fewer per job, and
+    the wait's "idle" after it is not sent again."""
+    worker, size = registered_worker(r)
+    worker._holding_state = True  # as LeaseMixin.execute_job holds it while RQ runs the job
+    sent = count_pipelines(monkeypatch)
+    r.config_resetstat()
+    worker.set_state("idle")  # RQ's, as the run ends
+    worker._holding_state = False
+    worker.job_ended()
+    assert r.hget(worker.key, "state") != b"idle" and heartbeat_commands(r) == 0
+    worker.check_for_suspension(burst=False)
+    assert sent == [size + 2]  # RQ's heartbeat, the state and EXISTS, in one transaction
+    assert r.hget(worker.key, "state") == b"idle"
+    worker.set_state("idle")  # the wait's, a moment later
+    assert heartbeat_commands(r) == size + 1
+
+
+def test_a_state_held_back_when_the_worker_stops_is_sent_as_it_stops(r: redis.Redis) -> None:
+    worker, _ = registered_worker(r)
+    worker._holding_state = True
+    worker.set_state("idle")
+    worker._holding_state = False
+    worker.teardown()
+    assert r.hget(worker.key, "state") == b"idle"
+
+
 def test_connections_of_a_worker_pool_reuse_the_driver_info_resolved_once(
     redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -124,10 +154,12 @@ def test_a_pool_given_its_own_library_name_is_left_alone(redis_url: str) -> None
 NO_TICKS = {"RQ_EMQ_LEASE_MS": "600000"}
 
 
-def burst_commands(r: redis.Redis, procs: Processes, worker_class: str, jobs: int) -> int:
+def burst_commands(
+    r: redis.Redis, procs: Processes, worker_class: str, jobs: int, only: tuple[str, ...] = ()
+) -> int:
     """Redis commands (INFO commandstats: those inside scripts too) of one burst worker
     over ``jobs`` no-op jobs, all of which must finish; the lease's own ticks are left out
-    (:data:`NO_TICKS`)."""
+    (:data:`NO_TICKS`). ``only``: just those commands (``evalsha``, say)."""
     r.flushdb()
     queue = Queue(connection=r)
     ids = [queue.enqueue("jobs.noop").id for _ in range(jobs)]
@@ -140,7 +172,26 @@ def burst_commands(r: redis.Redis, procs: Processes, worker_class: str, jobs: in
     stats = r.info("commandstats")
     assert all(r.hget(f"rq:job:{job_id}", "status") == b"finished" for job_id in ids)
     ignored = ("cmdstat_config", "cmdstat_info")  # this test's own
+    if only:
+        return sum(int(stats.get(f"cmdstat_{name}", {"calls": 0})["calls"]) for name in only)
     return sum(int(v["calls"]) for k, v in stats.items() if not k.startswith(ignored))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("worker_class", "calls"), [("rq_emq.LeaseWorker", 4), ("rq_emq.SimpleLeaseWorker", 3)]
+)
+def test_a_job_costs_four_script_calls_and_three_where_the_worker_runs_it_itself(
+    r: redis.Redis, procs: Processes, worker_class: str, calls: int
+) -> None:
+    """A count: the take, RQ's execution record (the worker's, before the fork), the run's
+    start (the horse's), the outcome with the release. A SimpleLeaseWorker runs the job in
+    the thread that recorded its execution, so the record rides in the start's call: one
+    script call and one round trip fewer per job."""
+    jobs = 20
+    fixed = burst_commands(r, procs, worker_class, 0, only=("evalsha", "eval"))
+    per_job = (burst_commands(r, procs, worker_class, jobs, only=("evalsha", "eval")) - fixed) / jobs
+    assert per_job == calls
 
 
 @pytest.mark.slow
@@ -160,7 +211,9 @@ def test_redis_commands_per_job_are_no_more_than_stock_rqs(
         fixed = burst_commands(r, procs, worker_class, 0)
         per_job[worker_class] = (burst_commands(r, procs, worker_class, jobs) - fixed) / jobs
     rq_3 = int(rq.__version__.split(".")[0]) >= 3
-    margin = 1.0 if rq_3 else 3.5  # the lock manager's and sweeper's ticks; RQ 2's extras
+    # the lock manager's and sweeper's ticks; RQ 2's extras (59.6 against 56.0 on RQ 2.12 in
+    # the CI rehearsal of 2026-12-03, once the take read the old run's lock: issue 33)
+    margin = 1.0 if rq_3 else 4.0
     assert per_job[ours] <= per_job[stock] + margin, per_job
 
 

@@ -16,7 +16,7 @@ from procs import Processes, pid_alive, wait_for
 from rq import Queue
 from rq.registry import StartedJobRegistry
 
-from rq_emq.keys import QueueKeys, job_key
+from rq_emq.keys import QueueKeys, job_key, sweeper_election_key, watch_key
 
 WORKERS = ["rq_emq.LeaseWorker", "rq_emq.SimpleLeaseWorker"]
 
@@ -326,14 +326,16 @@ def test_an_idle_worker_picks_up_a_new_job_promptly(r: redis.Redis, redis_url: s
 def test_an_idle_worker_on_several_queues_stops_on_sigterm(
     r: redis.Redis, redis_url: str, procs: Processes, worker_class: str
 ) -> None:
+    watch = watch_key(sweeper_election_key(["a", "b"]))
     worker = procs.worker(redis_url, "a", "b", worker_class=worker_class, **FAST)
     wait_for(lambda: r.keys("rq:worker:*"), what="the worker to register")
-    # idle in its wait, one blocked BLMOVE per queue: RQ's warm-stop signal handler raises there
-    waits = lambda: sum(c.get("cmd") == "blmove" and "b" in c["flags"] for c in r.client_list())  # noqa: E731
-    wait_for(lambda: waits() == 2, what="the idle waits")
+    # idle, watching its two queues (a lone worker is its set's watcher): RQ's warm-stop
+    # signal handler raises in that wait
+    wait_for(lambda: r.exists(watch), what="the worker watching")
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0, procs.log(worker)
-    assert waits() == 0  # cancelled, not left blocked on the server
+    # the watch handed on at once, for the next worker to take (not left to lapse)
+    assert not r.exists(watch) and r.llen(watch.replace(":watch", ":wake")) == 1
 
 
 def test_worker_pool_runs_lease_workers(r: redis.Redis, redis_url: str, procs: Processes) -> None:

@@ -138,6 +138,13 @@ def test_a_job_queued_twice_after_a_stock_neighbours_run_is_stock_rqs_double_enq
     ours.stock_workers = [OTHER_WORKER]
     verdict = evaluate(ours)
     assert not verdict.passed and verdict.counts["queued_twice"] == 1
+    # Redis lost its data later and the producer resubmitted the job: the sample before the
+    # loss is still credited by the runs before it
+    by_stock.faults, by_stock.resubmitted = [Fault("lose_data", 4.0, ended=5.0)], {"j": 4.0}
+    by_stock.stats["taken"] = 0
+    verdict = evaluate(by_stock)
+    assert verdict.counts["queued_twice_by_stock"] == 1, verdict.violations
+    assert not any("queue sample" in v for v in verdict.violations)
     # a stock run that began after the sample is no double enqueue of stock RQ's: a copy
     # RQ's own client pushed, which the stock neighbour ran (soak/straycopies.py), but not
     # when one of our scripts had pushed the job since its run before the sample
@@ -1352,3 +1359,157 @@ def test_a_keep_directory_that_holds_an_earlier_runs_files_is_refused(tmp_path: 
     else:
         raise AssertionError("a non-empty --keep directory was accepted")
     assert "--keep" in capsys.readouterr().err
+
+
+# -- conservation at every sample (soak/conservation.py) ------------------------------------
+
+
+def test_a_job_in_no_place_at_a_sample_fails_the_soak_whatever_becomes_of_it() -> None:
+    """The job finished in the end: a sample that found it in no place RQ reads (status
+    queued in no queue list, no lease) still fails the soak."""
+    clean = evidence([run(1, 1.0, 2.0, "ok")])
+    assert evaluate(clean).passed and evaluate(clean).counts["conservation_violations"] == 0
+    nowhere = evidence([run(1, 1.0, 2.0, "ok")])
+    nowhere.conservation, nowhere.conservation_samples = ["1.5 j none"], 10
+    verdict = evaluate(nowhere)
+    assert not verdict.passed and verdict.counts["conservation_violations"] == 1
+    assert "in no place" in verdict.violations[0]
+
+
+def test_a_job_in_two_places_fails_but_for_a_run_rq_ended_and_what_invariant_3_judges() -> None:
+    def verdict_for(places: str, **fields: Any) -> Any:
+        stock = "stock_workers" in fields  # a stock run reads no attempt, and Redis counts no take
+        ev = evidence(
+            [run(None, 1.0, 2.0, "ok") if stock else run(1, 1.0, 2.0, "ok")], taken=0 if stock else 1
+        )  # type: ignore[arg-type]
+        ev.conservation = [f"1.5 j {places}"]
+        for name, value in fields.items():
+            setattr(ev, name, value)
+        return evaluate(ev)
+
+    unjudged = ("finished,queued", "deferred,queued", "failed,finished", "finished,moving", "moving,queued")
+    for places in unjudged:
+        verdict = verdict_for(places)
+        assert not verdict.passed and verdict.counts["conservation_violations"] == 1, places
+    # RQ ended a job whose run goes on (a cancel); queued while in flight (invariant 3's); a
+    # stock run's trail in RQ's intermediate list
+    # (and that queued copy in our moving list, between a worker's BLMOVE and its take: the
+    # take holds a job back there while an earlier run of its id goes on)
+    for places in (
+        "canceled,in-flight",
+        "finished,in-flight",
+        "in-flight,queued",
+        "in-flight,moving",
+        "finished,intermediate",
+    ):
+        assert verdict_for(places).passed, places
+    # a copy RQ's own client pushed of a job that finished, which one of ours dropped unrun
+    assert verdict_for("finished,queued", stray_drops=[(WORKER, "j")]).passed
+    assert verdict_for("finished,moving", stray_drops=[(WORKER, "j")]).passed
+    # stock RQ finishing a job the producer canceled while its stock run went on, or
+    # re-creating the hash of one it deleted: stock RQ's semantics, and only a stock run's
+    canceled = Planned("j", 0.1, "ok", 0, kind="cancel", acted_at=1.2)
+    assert verdict_for("canceled,finished", stock_workers=[WORKER], jobs={"j": canceled}).passed
+    deleted = Planned("j", 0.1, "ok", 0, kind="delete", acted_at=1.2)
+    assert verdict_for("none", stock_workers=[WORKER], jobs={"j": deleted}).passed
+    assert not verdict_for("canceled,finished", jobs={"j": canceled}).passed
+    later = Planned("j", 0.1, "ok", 0, kind="cancel", acted_at=1.9)  # canceled after the sample
+    assert not verdict_for("canceled,finished", stock_workers=[WORKER], jobs={"j": later}).passed
+    assert not verdict_for("none", stock_workers=[WORKER]).passed  # a plain job of stock's: judged
+    # RQ's job.delete() under way as the sample ran (it takes the job out of its places,
+    # then deletes the hash): RQ's; before the call began, ours to answer for
+    deleting = Planned("j", 0.1, "ok", 0, kind="delete", acting_since=1.4, acted_at=1.6)
+    assert verdict_for("none", jobs={"j": deleting}).counts["conservation_violations"] == 0
+    deleting.acting_since = 1.55
+    assert verdict_for("none", jobs={"j": deleting}).counts["conservation_violations"] == 1
+
+
+def test_the_conservation_sample_names_each_job_not_in_exactly_one_place(r: Any) -> None:
+    """The sampling script against a real Redis: each job's places, read in one script."""
+    from soak.conservation import sample
+
+    q = "soak"
+    for job_id in ("queued", "nowhere", "leased", "twice", "lapsed", "deleted", "ready"):
+        if job_id != "deleted":
+            r.hset(f"rq:job:{job_id}", mapping={"status": "queued", "emq_token": f"w:{job_id}"})
+    r.rpush(f"rq:queue:{q}", "queued", "twice")
+    r.zadd(f"rq:finished:{q}", {"twice": 1})
+    r.set(f"emq:{{{q}}}:leased:lock", "w:leased")  # a live lock naming the owner: in flight
+    r.set(f"emq:{{{q}}}:lapsed:lock", "w:another")  # a lock that names someone else
+    r.rpush(f"rq:queue:{q}", "deleted")  # a deleted job's entry: no hash, not judged
+    r.zadd(f"rq:ready:{q}", {"ready": 1})  # RQ 3: a dependent on its way from deferred to its queue
+    ids = ["queued", "nowhere", "leased", "twice", "lapsed", "deleted", "ready"]
+    lines = sample(r, q, ids, 1.0)
+    assert sorted(lines) == ["1.000 lapsed none", "1.000 nowhere none", "1.000 twice finished,queued"]
+
+
+# -- Redis losing its data, and fencing tokens (soak/dataloss.py) ----------------------------
+
+
+def tokened(attempt: int, started: float, fence: int, ended: float | None = None, **pids: int) -> Run:
+    made = run(attempt, started, ended, "ok" if ended else None, **pids)
+    made.fence = fence
+    return made
+
+
+def test_a_resubmitted_jobs_run_after_a_loss_of_redis_data_is_no_duplicate_but_may_not_overlap() -> None:
+    """Redis lost its data at t=3 and the producer resubmitted the job: its run since is
+    judged as a new job's (no duplicate, attempts start again); without the loss it is a
+    duplicate. An old run that went on past the new one's start is an overlap still."""
+    runs = [tokened(1, 1.0, 1000), tokened(1, 5.0, 5000, 6.0, pid=OTHER_HORSE, ppid=OTHER_WORKER)]
+    loss = Fault("lose_data", 3.0, ended=4.0)
+    resubmitted = evidence(runs, faults=[loss], taken=1)
+    resubmitted.resubmitted = {"j": 3.0}
+    verdict = evaluate(resubmitted)
+    assert verdict.passed, verdict.violations
+    assert verdict.counts["duplicates"] == 0 and verdict.counts["resubmitted_after_loss"] == 1
+    assert not evaluate(evidence(runs, faults=[loss], taken=1)).passed  # no resubmission recorded
+    runs[0].last_seen = 5.3  # the old run went on 300 ms beside the new one
+    overlapping = evidence(runs, faults=[loss], taken=1)
+    overlapping.resubmitted = {"j": 3.0}
+    verdict = evaluate(overlapping)
+    assert not verdict.passed and verdict.counts["overlapping_runs"] == 1
+
+
+def test_a_stock_run_across_the_loss_that_finished_the_resubmitted_job_is_stock_rqs() -> None:
+    """A stock neighbour's run began before the loss and finished after the resubmission:
+    stock RQ writes its outcome over the resubmitted job (no lease fences it), which then
+    never runs. Not judged; one of ours doing so would be (its lease vanished: the fence
+    refuses its outcome)."""
+    loss = Fault("lose_data", 3.0, ended=4.0)
+
+    def verdict_for(ppid: int) -> Any:
+        ev = evidence([run(None, 1.0, 5.0, "ok", ppid=ppid)], faults=[loss], taken=0)  # type: ignore[arg-type]
+        ev.resubmitted, ev.stock_workers = {"j": 3.0}, [OTHER_WORKER]
+        return evaluate(ev)
+
+    verdict = verdict_for(OTHER_WORKER)
+    assert verdict.passed, verdict.violations
+    assert verdict.counts["resubmitted_then_written_by_a_stock_run"] == 1
+    assert not verdict_for(WORKER).passed
+
+
+def test_a_job_lost_with_redis_is_accepted_only_when_redis_lost_it() -> None:
+    gone = {"status": None}
+    lost = evidence([tokened(1, 1.0, 1000)], final=gone, faults=[Fault("lose_data", 3.0, ended=4.0)], taken=0)
+    lost.lost_by_redis = {"j": 3.0}
+    verdict = evaluate(lost)
+    assert verdict.passed, verdict.violations
+    assert verdict.counts["lost_with_redis"] == 1
+    assert not evaluate(evidence([tokened(1, 1.0, 1000)], final=gone, taken=0)).passed
+
+
+def test_fencing_tokens_rise_across_a_loss_and_no_two_runs_share_one() -> None:
+    loss = Fault("lose_data", 3.0, ended=4.0)
+
+    def verdict_for(before: int, after: int) -> Any:
+        runs = [tokened(1, 1.0, before), tokened(1, 5.0, after, 6.0, pid=OTHER_HORSE, ppid=OTHER_WORKER)]
+        ev = evidence(runs, faults=[loss], taken=1)
+        ev.resubmitted = {"j": 3.0}
+        return evaluate(ev)
+
+    assert verdict_for(1000, 5000).passed
+    went_back = verdict_for(5000, 1000)  # a count kept in Redis starts again after the loss
+    assert not went_back.passed and went_back.counts["tokens_not_above_the_loss"] == 1
+    shared = verdict_for(1000, 1000)
+    assert not shared.passed and shared.counts["tokens_shared"] == 1

@@ -1,0 +1,234 @@
+"""A worker's connection budget: three connections at any moment, its horse's included.
+
+Stock RQ holds two while idle (its main connection and its pubsub) and three while a horse
+runs (the horse opens its own). A lease worker keeps to three, idle or running, on any
+number of queues:
+
+- **pubsub**: RQ's command channel, which also carries the sweeper election's calls and
+  the idle watcher's wake-ups (:mod:`rq_emq.intake.watch`);
+- **control**: the lock manager's thread and the sweeper's, sharing one connection in turn
+  (:func:`control_client`, a pool of one); while a horse runs, the worker's own main thread
+  (RQ's heartbeats, a stop command's lookups) uses it too;
+- **work**: the main thread's wait and take between runs. A forked horse runs its job on
+  it: the connection is *lent* at the fork (:class:`WorkConnectionLender`), so the horse
+  opens none of its own (which stock's horse does, at the cost of a connect per job), and
+  the worker opens it again once the horse has ended.
+
+The lending reads redis-py's pool internals (its list of idle connections), which every
+redis-py from 5.0 to 8 keeps for ``ConnectionPool`` and its Sentinel subclass. With another
+pool (``BlockingConnectionPool``, a custom one) nothing is lent: the worker closes its idle
+connections for the run and the horse opens one, as stock's does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from redis import BlockingConnectionPool, ConnectionPool, Redis
+
+logger = logging.getLogger("rq_emq.lease")
+
+
+def control_client(connection: Redis, timeout_s: float | None = None) -> Redis:
+    """A client of ``connection``'s server whose pool holds one connection, shared in
+    turn by the threads that use it (each command or pipeline borrows it, and a thread
+    that finds it borrowed waits; nothing sent on it blocks in Redis). With ``timeout_s``
+    its socket and connect timeouts are that short (RQ's own are minutes), so no renewal
+    or sweep call hangs past a tick."""
+    pool = connection.connection_pool
+    kwargs = dict(pool.connection_kwargs)
+    if timeout_s is not None:
+        kwargs["socket_timeout"] = timeout_s
+        kwargs["socket_connect_timeout"] = timeout_s
+    return Redis(connection_pool=RenewalsFirstPool(connection_class=pool.connection_class, **kwargs))
+
+
+class RenewalsFirstPool(BlockingConnectionPool):
+    """A pool of one connection, handed to the thread that called :meth:`serve_first` (the
+    lock manager's) before any other that waits for it: a renewal waits at most for the one
+    command in flight (a sweep call, a heartbeat), never behind a queue of them, so sharing
+    the connection cannot delay a lease's renewal past that."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._turns()
+        super().__init__(max_connections=1, timeout=None, **kwargs)
+
+    def _turns(self) -> None:
+        self._turn = threading.Condition()
+        self._held = False
+        self._holder: int | None = None
+        self._first_waiting = 0
+        self._first: int | None = getattr(self, "_first", None)
+
+    def reset(self) -> None:
+        self._turns()  # a forked process starts with nobody holding or waiting
+        super().reset()
+
+    def serve_first(self) -> None:
+        """The calling thread's requests go before every other waiting one."""
+        self._first = threading.get_ident()
+
+    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        me = threading.get_ident()
+        if self._held and self._holder == me:
+            # a signal handler (a stop) interrupted this thread while it held the connection:
+            # waiting for itself would never end, so it gets one of its own for the moment
+            extra = self.make_connection()
+            extra._emq_extra = True
+            return extra
+        first = me == self._first
+        with self._turn:
+            self._first_waiting += first
+            try:
+                while self._held or (not first and self._first_waiting):
+                    self._turn.wait()
+                self._held = True
+                self._holder = me
+            finally:
+                self._first_waiting -= first
+        try:
+            return super().get_connection(*args, **kwargs)
+        except BaseException:
+            self._done()
+            raise
+
+    def release(self, connection: Any) -> None:
+        if getattr(connection, "_emq_extra", False):
+            connection.disconnect()
+            if connection in self._connections:
+                self._connections.remove(connection)
+            return
+        try:
+            super().release(connection)
+        finally:
+            self._done()
+
+    def _done(self) -> None:
+        with self._turn:
+            self._held = False
+            self._holder = None
+            self._turn.notify_all()
+
+
+def _lendable(pool: Any) -> bool:
+    return (
+        isinstance(pool, ConnectionPool)
+        and not isinstance(pool, BlockingConnectionPool)
+        and isinstance(getattr(pool, "_available_connections", None), list)
+        and isinstance(getattr(pool, "_in_use_connections", None), set)
+    )
+
+
+def _close_here(connection: Any) -> None:
+    """Close this process's copy of a connection's socket without ending the connection:
+    redis-py shuts a socket down (for every process holding it) only in the process that
+    opened it, so the close runs as if from another."""
+    opened_by = connection.pid
+    connection.pid = -1
+    try:
+        connection.disconnect()
+    finally:
+        connection.pid = opened_by
+
+
+class WorkConnectionLender:
+    """Lends a forking worker's work connection to its horse for one run.
+
+    In the worker: :meth:`before_fork`, then :meth:`lent` once forked (the worker's copies
+    of its idle connections are closed, and its client borrows the control connection until
+    :meth:`returned`). In the horse: :meth:`adopt`, first thing, so that the job runs on the
+    connection the worker had."""
+
+    def __init__(self, client: Redis, control: Redis) -> None:
+        self.client = client
+        self.control = control
+        self._own_pool: Any = None  # the client's pool while it borrows the control one
+        self._lent: Any = None  # the connection the horse was given (the worker's copy closed)
+
+    def before_fork(self) -> None:
+        """Pick the idle connection the horse gets: the one the take just used."""
+        self.returned()  # a run that ended without telling (an error past the monitor)
+        pool = self.client.connection_pool
+        self._lent = None
+        if _lendable(pool) and pool.pid == os.getpid():
+            idle = [c for c in pool._available_connections if getattr(c, "_sock", None) is not None]
+            if idle:
+                self._lent = idle[-1]
+
+    def adopt(self) -> None:
+        """In the horse: its client's pool holds the lent connection, and only it (the
+        pubsub's and any other of the worker's are the worker's alone)."""
+        pool = self.client.connection_pool
+        lent, self._lent = self._lent, None
+        if lent is None or not _lendable(pool):
+            return
+        # no lock: this process has one thread, and a lock another thread of the worker held
+        # at the fork would never be released here
+        pool._available_connections[:] = [lent]
+        pool._in_use_connections.clear()
+        pool._created_connections = 1
+        lent.pid = os.getpid()
+        pool.pid = os.getpid()  # not reset on first use: it is this process's pool now
+
+    def lent(self) -> None:
+        """In the worker, once forked: its copies of the idle connections closed (the one
+        lent stays open in the horse), and its client on the control connection."""
+        pool = self.client.connection_pool
+        if _lendable(pool):
+            with pool._lock:
+                idle = list(pool._available_connections)
+            for connection in idle:
+                if connection is self._lent:
+                    _close_here(connection)
+                else:
+                    connection.disconnect()
+        else:
+            try:
+                pool.disconnect(inuse_connections=False)
+            except TypeError:  # a custom pool
+                pool.disconnect()
+        self._own_pool = pool
+        self.client.connection_pool = self.control.connection_pool
+
+    def returned(self) -> None:
+        """The run is over (its horse reaped): the client's own pool again; the work
+        connection opens anew at its next command."""
+        if self._own_pool is not None:
+            self.client.connection_pool, self._own_pool = self._own_pool, None
+        self._lent = None
+
+
+@contextmanager
+def subscribing_also(
+    client: Redis, channels: Mapping[str, Callable[[Any], None]], before: Callable[[Any], None] | None = None
+) -> Iterator[None]:
+    """Within the block, a pubsub made from ``client`` subscribes ``channels`` (name to
+    handler) along with whatever its first ``subscribe`` names: RQ's ``subscribe()``, which
+    starts its pubsub thread right after, then carries them on its one connection (and
+    redis-py subscribes them again after a reconnect). ``before`` gets the pubsub first,
+    while its connection can still run other commands."""
+    make = client.pubsub
+
+    def pubsub(**kwargs: Any) -> Any:
+        made: Any = make(**kwargs)
+        first = made.subscribe
+
+        def subscribe(*args: Any, **handlers: Any) -> Any:
+            made.subscribe = first
+            if before is not None:
+                before(made)
+            return first(*args, **handlers, **channels)
+
+        made.subscribe = subscribe
+        return made
+
+    client.pubsub = pubsub  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del client.pubsub

@@ -240,3 +240,15 @@ def _rq_major() -> int:
 
 #: The installed RQ's major release: SpawnWorker's leases need 3 (its spawned horse differs in 2.x).
 RQ_MAJOR: int = _rq_major()
+
+
+def ask_pubsub_thread_to_stop(thread: Any) -> None:
+    """Tell redis-py's pubsub thread to leave its loop, without waiting for it.
+
+    redis-py 8.2's ``stop()`` also joins the thread, with no bound by default: told before
+    the UNSUBSCRIBE whose reply wakes it, the thread sits out its 60 s read first. Before
+    8.2 ``stop()`` took no timeout and never waited."""
+    try:
+        thread.stop(timeout=0)
+    except TypeError:
+        thread.stop()

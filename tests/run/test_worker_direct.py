@@ -81,6 +81,7 @@ def test_unsubscribing_ends_the_pubsub_thread_without_waiting_out_its_join(worke
     deadline = time.monotonic() + 10
     while not thread._running.is_set() and time.monotonic() < deadline:
         time.sleep(0.01)
+    time.sleep(0.5)  # it has read the SUBSCRIBE replies and sits in its 60 s read
     send_unsubscribe = pubsub.unsubscribe
 
     def reply_taken_at_once(*args: object) -> object:
@@ -89,8 +90,12 @@ def test_unsubscribing_ends_the_pubsub_thread_without_waiting_out_its_join(worke
         return sent
 
     pubsub.unsubscribe = reply_taken_at_once  # type: ignore[method-assign]
+    began = time.monotonic()
     worker.unsubscribe()
     assert not thread.is_alive()
+    # redis-py 8.2's stop() joins the thread: told before the UNSUBSCRIBE, it must not wait
+    # out the thread's 60 s read (0.2 s of the test's own sleep; slack 10x for a loaded host)
+    assert time.monotonic() - began < 2.0
 
 
 def test_unsubscribing_as_the_pubsub_thread_closes_its_connection_raises_nothing(

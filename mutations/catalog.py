@@ -1865,6 +1865,17 @@ CATALOG: list[Mutation] = [
         [f"{WORKER_LOGS}::test_a_simple_workers_progress_timeout_stop_is_one_line_not_a_traceback"],
         "a SimpleLeaseWorker prints a whole traceback at each lease stop",
     ),
+    _m(
+        "unstarted_run_failure_callback_kept",
+        "rq_emq/fence/job_writes.py",
+        "        compat.drop_failure_callback(job)\n        raise LeaseJobInterrupted(",
+        "        raise LeaseJobInterrupted(",
+        [
+            "tests/run/test_worker_direct.py::"
+            "test_a_job_whose_lease_is_lost_before_its_run_begins_runs_no_failure_callback"
+        ],
+        "a job whose lease was lost before its run began has its failure callback run",
+    ),
 ]
 
 

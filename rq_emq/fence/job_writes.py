@@ -304,6 +304,9 @@ class JobWritesMixin:
             self._hand_back_unstarted(job)
         if me.is_horse:
             os._exit(0)  # nothing of this run written; the worker's own finish is fenced too
+        # the job never ran: RQ's failure path, which this error enters, must not run its
+        # failure callback (the sweep decides, and the job may well finish elsewhere)
+        compat.drop_failure_callback(job)
         raise LeaseJobInterrupted(f"job {job.id}: {reason}")
 
     def _hand_back_unstarted(self, job: Job) -> None:

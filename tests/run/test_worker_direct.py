@@ -7,11 +7,12 @@ import inspect
 import logging
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from rq import Queue
+from rq import Callback, Queue
 from rq.job import Job
 
 from rq_emq import LeaseWorker, SimpleLeaseWorker
@@ -232,3 +233,23 @@ def test_a_burst_worker_whose_waited_mark_was_recovered_meanwhile_takes_again_be
     idle = type("W", (), {"sweeper": _SweeperWhoseThreadRecoversTheJob(), "_stop_requested": False})()
     idle.sweeper.marks = [False]
     assert DequeueMixin._recover_before_exit(idle) is False  # type: ignore[arg-type]
+
+
+def test_a_job_whose_lease_is_lost_before_its_run_begins_runs_no_failure_callback(
+    r: redis.Redis, worker: LeaseWorker, tmp_path: Path
+) -> None:
+    """The run never began (another holder has the job by then, as after a failover): RQ's
+    failure path, which the interruption enters, must not run the job's failure callback,
+    nor fail the job (CI rehearsal, RQ 2.12: a Sentinel failover trial's spurious callback)."""
+    log = tmp_path / "callbacks.log"
+    queue = Queue("q", connection=r)
+    on_failure = Callback("jobs.on_failure_record")
+    job = queue.enqueue("jobs.add", 1, 1, on_failure=on_failure, meta={"log": str(log)})
+    taken = worker.dequeue_job_and_maintain_ttl(None)
+    assert taken is not None
+    takes_execution = "execution" in inspect.signature(worker.perform_job).parameters  # RQ 3
+    execution = (worker.prepare_execution(taken[0]),) if takes_execution else ()
+    r.hset(job_key(job.id), "emq_token", "another-holders-token")  # the sweep gave it on
+    assert worker.perform_job(*taken, *execution) is False
+    assert not log.exists()
+    assert r.hget(job_key(job.id), "status") != b"failed"

@@ -1876,6 +1876,18 @@ CATALOG: list[Mutation] = [
         ],
         "a job whose lease was lost before its run began has its failure callback run",
     ),
+    _m(
+        "stop_leaves_watchdog_asleep",
+        "rq_emq/run/run_guard.py",
+        "            if self._watchdog is not None:\n"
+        "                self._watchdog.poke()\n        timer = threading.Timer(",
+        "        timer = threading.Timer(",
+        [
+            "tests/run/test_stop_order.py::"
+            "test_a_simple_worker_frozen_after_a_stop_is_ended_by_its_watchdog_at_the_self_kill_moment"
+        ],
+        "a SimpleLeaseWorker frozen after a stop is ended by its watchdog a lease late",
+    ),
 ]
 
 

@@ -14,6 +14,7 @@ own timestamps (``jobs.run_spans``, CLOCK_MONOTONIC: one clock for every process
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -163,3 +164,30 @@ def test_a_job_that_swallows_the_lease_lost_interrupt_ends_with_its_worker_withi
     assert last - taken_at < 2 * bound
     said = procs.log(worker)
     assert "did not stop when its lease was lost" in said or "past its deadline" in said, said
+
+
+def test_a_simple_worker_frozen_after_a_stop_is_ended_by_its_watchdog_at_the_self_kill_moment(
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path
+) -> None:
+    """The lease found lost, the interrupt swallowed, then the worker frozen before its own
+    self-kill: the watchdog ends it a check interval after the self-kill's moment, not at
+    the deadline it read before the stop, a lease away (4.7 s late in a CI rehearsal)."""
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("jobs.swallowing_run", log, RUN_S, job_timeout=120)
+    worker = procs.worker(redis_url, worker_class="rq_emq.SimpleLeaseWorker", **WATCHFUL)
+    wait_for(lambda: runs(log), timeout=15, what="the run to start")
+    time.sleep(1.0)  # the watchdog has read the run's deadline, some 8 s away, and sleeps
+    take_away(r, job.id, status="queued")
+    wait_for(lambda: "swallowed" in [line.split()[0] for line in runs(log)], timeout=15, what="the interrupt")
+    settings = WATCHFUL_SETTINGS
+    self_kill_s = (settings.lease_margin_ms + settings.renew_interval_ms) / 2000
+    time.sleep(self_kill_s / 4)  # the stop has moved the deadline; its self-kill is yet to come
+    frozen_at = time.monotonic()
+    os.kill(worker.pid, signal.SIGSTOP)
+    wait_for(lambda: worker.poll() is not None, timeout=15, what="the watchdog to end the worker")
+    ended_s = time.monotonic() - frozen_at
+    assert worker.returncode == -signal.SIGKILL
+    # the self-kill's moment and a check interval, twice over for a loaded host's late wake;
+    # the deadline read before the stop was the lease (8 s) away
+    assert ended_s < 2 * (self_kill_s + settings.lease_check_interval_s), procs.log(worker)
+    assert "past its deadline" in procs.log(worker)

@@ -191,7 +191,10 @@ def test_a_job_costs_four_script_calls_and_three_where_the_worker_runs_it_itself
     jobs = 20
     fixed = burst_commands(r, procs, worker_class, 0, only=("evalsha", "eval"))
     per_job = (burst_commands(r, procs, worker_class, jobs, only=("evalsha", "eval")) - fixed) / jobs
-    assert per_job == calls
+    # a periodic call (the sweep, its election) may fall due in a burst a loaded host slowed
+    # (3.05 on RQ 2.12 in a CI rehearsal: one call in 20 jobs): two calls of slack in all,
+    # where one more call a job would add 20
+    assert calls <= per_job <= calls + 2 / jobs
 
 
 @pytest.mark.slow

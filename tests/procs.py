@@ -91,6 +91,20 @@ class Processes:
     def log(self, process: subprocess.Popen[bytes]) -> str:
         return Path(process.log_path).read_text(errors="replace")  # type: ignore[attr-defined]
 
+    def stacks(self, process: subprocess.Popen[bytes]) -> str:
+        """Where each thread of the live ``process`` stands: its Python stacks, which it
+        writes to its log on SIGWINCH (tests/sitecustomize.py), read back from there."""
+        before = len(self.log(process))
+        try:
+            os.kill(process.pid, signal.SIGWINCH)
+        except ProcessLookupError:
+            return "(the process has ended)"
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline and "Thread 0x" not in self.log(process)[before:]:
+            time.sleep(0.05)
+        time.sleep(0.1)  # the other threads' stacks follow the first
+        return self.log(process)[before:] or "(no stacks written)"
+
     def self_fenced_stops(self, job_id: str) -> int:
         """How many runs of ``job_id`` a worker of this test stopped on its local lease
         clock, by its own log line ("local lease clock ran out": no renewal landed for

@@ -8,12 +8,23 @@ one. Stock RQ calls it right after its UNSUBSCRIBE: when the thread takes that r
 stock bursts of one full suite timed out at 60 s). Here a ``stop()`` given no timeout only
 tells the thread, as before 8.2; RQ's own ``join(timeout=1)`` follows it. rq-emq's workers
 pass a timeout (:func:`rq_emq.compat.ask_pubsub_thread_to_stop`), so they run unchanged,
-and the in-process test of their stop meets redis-py as installed."""
+and the in-process test of their stop meets redis-py as installed.
+
+Every such process also writes the stacks of all its threads to its log on SIGWINCH
+(:meth:`procs.Processes.stacks`): what a test that timed out on a live process shows of
+where each thread stood. No worker reacts to SIGWINCH otherwise (its default is to ignore
+it)."""
 
 from __future__ import annotations
 
+import faulthandler
 import inspect
+import signal
+import sys
 from typing import Any
+
+if hasattr(signal, "SIGWINCH"):
+    faulthandler.register(signal.SIGWINCH, file=sys.stderr, all_threads=True)
 
 try:
     from redis.client import PubSubWorkerThread

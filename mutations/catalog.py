@@ -1888,6 +1888,33 @@ CATALOG: list[Mutation] = [
         ],
         "a SimpleLeaseWorker frozen after a stop is ended by its watchdog a lease late",
     ),
+    _m(
+        "told_horse_left_defunct",
+        "rq_emq/run/worker.py",
+        "            self._horse_end.reap_exited(block=True)  # no <defunct> horse beside an idle worker",
+        "            pass",
+        ["tests/run/test_horse_end.py::test_a_lease_worker_leaves_no_defunct_horse_once_idle"],
+        "a horse that told its end is left <defunct> beside an idle worker",
+    ),
+    _m(
+        "horse_end_heard_on_the_pipe_alone",
+        "rq_emq/run/horse_end.py",
+        "select.select([self._read_fd, self._pidfd], [], [])",
+        "select.select([self._read_fd], [], [])",
+        [
+            "tests/run/test_horse_end.py::"
+            "test_a_child_of_the_horse_holding_the_pipe_does_not_keep_its_worker_waiting"
+        ],
+        "a dead horse whose child holds the pipe keeps its worker waiting",
+    ),
+    _m(
+        "horse_end_told_by_absence",
+        "rq_emq/run/horse_end.py",
+        "told = os.read(self._read_fd, 1) == DONE",
+        "told = os.read(self._read_fd, 1) is not None",
+        ["tests/run/test_horse_end.py::test_a_horse_that_ends_without_a_word_is_left_to_rqs_reaping"],
+        "a horse that died without a word reads as a run that ended well",
+    ),
 ]
 
 

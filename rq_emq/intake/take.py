@@ -161,6 +161,9 @@ class Taker:
         self._holding_back = False
         #: The last job a claim found held back by an earlier run of its id (logged once).
         self._held_back_id: str | None = None
+        #: Called as the take finds nothing and is about to wait: the worker's chores that
+        #: may take a moment then and no sooner (reaping its last horse, rq_emq.run.horse_end)
+        self.before_wait: Callable[[], None] | None = None
 
     def pop(self, queues: Sequence[str | QueueKeys], only: frozenset[str] = ALL) -> Taken | None:
         """Lease the first waiting job across ``queues`` (those whose list is in ``only``,
@@ -336,6 +339,8 @@ class Taker:
             if remaining <= least:
                 return None
             least = LEAST_WAIT_S
+            if self.before_wait is not None and not waited:
+                self.before_wait()
             if self._holding_back:
                 self._holding_back = False
                 self._expect_empty = False

@@ -202,6 +202,9 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
             except BLIPS as again:
                 error = again
 
+    def _before_idle_wait(self) -> None:
+        """The take found no job and waits: a moment for what need not come sooner."""
+
     def _start_leasing(self) -> None:
         """What a take needs: the scripts, a taker and a running lock manager. Done by
         ``bootstrap``, or on first use when a tool calls RQ's methods without ``work()``."""
@@ -214,6 +217,7 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
         scripts.load_all(self.connection)
         settings = self.lease_settings
         self._taker = Taker(self.connection, self.name, settings)
+        self._taker.before_wait = self._before_idle_wait
         control = budget.control_client(self.connection, settings.redis_timeout_s)
         self.lock_manager = self._new_lock_manager(control)
         self._lender = budget.WorkConnectionLender(self.connection, control)

@@ -53,6 +53,7 @@ class SpawnLeaseMixin:
     (:func:`rq_emq.lease_worker` does)."""
 
     _spawn_parts = True  # what a SpawnWorker class needs (rq_emq.run.worker_check)
+    _horse_tells_its_end = False  # a spawned horse has no copy of the worker's pipe
 
     _horse_deadline: HorseDeadline | None
     _worker_pid: int

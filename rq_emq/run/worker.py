@@ -38,6 +38,7 @@ from .. import compat
 from ..fence.job_writes import LeaseJobInterrupted
 from ..hold.held import Lease
 from ..recover.horse_crash import HorseCrashMixin
+from .horse_end import HorseEnd
 from .horse_fence import die_with_parent
 from .lease_mixin import LeaseMixin
 from .process_tree import become_subreaper, lead_own_session, libc
@@ -53,8 +54,14 @@ class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, Worker):
     _fork_parts = True  # the horse parts a forking class needs (rq_emq.run.worker_check)
 
     _horse_job_id: str | None = None
+    #: The horse tells its worker its run is over, before its slow exit (rq_emq.run.horse_end);
+    #: off where the horse is no fork of this process (SpawnLeaseWorker)
+    _horse_tells_its_end = True
+    _horse_end: HorseEnd | None = None
 
     def main_work_horse(self, job: Job, queue: Queue) -> None:
+        if self._horse_end is not None:
+            self._horse_end.in_horse()
         if self._lender is not None:
             self._lender.adopt()  # the job runs on the connection its worker took it with
         # the job's processes stay findable: in this horse's session however they regroup,
@@ -87,10 +94,43 @@ class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, Worker):
             lease.report_source = self._horse_deadline.read_report  # the job's reports, from the horse
         if self._lender is not None:
             self._lender.before_fork()
+        if self._horse_tells_its_end:
+            if self._horse_end is None:
+                self._horse_end = HorseEnd()
+            self._horse_end.reap_exited()
+            self._horse_end.before_fork()
         super().fork_work_horse(job, queue)
+        if self._horse_end is not None:
+            self._horse_end.forked(self.horse_pid)
         if self._lender is not None:
             self._lender.lent()  # three connections while the horse runs: it has the work one
         self._horse_forked()
+
+    def perform_job(self, job: Job, *args: Any, **kwargs: Any) -> Any:
+        done = super().perform_job(job, *args, **kwargs)
+        if self.is_horse and self._horse_end is not None:
+            self._horse_end.tell_done(self.connection)  # RQ's os._exit(0) is all that follows
+        return done
+
+    perform_job.__signature__ = LeaseMixin.perform_job.__signature__  # type: ignore[attr-defined]
+
+    def wait_for_horse(self) -> Any:
+        """The horse's end as it tells it (its run over, its exit still under way: reaped
+        later), else its exit as RQ waits for it (a crash, a kill, a failed start)."""
+        pid = self.horse_pid
+        if pid and self._horse_end is not None and self._horse_end.wait_told(pid):
+            return pid, 0, None
+        return super().wait_for_horse()
+
+    def _before_idle_wait(self) -> None:
+        if self._horse_end is not None:
+            self._horse_end.reap_exited(block=True)  # no <defunct> horse beside an idle worker
+
+    def teardown(self) -> None:
+        super().teardown()
+        if self._horse_end is not None and not self.is_horse:
+            self._horse_end.reap_exited(block=True)  # the last one's exit, a moment
+            self._horse_end.close()
 
     def _on_lease_lost(self, lease: Lease) -> None:
         # the horse's job reads its lease as gone at once (current_lease().held), also

@@ -87,29 +87,23 @@ class HorseEnd:
             time.sleep(0.002)
 
     def close(self) -> None:
-        self._close_write()
-        for name in ("_read_fd", "_pidfd"):
+        self._close("_write_fd", "_read_fd", "_pidfd")
+
+    def _close_write(self) -> None:
+        self._close("_write_fd")
+
+    def _close(self, *names: str) -> None:
+        for name in names:
             fd = getattr(self, name)
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
                 setattr(self, name, -1)
-
-    def _close_write(self) -> None:
-        if self._write_fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self._write_fd)
-            self._write_fd = -1
 
     # -- in the horse ---------------------------------------------------------------------
     def in_horse(self) -> None:
         """First thing in the horse: the worker's side of the pipe is not its own."""
-        for name in ("_read_fd", "_pidfd"):
-            fd = getattr(self, name)
-            if fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-                setattr(self, name, -1)
+        self._close("_read_fd", "_pidfd")
         self.exiting = []
 
     def tell_done(self, connection: Any) -> None:

@@ -5,6 +5,7 @@ crash, a recovery and RQ's ``Retry``), its local clock (``held``), a warm stop
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -339,11 +340,12 @@ def test_a_job_silent_past_its_progress_timeout_is_stopped_recovered_and_failed_
         meta=rq_emq.progress_timeout(800, rq_emq.max_attempts(2)),
     )
     worker = procs.worker(redis_url, worker_class=worker_class, **SILENT_LEASE)
-    wait_for(
-        lambda: status(r, job.id) == "failed" or worker.poll() is not None,
-        timeout=30,
-        what=f"job {job.id} failed",
-    )
+    with contextlib.suppress(AssertionError):  # what the run came to is read below
+        wait_for(
+            lambda: status(r, job.id) == "failed" or worker.poll() is not None,
+            timeout=30,
+            what=f"job {job.id} failed",
+        )
     if status(r, job.id) != "failed" and worker.poll() is None:
         # The open defect of stop 39's note: on RQ 2.x, in 4 of 8 CI stage runs beside
         # another suite (never on RQ 3, never alone), a SimpleLeaseWorker ran this job on

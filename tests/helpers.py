@@ -126,3 +126,22 @@ def rq_moves(r: redis.Redis, job_id: str, status: str, origin: str = "q", **fiel
     elif status == "started":
         r.zadd(f"rq:executions:{job_id}", {"stock-run": time.time()})
         r.zadd(f"rq:wip:{origin}", {f"{job_id}:stock-run": time.time() + 600})
+
+
+def redis_quiet(
+    r: redis.Redis, for_s: float, timeout: float = 20.0, ignoring: tuple[str, ...] = ("cmdstat_info",)
+) -> None:
+    """Wait until Redis has run no command for ``for_s`` (the commandstats entries in
+    ``ignoring``, a test's own reads, aside), or ``timeout`` has passed: a worker's threads
+    settled (its first sweep round, its watcher's last look) before a test counts."""
+
+    def calls() -> int:
+        return sum(int(v["calls"]) for k, v in r.info("commandstats").items() if k not in ignoring)
+
+    deadline, last = time.monotonic() + timeout, calls()
+    while time.monotonic() < deadline:
+        time.sleep(for_s)
+        now = calls()
+        if now == last:
+            return
+        last = now

@@ -13,7 +13,7 @@ import time
 
 import pytest
 import redis
-from helpers import wait_status
+from helpers import redis_quiet, wait_status
 from procs import Processes, blocked_clients, wait_for
 from rq import Queue
 from rq.job import Job, JobStatus
@@ -96,18 +96,7 @@ def test_under_a_client_limit_of_20_six_workers_on_three_queues_run_six_jobs_at_
 
 def quiet(r: redis.Redis, for_s: float = 0.3, timeout: float = 20.0) -> None:
     """Until Redis has run no command for ``for_s`` (this test's own INFO aside)."""
-
-    def calls() -> int:
-        stats = r.info("commandstats")
-        return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
-
-    deadline, last = time.monotonic() + timeout, calls()
-    while time.monotonic() < deadline:
-        time.sleep(for_s)
-        now = calls()
-        if now == last:
-            return
-        last = now
+    redis_quiet(r, for_s, timeout)
 
 
 def _idle_watching(r: redis.Redis) -> int:

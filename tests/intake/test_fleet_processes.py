@@ -12,14 +12,13 @@ from __future__ import annotations
 import os
 import signal
 import statistics
-import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 
 import pytest
 import redis
 import rq
-from helpers import FAST, status, wait_status
+from helpers import FAST, redis_quiet, status, wait_status
 from procs import Processes, blocked_clients, wait_for
 from rq import Queue
 from rq.job import Job, JobStatus
@@ -76,18 +75,7 @@ def settle(r: redis.Redis, quiet_s: float = 0.5, timeout: float = 20.0) -> None:
     """Wait until Redis has seen no command for ``quiet_s`` (this test's own aside): a new
     worker's threads may still be starting (its first sweep round runs at once, which
     with a job in flight is a whole round) after its waits are blocked."""
-
-    def total() -> int:
-        return sum(int(v["calls"]) for k, v in r.info("commandstats").items() if k not in OWN)
-
-    deadline = time.monotonic() + timeout
-    last = total()
-    while time.monotonic() < deadline:
-        time.sleep(quiet_s)
-        now = total()
-        if now == last:
-            return
-        last = now
+    redis_quiet(r, quiet_s, timeout, ignoring=OWN)
 
 
 #: This test's own commands (no worker sends them), left out of the counts.

@@ -1897,6 +1897,20 @@ CATALOG: list[Mutation] = [
         "a horse that told its end is left <defunct> beside an idle worker",
     ),
     _m(
+        "horse_end_told_before_the_run",
+        "rq_emq/run/worker.py",
+        "        done = super().perform_job(job, *args, **kwargs)\n"
+        "        if self.is_horse and self._horse_end",
+        "        if self.is_horse and self._horse_end is not None:\n"
+        "            self._horse_end.tell_done(self.connection)\n"
+        "        done = super().perform_job(job, *args, **kwargs)\n        if False and self._horse_end",
+        [
+            "tests/run/test_horse_end.py::"
+            "test_a_lease_worker_takes_its_next_job_only_once_the_horse_has_ended_its_run"
+        ],
+        "the horse tells its worker its run is over before the run: the next job runs beside it",
+    ),
+    _m(
         "horse_end_heard_on_the_pipe_alone",
         "rq_emq/run/horse_end.py",
         "select.select([self._read_fd, self._pidfd], [], [])",

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import redis
+from jobs import run_spans
 from procs import Processes, wait_for
 from rq import Queue
 
@@ -139,3 +140,22 @@ def test_a_lease_worker_leaves_no_defunct_horse_once_idle(
     wait_for(lambda: not defunct_children(), timeout=5, what="no defunct horse beside the idle worker")
     time.sleep(0.5)
     assert not defunct_children(), procs.log(worker)
+
+
+def test_a_lease_worker_takes_its_next_job_only_once_the_horse_has_ended_its_run(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
+) -> None:
+    """The horse's word comes after its run, never before: the next job's run starts
+    after the last trace of the one before it (each run in its own horse)."""
+    logs = [str(tmp_path / f"run{i}.log") for i in range(2)]
+    queue = Queue(connection=r)
+    jobs = [queue.enqueue("jobs.ticking_run", log, 0.6) for log in logs]
+    worker = procs.worker(redis_url)
+    wait_for(
+        lambda: all(job.get_status(refresh=True) == "finished" for job in jobs),
+        timeout=30,
+        what="both jobs to finish",
+    )
+    ((_, first_last),) = run_spans(logs[0]).values()
+    ((second_first, _),) = run_spans(logs[1]).values()
+    assert first_last < second_first, procs.log(worker)

@@ -129,6 +129,10 @@ class Processes:
                 for pid in sorted(tree(process.pid) - {process.pid}):
                     out.append(f"   descendant {pid} {_proc_state(pid)}: {_cmdline(pid)[:100]}")
             out += [f"   | {line}" for line in self.log(process).splitlines()[-lines:]]
+            live = process.returncode is None and _proc_state(process.pid) not in ("T", "Z", "gone")
+            if live and process.args[0] == RQ_BIN:
+                # where each of its threads stands (a worker that went silent: stop 40's note)
+                out += [f"   ! {line}" for line in self.stacks(process)[-4000:].splitlines()]
         return "\n".join(out)
 
     def stop_all(self) -> None:

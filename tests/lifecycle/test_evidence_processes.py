@@ -119,6 +119,21 @@ def each_run(log: str) -> list[tuple[float, float]]:
     return spans
 
 
+def _wait_for_a_renewal_of(r: redis.Redis, lock: str) -> None:
+    """Until the lock's time to live rises between two reads a few ms apart: a renewal
+    landed between them. A single first read is no baseline: read in the renewal's own
+    millisecond it gives the whole lease, which no later read exceeds (199 of 200 reads
+    right after a renewal gave 3000 of 3000), and the wait then timed out on a healthy
+    worker."""
+
+    def renewed_between_two_reads() -> bool:
+        before = r.pttl(lock)
+        time.sleep(0.005)
+        return r.pttl(lock) > before
+
+    wait_for(renewed_between_two_reads, timeout=5, interval=0.001, what="a renewal")
+
+
 @pytest.mark.parametrize("worker_class", ["rq_emq.LeaseWorker", "rq_emq.SimpleLeaseWorker"])
 @pytest.mark.parametrize("queues", [("q",), ("other", "q")])
 def test_a_running_job_deleted_and_enqueued_again_runs_again_only_once_the_old_run_stopped(
@@ -147,8 +162,7 @@ def test_a_running_job_deleted_and_enqueued_again_runs_again_only_once_the_old_r
     wait_for(lambda: len(Worker.all(connection=r)) == 2, timeout=20, what="the second worker")
     time.sleep(0.5)  # the idle worker is waiting on the queue
     lock = "emq:{q}:order-18:lock"
-    last = r.pttl(lock)
-    wait_for(lambda: r.pttl(lock) > last, timeout=5, interval=0.005, what="a renewal")  # just landed
+    _wait_for_a_renewal_of(r, lock)  # just landed
     Job.fetch("order-18", connection=r).delete()  # a whole renew interval before the holder hears
     queue.enqueue("jobs.ticking_run", log, 8.0, 0.5, job_id="order-18", job_timeout=60)
     wait_status(r, "order-18", "finished", timeout=40)

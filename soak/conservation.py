@@ -22,6 +22,7 @@ semantics, not judged.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from rq_emq.keys import QueueKeys
@@ -90,29 +91,34 @@ def sample_keys(queue: str) -> list[str]:
     ]
 
 
-def sample(client: Any, queue: str, job_ids: list[str], at: float) -> list[str]:
-    """One atomic look: a line ``<at> <job> <places>`` (``none`` for no place) for each job
-    that is not in exactly one place."""
+def sample(client: Any, queue: str, job_ids: list[str]) -> list[str]:
+    """One atomic look: a line ``<at> <job> <places> <until>`` (``none`` for no place) for
+    each job that is not in exactly one place. The script ran at some moment between ``at``
+    (before it was sent) and ``until`` (its reply read): a producer's call judged beside the
+    sample is judged against that whole span, not the moment the sample was asked for."""
     keys = sample_keys(queue)
+    at = time.time()
     reply = client.eval(SAMPLE, len(keys), *keys, "rq:job:", QueueKeys(queue).prefix, *job_ids)
+    until = time.time()
     pairs = zip(reply[::2], reply[1::2], strict=True)
-    return [f"{at:.3f} {job.decode()} {places.decode() or 'none'}" for job, places in pairs]
+    return [f"{at:.3f} {job.decode()} {places.decode() or 'none'} {until:.3f}" for job, places in pairs]
 
 
 def judged(line: str, ev: Any) -> str | None:
     """What is wrong with a sample's line, or None when the places it names are allowed."""
-    at, job_id, listed = line.split(maxsplit=2)
+    at, job_id, listed, *rest = line.split()
+    until = float(rest[0]) if rest else float(at)  # a line written before samples gave their span
     found = set() if listed == "none" else set(listed.split(","))
     if len(found) > 1:
         found.discard("intermediate")  # a stock run's trail, beside where the job is now
-    if rqs_own(job_id, float(at), ev):
+    if rqs_own(job_id, float(at), ev, until):
         return None
     if not found:
         return "in no place"
     if len(found) == 1:
         return None
-    rest = found - {"in-flight"}
-    if "in-flight" in found and len(rest) == 1 and rest <= ENDS:
+    rest_of = found - {"in-flight"}
+    if "in-flight" in found and len(rest_of) == 1 and rest_of <= ENDS:
         return None  # RQ ended it while a run goes on (invariant 6 judges the run)
     if "moving" in found and "queued" not in found:
         # a queued copy that a worker's BLMOVE took and its take has not judged yet (it
@@ -126,17 +132,18 @@ def judged(line: str, ev: Any) -> str | None:
     return "in " + ", ".join(sorted(found))
 
 
-def rqs_own(job_id: str, at: float, ev: Any) -> bool:
+def rqs_own(job_id: str, at: float, ev: Any, until: float | None = None) -> bool:
     """What RQ's own code did to a job the producer canceled or deleted: its call was under
-    way at ``at`` (RQ's ``job.delete()`` takes the job out of its places, then deletes the
-    hash, in commands of their own), or it had returned while a stock neighbour ran the
-    job (stock RQ's run then writes over the cancel, finished and canceled, or re-creates
-    the deleted job's hash in no place). RQ's semantics, not judged (soak/README.md)."""
+    way at some moment of the sample's span [``at``, ``until``] (RQ's ``job.delete()`` takes
+    the job out of its places, then deletes the hash, in commands of their own), or it had
+    returned while a stock neighbour ran the job (stock RQ's run then writes over the
+    cancel, finished and canceled, or re-creates the deleted job's hash in no place). RQ's
+    semantics, not judged (soak/README.md)."""
     planned = ev.jobs.get(job_id)
     since, acted = getattr(planned, "acting_since", None), getattr(planned, "acted_at", None)
     if getattr(planned, "kind", "") not in ("cancel", "delete") or acted is None:
         return False
-    if since is not None and since <= at <= acted:
+    if since is not None and since <= (at if until is None else until) and at <= acted:
         return True
     if acted > at:
         return False

@@ -156,8 +156,8 @@ class Evidence:
     our_pushes: list[tuple[float, str]] = field(default_factory=list)
     #: job id -> times its ``on_failure`` callback ran (the side-effect log's ``failure`` lines)
     failure_callbacks: dict[str, list[float]] = field(default_factory=dict)
-    #: conservation samples taken, and their lines: ``<time> <job> <places>`` of each job
-    #: not in exactly one place (:mod:`soak.conservation`)
+    #: conservation samples taken, and their lines: ``<at> <job> <places> <until>`` of each job
+    #: not in exactly one place, the script run between ``at`` and ``until`` (:mod:`soak.conservation`)
     conservation_samples: int = 0
     conservation: list[str] = field(default_factory=list)
     #: job id -> when Redis lost it (``lose_data``): resubmitted under its id by the

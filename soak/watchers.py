@@ -102,7 +102,7 @@ class Watchers(SoakBase):
     def _sample_conservation(self) -> None:
         """Each job in exactly one place RQ reads (soak/conservation.py), in one script."""
         try:
-            lines = conservation.sample(self.client, QUEUE, list(self.jobs), time.time())
+            lines = conservation.sample(self.client, QUEUE, list(self.jobs))
         except redis.RedisError:
             return
         self.conservation_samples += 1

@@ -3,6 +3,7 @@ when it is broken (so a soak that passes means something)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from soak.checks import evaluate
@@ -1422,6 +1423,13 @@ def test_a_job_in_two_places_fails_but_for_a_run_rq_ended_and_what_invariant_3_j
     assert verdict_for("none", jobs={"j": deleting}).counts["conservation_violations"] == 0
     deleting.acting_since = 1.55
     assert verdict_for("none", jobs={"j": deleting}).counts["conservation_violations"] == 1
+    # the sample's script ran at some moment between its send (1.5) and its reply (1.56): a
+    # delete begun within that span may have been under way as it ran; one begun after the
+    # reply, or one that returned before the send, may not
+    assert verdict_for("none 1.56", jobs={"j": deleting}).counts["conservation_violations"] == 0
+    assert verdict_for("none 1.54", jobs={"j": deleting}).counts["conservation_violations"] == 1
+    deleting.acting_since, deleting.acted_at = 1.3, 1.45
+    assert verdict_for("none 1.56", jobs={"j": deleting}).counts["conservation_violations"] == 1
 
 
 def test_the_conservation_sample_names_each_job_not_in_exactly_one_place(r: Any) -> None:
@@ -1439,8 +1447,14 @@ def test_the_conservation_sample_names_each_job_not_in_exactly_one_place(r: Any)
     r.rpush(f"rq:queue:{q}", "deleted")  # a deleted job's entry: no hash, not judged
     r.zadd(f"rq:ready:{q}", {"ready": 1})  # RQ 3: a dependent on its way from deferred to its queue
     ids = ["queued", "nowhere", "leased", "twice", "lapsed", "deleted", "ready"]
-    lines = sample(r, q, ids, 1.0)
-    assert sorted(lines) == ["1.000 lapsed none", "1.000 nowhere none", "1.000 twice finished,queued"]
+    sent = time.time()
+    lines = sample(r, q, ids)
+    replied = time.time()
+    found = sorted(line.split()[1:3] for line in lines)
+    assert found == [["lapsed", "none"], ["nowhere", "none"], ["twice", "finished,queued"]]
+    for line in lines:  # the span in which the script ran, to the millisecond each way
+        at, until = float(line.split()[0]), float(line.split()[3])
+        assert sent - 0.001 <= at <= until <= replied + 0.001, (sent, line, replied)
 
 
 # -- Redis losing its data, and fencing tokens (soak/dataloss.py) ----------------------------

@@ -249,13 +249,29 @@ CATALOG: list[Mutation] = [
     _m(
         "simple_worker_record_sent_alone",
         "rq_emq/run/worker.py",
-        "    _record_rides_in_start = True",
-        "    _record_rides_in_start = False",
-        [
-            "tests/run/test_worker_costs.py::"
-            "test_a_job_costs_four_script_calls_and_three_where_the_worker_runs_it_itself"
-        ],
+        "(rq_emq.fence.job_writes)\n    _record_rides_in_start = True",
+        "(rq_emq.fence.job_writes)\n    _record_rides_in_start = False",
+        ["tests/run/test_worker_costs.py::test_a_job_costs_three_script_calls_and_four_where_the_horse_is_spawned"],
         "a SimpleLeaseWorker pays a script call and a round trip more per job",
+    ),
+    _m(
+        "forking_worker_record_sent_alone",
+        "rq_emq/run/worker.py",
+        "a job less)\n    _record_rides_in_start = True",
+        "a job less)\n    _record_rides_in_start = False",
+        ["tests/run/test_worker_costs.py::test_a_job_costs_three_script_calls_and_four_where_the_horse_is_spawned"],
+        "a LeaseWorker writes RQ's execution record before the fork: a call and a round trip more a job",
+    ),
+    _m(
+        "forked_record_never_beaten",
+        "rq_emq/run/worker.py",
+        "        self._held_back_record_forked(job)\n",
+        "",
+        [
+            "tests/run/test_worker_processes.py::"
+            "test_a_job_running_20_times_the_lease_is_never_reclaimed_and_finishes_once"
+        ],
+        "a forked horse's record, sent in its start, is never beaten: RQ's view of a long run goes stale",
     ),
     _m(
         "watch_deaf_after_pubsub_reconnect",

@@ -67,8 +67,9 @@ class HeldLeases(Protocol):
 @dataclasses.dataclass
 class HeldBackRecord:
     """The worker's execution record of a job, held back to ride in the run's start: one
-    guarded script call (and round trip) for both, in a process that runs its jobs itself,
-    where the two are consecutive steps of one thread."""
+    guarded script call (and round trip) for both. In a process that runs its jobs itself
+    the two are consecutive steps of one thread; a forked horse inherits the record in its
+    memory and sends it in its own start (a spawned one does not: it re-reads the job)."""
 
     job_id: str
     commands: list[Any]
@@ -99,7 +100,8 @@ class JobWritesMixin:
     _refused_as: str | None = None
     #: The job whose outcome this process's last finish discarded (refused by the fence).
     _discarded_job_id: str | None = None
-    #: The execution record rides in the run's start (a class that runs its jobs itself).
+    #: The execution record rides in the run's start (a class that runs its jobs itself, or
+    #: forks a horse that inherits the record with the rest of the worker's memory).
     _record_rides_in_start: bool = False
     #: The execution record held back for the run's start, until that lands or is refused.
     _held_back_record: HeldBackRecord | None = None
@@ -265,6 +267,19 @@ class JobWritesMixin:
             return
         if not landed:
             compat.forget_executions(self, held.known)
+            return
+        lease = self.lock_manager.get(job.id) if self.lock_manager else None
+        if lease is not None:
+            lease.execution = held.execution
+
+    def _held_back_record_forked(self, job: Job) -> None:
+        """The horse forked with the held-back record in its memory, to send it in its start:
+        this worker keeps no copy (no start of its own to send it in) and heartbeats the
+        execution from now on, as it did when it wrote the record itself before the fork.
+        A start the horse finds refused writes nothing, and this worker's tick then stops
+        with the lost lease; a blip hands the job back and ends the horse like any crash."""
+        held, self._held_back_record = self._held_back_record, None
+        if held is None or held.job_id != job.id:
             return
         lease = self.lock_manager.get(job.id) if self.lock_manager else None
         if lease is not None:

@@ -52,6 +52,9 @@ class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, Worker):
     a horse that dies without an outcome is recovered at once (:mod:`rq_emq.recover.horse_crash`)."""
 
     _fork_parts = True  # the horse parts a forking class needs (rq_emq.run.worker_check)
+    #: RQ's execution record, written before the fork, rides in the horse's start instead:
+    #: the horse inherits it held back in memory (one script call and round trip a job less)
+    _record_rides_in_start = True
 
     _horse_job_id: str | None = None
     #: The horse tells its worker its run is over, before its slow exit (rq_emq.run.horse_end);
@@ -100,6 +103,7 @@ class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, Worker):
             self._horse_end.reap_exited()
             self._horse_end.before_fork()
         super().fork_work_horse(job, queue)
+        self._held_back_record_forked(job)
         if self._horse_end is not None:
             self._horse_end.forked(self.horse_pid)
         if self._lender is not None:

@@ -262,6 +262,7 @@ def _worker_with_a_running_job(r: redis.Redis) -> tuple[LeaseWorker, Job, str]:
     assert taken is not None
     job = taken[0]
     execution = worker.prepare_execution(job)
+    worker.prepare_job_execution(job)  # the horse's start, which carries the record
     return worker, job, f"{job.id}:{execution.id}"
 
 

@@ -251,7 +251,9 @@ CATALOG: list[Mutation] = [
         "rq_emq/run/worker.py",
         "(rq_emq.fence.job_writes)\n    _record_rides_in_start = True",
         "(rq_emq.fence.job_writes)\n    _record_rides_in_start = False",
-        ["tests/run/test_worker_costs.py::test_a_job_costs_three_script_calls_and_four_where_the_horse_is_spawned"],
+        [
+            "tests/run/test_worker_costs.py::test_a_job_costs_three_script_calls_and_four_where_the_horse_is_spawned"
+        ],
         "a SimpleLeaseWorker pays a script call and a round trip more per job",
     ),
     _m(
@@ -259,7 +261,9 @@ CATALOG: list[Mutation] = [
         "rq_emq/run/worker.py",
         "a job less)\n    _record_rides_in_start = True",
         "a job less)\n    _record_rides_in_start = False",
-        ["tests/run/test_worker_costs.py::test_a_job_costs_three_script_calls_and_four_where_the_horse_is_spawned"],
+        [
+            "tests/run/test_worker_costs.py::test_a_job_costs_three_script_calls_and_four_where_the_horse_is_spawned"
+        ],
         "a LeaseWorker writes RQ's execution record before the fork: a call and a round trip more a job",
     ),
     _m(

@@ -180,7 +180,15 @@ def burst_commands(
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("worker_class", "calls"),
-    [("rq_emq.LeaseWorker", 3), ("rq_emq.SimpleLeaseWorker", 3), ("rq_emq.SpawnLeaseWorker", 4)],
+    [
+        ("rq_emq.LeaseWorker", 3),
+        ("rq_emq.SimpleLeaseWorker", 3),
+        pytest.param(
+            "rq_emq.SpawnLeaseWorker",
+            4,
+            marks=pytest.mark.skipif(int(rq.__version__.split(".")[0]) < 3, reason="RQ 3 only"),
+        ),
+    ],
 )
 def test_a_job_costs_three_script_calls_and_four_where_the_horse_is_spawned(
     r: redis.Redis, procs: Processes, worker_class: str, calls: int

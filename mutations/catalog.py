@@ -1949,6 +1949,17 @@ CATALOG: list[Mutation] = [
         ["tests/run/test_horse_end.py::test_a_horse_that_ends_without_a_word_is_left_to_rqs_reaping"],
         "a horse that died without a word reads as a run that ended well",
     ),
+    _m(
+        "lease_ages_read_against_a_stale_clock",
+        "rq_emq/operate/lease_list.py",
+        '    detail.add([], "the server\'s time", detail.pipe.time(), read_clock)\n',
+        "",
+        [
+            "tests/operate/test_cli.py::"
+            "test_a_report_or_mark_landing_after_the_readers_clock_read_is_never_shown_as_in_the_future"
+        ],
+        "rq-emq leases shows a report that landed after its clock read as landed in the future",
+    ),
 ]
 
 

@@ -98,6 +98,15 @@ def read_leases(
     first.run()
 
     detail = Batch(client)
+    # the ages of reports and marks against the time of the transaction that reads them: a
+    # report that lands after the clock read above would otherwise read as due in the future
+    clock = [now]
+
+    def read_clock(reply: Any) -> None:
+        seconds, micros = reply
+        clock[0] = int(seconds) * 1000 + int(micros) // 1000
+
+    detail.add([], "the server's time", detail.pipe.time(), read_clock)
     for page in pages:
         q = layout(page.queue)
         for job_id, deadline in entries.get(page.queue, []):
@@ -105,12 +114,16 @@ def read_leases(
                 page.queue, job_id, deadline - now, lock="gone", lock_ttl_ms=None, job_exists=False
             )
             page.leases.append(info)
-            _lease_reads(detail, q, info, now, settings)
+            _lease_reads(detail, q, info, clock, settings)
     detail.run()
     return pages
 
 
-def _lease_reads(batch: Batch, q: QueueKeys, info: LeaseInfo, now: int, settings: LeaseSettings) -> None:
+def _lease_reads(
+    batch: Batch, q: QueueKeys, info: LeaseInfo, clock: list[int], settings: LeaseSettings
+) -> None:
+    """Queue one lease's reads; ``clock`` holds the Redis time (ms) of their transaction by the
+    time their replies are parsed."""
     pipe, problems, job_id = batch.pipe, info.problems, info.job_id
 
     def lock(reply: Any) -> None:
@@ -121,7 +134,7 @@ def _lease_reads(batch: Batch, q: QueueKeys, info: LeaseInfo, now: int, settings
 
     def job(reply: Any) -> None:
         status, worker, token, attempts, max_attempts, crashes = reply[:6]
-        read_notes(info, now, reply[6:])
+        read_notes(info, clock[0], reply[6:])
         info.job_exists = any(value is not None for value in reply)
         if not info.job_exists:
             problems.append("job hash is gone (the sweep drops this entry)")
@@ -147,7 +160,7 @@ def _lease_reads(batch: Batch, q: QueueKeys, info: LeaseInfo, now: int, settings
 
     def mark(reply: Any) -> None:
         if reply is not None:
-            info.marked_ms_ago = now - int(reply)
+            info.marked_ms_ago = clock[0] - int(reply)
 
     batch.add(problems, q.lock(job_id), pipe.pttl(q.lock(job_id)), lock)
     batch.add(problems, q.job(job_id), pipe.hmget(q.job(job_id), JOB_FIELDS), job)

@@ -23,6 +23,7 @@ from stalls import stall
 
 from rq_emq.intake.take import Taker
 from rq_emq.keys import QueueKeys, job_key
+from rq_emq.operate import lease_list
 from rq_emq.operate.cli import main, redact
 from rq_emq.operate.prometheus import LeaseCollector
 from rq_emq.recover.sweep import Sweeper
@@ -143,6 +144,26 @@ def test_leases_of_a_real_worker_show_its_name_a_token_prefix_the_lock_and_attem
     assert job.id in table and "cli-test-worker" in table and "1/3" in table and token not in table
     status = by_queue(cli_json(redis_url, "status", "default"))["default"]
     assert status["in_flight"] == 1 and status["counters"]["taken"] == 1
+
+
+def test_a_report_or_mark_landing_after_the_readers_clock_read_is_never_shown_as_in_the_future(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``rq-emq leases`` reads Redis's clock, then the leases: a renewal carrying a report (or
+    a sweep's mark) can land between the two. Its age is read against the time of the
+    transaction that reads it, so it is never negative (CI, RQ 2.12: a report shown as
+    landed -1 ms ago)."""
+    (job_id,) = lease(r, 1)
+    seconds, micros = r.time()  # type: ignore[misc]
+    landed_ms = int(seconds) * 1000 + int(micros) // 1000
+    r.hset(job_key(job_id), mapping={"emq_report": '{"progress": 0.5}', "emq_progress_at": landed_ms})
+    r.zadd(Q.stalled, {job_id: landed_ms})
+    # the reader's clock, read a second before the report and the mark landed
+    monkeypatch.setattr(lease_list, "redis_now_ms", lambda client: landed_ms - 1_000)
+    ((info,),) = [page.leases for page in lease_list.read_leases(r, ["q"], LeaseSettings(), 10)]
+    assert info.job_id == job_id and info.report == {"progress": 0.5}
+    assert info.progress_ms_ago is not None and 0 <= info.progress_ms_ago < 1_000
+    assert info.marked_ms_ago is not None and 0 <= info.marked_ms_ago < 1_000
 
 
 def test_leases_show_a_jobs_own_max_attempts_and_the_configured_default(

@@ -369,7 +369,11 @@ def test_a_job_silent_past_its_progress_timeout_is_stopped_recovered_and_failed_
         said = procs.log(worker)[-600:]
         pytest.skip(f"host stalled past the lease; the watchdog ended the worker:\n{said}")
     assert status(r, job.id) == "failed", procs.log(worker)
-    assert [run["attempt"] for run in runs_of(log)] == [1, 2]
+    # each attempt's run, where its code began: a horse not yet at the job's first line when
+    # its progress timeout ran out (a fork and start past 800 ms on a loaded host, seen in a
+    # CI rehearsal: [2]) records no run, and is an attempt all the same (the two stops below)
+    begun = [run["attempt"] for run in runs_of(log)]
+    assert begun in ([1, 2], [1], [2]), begun
     assert not any(e["event"] == "end" for e in events(log))
     said = procs.log(worker)
     assert said.count(f"job {job.id} on queue default: no progress reported for 800 ms") == 2, said

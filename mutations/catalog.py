@@ -269,7 +269,7 @@ CATALOG: list[Mutation] = [
     _m(
         "forked_record_never_beaten",
         "rq_emq/run/worker.py",
-        "        self._held_back_record_forked(job)\n",
+        "        self._held_back_record_sent(job, landed=True)  # in the horse's memory, for its start\n",
         "",
         [
             "tests/run/test_worker_processes.py::"
@@ -851,7 +851,7 @@ CATALOG: list[Mutation] = [
     _m(
         "soak_conservation_credits_any_delete",
         "soak/conservation.py",
-        "    if since is not None and since <= (at if until is None else until) and at <= acted:",
+        "    if since is not None and since <= until and at <= acted:",
         "    if since is not None:",
         [f"{SOAK}::test_a_job_in_two_places_fails_but_for_a_run_rq_ended_and_what_invariant_3_judges"],
         "a job in no place before the producer's delete began passes as the delete's doing",

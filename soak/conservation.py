@@ -132,7 +132,7 @@ def judged(line: str, ev: Any) -> str | None:
     return "in " + ", ".join(sorted(found))
 
 
-def rqs_own(job_id: str, at: float, ev: Any, until: float | None = None) -> bool:
+def rqs_own(job_id: str, at: float, ev: Any, until: float) -> bool:
     """What RQ's own code did to a job the producer canceled or deleted: its call was under
     way at some moment of the sample's span [``at``, ``until``] (RQ's ``job.delete()`` takes
     the job out of its places, then deletes the hash, in commands of their own), or it had
@@ -143,7 +143,7 @@ def rqs_own(job_id: str, at: float, ev: Any, until: float | None = None) -> bool
     since, acted = getattr(planned, "acting_since", None), getattr(planned, "acted_at", None)
     if getattr(planned, "kind", "") not in ("cancel", "delete") or acted is None:
         return False
-    if since is not None and since <= (at if until is None else until) and at <= acted:
+    if since is not None and since <= until and at <= acted:
         return True
     if acted > at:
         return False

@@ -261,25 +261,14 @@ class JobWritesMixin:
 
     def _held_back_record_sent(self, job: Job, landed: bool) -> None:
         """The run's start that carried the held-back execution record landed (the lock
-        manager heartbeats the execution from then on) or did not (forgotten again)."""
+        manager heartbeats the execution from then on) or did not (forgotten again). A
+        forking worker says landed as its horse forks: the horse sends the record in its
+        start, and a start it finds refused leaves the lease lost, whose ticks write nothing."""
         held, self._held_back_record = self._held_back_record, None
         if held is None or held.job_id != job.id:
             return
         if not landed:
             compat.forget_executions(self, held.known)
-            return
-        lease = self.lock_manager.get(job.id) if self.lock_manager else None
-        if lease is not None:
-            lease.execution = held.execution
-
-    def _held_back_record_forked(self, job: Job) -> None:
-        """The horse forked with the held-back record in its memory, to send it in its start:
-        this worker keeps no copy (no start of its own to send it in) and heartbeats the
-        execution from now on, as it did when it wrote the record itself before the fork.
-        A start the horse finds refused writes nothing, and this worker's tick then stops
-        with the lost lease; a blip hands the job back and ends the horse like any crash."""
-        held, self._held_back_record = self._held_back_record, None
-        if held is None or held.job_id != job.id:
             return
         lease = self.lock_manager.get(job.id) if self.lock_manager else None
         if lease is not None:

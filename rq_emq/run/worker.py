@@ -103,7 +103,7 @@ class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, Worker):
             self._horse_end.reap_exited()
             self._horse_end.before_fork()
         super().fork_work_horse(job, queue)
-        self._held_back_record_forked(job)
+        self._held_back_record_sent(job, landed=True)  # in the horse's memory, for its start
         if self._horse_end is not None:
             self._horse_end.forked(self.horse_pid)
         if self._lender is not None:

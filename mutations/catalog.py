@@ -1960,6 +1960,17 @@ CATALOG: list[Mutation] = [
         ],
         "rq-emq leases shows a report that landed after its clock read as landed in the future",
     ),
+    _m(
+        "status_ages_read_against_a_stale_clock",
+        "rq_emq/operate/inspection.py",
+        '    batch.add([], "the server\'s time", batch.pipe.time(), read_clock)\n',
+        "",
+        [
+            "tests/operate/test_cli.py::"
+            "test_a_lease_or_mark_landing_after_the_status_clock_read_is_never_shown_as_younger_than_nothing"
+        ],
+        "rq-emq status shows a lease granted or a mark made after its clock read with a negative age",
+    ),
 ]
 
 

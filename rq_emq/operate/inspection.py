@@ -167,12 +167,22 @@ def read_status(
     client: Redis, queues: Sequence[str], settings: LeaseSettings, layout: Layout = QueueKeys
 ) -> list[QueueStatus]:
     """Counts, remaining-time buckets, oldest lease and mark, and counters per queue."""
+    # the buckets' bounds need a time before the reads; the ages are read against the time of
+    # the transaction that reads them, so a lease granted or a mark made in between is never
+    # shown as younger than nothing
     now = redis_now_ms(client)
     batch = Batch(client)
+    clock = [now]
+
+    def read_clock(reply: Any) -> None:
+        seconds, micros = reply
+        clock[0] = int(seconds) * 1000 + int(micros) // 1000
+
+    batch.add([], "the server's time", batch.pipe.time(), read_clock)
     statuses = [QueueStatus(queue) for queue in queues]
     candidates: dict[str, list[tuple[str, int]]] = {}
     for status in statuses:
-        _queue_status_reads(batch, status, now, candidates, layout)
+        _queue_status_reads(batch, status, now, clock, candidates, layout)
     batch.run()
     marks = Batch(client)
     for status in statuses:
@@ -183,7 +193,7 @@ def read_status(
         def oldest_unmarked(reply: Any, status: QueueStatus = status, first: list = first) -> None:
             for (job_id, deadline), marked_at in zip(first, reply, strict=True):
                 if marked_at is None:
-                    due_in = deadline - now
+                    due_in = deadline - clock[0]
                     status.oldest_lease = OldestLease(job_id, due_in, settings.lease_ms - due_in)
                     return
 
@@ -224,8 +234,15 @@ def _lease_ages(client: Redis, statuses: Sequence[QueueStatus], layout: Layout) 
 
 
 def _queue_status_reads(
-    batch: Batch, status: QueueStatus, now: int, candidates: dict[str, list[tuple[str, int]]], layout: Layout
+    batch: Batch,
+    status: QueueStatus,
+    now: int,
+    clock: list[int],
+    candidates: dict[str, list[tuple[str, int]]],
+    layout: Layout,
 ) -> None:
+    """Queue one queue's reads: the buckets bounded by ``now``; ``clock`` holds the Redis time
+    (ms) of the transaction they run in by the time they are parsed."""
     q, pipe, problems = layout(status.queue), batch.pipe, status.problems
 
     def setter(name: str) -> Callable[[Any], None]:
@@ -254,7 +271,7 @@ def _queue_status_reads(
     def oldest_mark(reply: Any) -> None:
         if reply:
             member, marked_at = reply[0]
-            status.oldest_mark = OldestMark(text(member), now - int(marked_at))
+            status.oldest_mark = OldestMark(text(member), clock[0] - int(marked_at))
 
     batch.add(
         problems,

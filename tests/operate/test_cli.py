@@ -23,7 +23,7 @@ from stalls import stall
 
 from rq_emq.intake.take import Taker
 from rq_emq.keys import QueueKeys, job_key
-from rq_emq.operate import lease_list
+from rq_emq.operate import inspection, lease_list
 from rq_emq.operate.cli import main, redact
 from rq_emq.operate.prometheus import LeaseCollector
 from rq_emq.recover.sweep import Sweeper
@@ -164,6 +164,27 @@ def test_a_report_or_mark_landing_after_the_readers_clock_read_is_never_shown_as
     assert info.job_id == job_id and info.report == {"progress": 0.5}
     assert info.progress_ms_ago is not None and 0 <= info.progress_ms_ago < 1_000
     assert info.marked_ms_ago is not None and 0 <= info.marked_ms_ago < 1_000
+
+
+def test_a_lease_or_mark_landing_after_the_status_clock_read_is_never_shown_as_younger_than_nothing(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``rq-emq status`` reads Redis's clock for its buckets' bounds, then the queues: a lease
+    granted (or a sweep's mark made) between the two is aged against the time of the
+    transaction that reads it, never shown with a negative age."""
+    seconds, micros = r.time()  # type: ignore[misc]
+    before_ms = int(seconds) * 1000 + int(micros) // 1000
+    unmarked, marked = lease(r, 2)
+    seconds, micros = r.time()  # type: ignore[misc]
+    marked_at = int(seconds) * 1000 + int(micros) // 1000
+    r.zadd(Q.stalled, {marked: marked_at})
+    # the reader's clock, read a second before both leases were granted and the mark made
+    monkeypatch.setattr(inspection, "redis_now_ms", lambda client: before_ms - 1_000)
+    (status,) = inspection.read_status(r, ["q"], LeaseSettings())
+    assert status.oldest_lease is not None and status.oldest_lease.job_id == unmarked
+    assert status.oldest_lease.age_ms is not None and 0 <= status.oldest_lease.age_ms < 1_000
+    assert status.oldest_mark is not None and status.oldest_mark.job_id == marked
+    assert 0 <= status.oldest_mark.age_ms < 1_000
 
 
 def test_leases_show_a_jobs_own_max_attempts_and_the_configured_default(

@@ -1971,6 +1971,16 @@ CATALOG: list[Mutation] = [
         ],
         "rq-emq status shows a lease granted or a mark made after its clock read with a negative age",
     ),
+    _m(
+        "script_prune_not_transitive",
+        "rq_emq/scripts.py",
+        "        pending |= (set(_IDENTIFIER.findall(defined[name])) & defined.keys()) - kept\n",
+        "",
+        [
+            "tests/tooling/test_scripts.py::test_a_script_keeps_the_library_definitions_its_text_reaches_and_no_other"
+        ],
+        "a script keeps the library functions it names but not those they call: a missing global at run time",
+    ),
 ]
 
 

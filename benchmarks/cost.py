@@ -11,8 +11,9 @@ One private redis-server; every number is a ratio of two measured the same way:
 - **Redis CPU per job** (``INFO cpu``, user + sys) over those same burst runs, on one queue
   and on three (jobs spread over the three).
 
-The machine's load average is printed with the table: the throughput rows are only worth
-reading on a quiet machine.
+The machine's load average, and the share of its CPU other guests of its host took during
+the run (``/proc/stat``'s steal), are printed with the table: the throughput rows are only
+worth reading on a quiet machine.
 
     python benchmarks/cost.py [--jobs 1000] [--rounds 3] [--quick]
 """
@@ -75,6 +76,18 @@ def burst(url: str, worker_class: str, queues: list[str], jobs: int) -> tuple[fl
     return elapsed, cpu_s(r) - cpu_before
 
 
+def cpu_ticks() -> tuple[int, int]:
+    """The host's CPU time so far (``/proc/stat``, all CPUs): in all, and stolen by the
+    hypervisor for other guests (its ``steal`` column); (0, 0) where there is no such file."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(v) for v in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    # user nice system idle iowait irq softirq steal (guest time is counted in user already)
+    return sum(fields[:8]), fields[7] if len(fields) > 7 else 0
+
+
 def ratio(stock: float, ours: float, higher_is_better: bool) -> str:
     if not stock or not ours:
         return "-"
@@ -89,6 +102,7 @@ def main() -> None:
     options = parser.parse_args()
     jobs, rounds = (100, 1) if options.quick else (options.jobs, options.rounds)
     rows: list[list[object]] = []
+    ticks_before = cpu_ticks()
     with private_redis() as url:
         for queue_count in (1, 3, 10):
             stock = connections(url, "rq.Worker", queue_count)
@@ -130,8 +144,11 @@ def main() -> None:
                     ]
                 )
     load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
+    total, stolen = (after - before for after, before in zip(cpu_ticks(), ticks_before, strict=True))
+    steal = f"; CPU stolen by other guests meanwhile {100 * stolen / total:.1f}%" if total else ""
     print(
-        f"{jobs} no-op jobs, best of {rounds} alternating burst runs, start-up included; load average {load}"
+        f"{jobs} no-op jobs, best of {rounds} alternating burst runs, start-up included; "
+        f"load average {load}{steal}"
     )
     print("(ratio: ours over stock for jobs/s, stock over ours for CPU: above 1.00x is ours ahead)")
     print(table(["what", "stock RQ", "rq-emq", "ratio"], rows))

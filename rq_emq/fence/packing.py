@@ -178,8 +178,27 @@ def merge_replies(pieces: list[tuple[list[list[Any]], str]], replies: list[Any])
     return merged
 
 
+#: Command names already read, by first argument and word count: a worker sends a handful
+#: of commands, and a fenced job's commands are named some 70 times (bounded all the same).
+_NAMES: dict[tuple[Any, int], str] = {}
+_NAMES_KEPT = 1024
+
+
 def command_name(args: tuple[Any, ...], words: int = 1) -> str:
     first = args[0]
+    try:
+        return _NAMES[first, words]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable first argument (a memoryview): named, not kept
+        return _name_of(first, words)
+    name = _name_of(first, words)
+    if len(_NAMES) < _NAMES_KEPT:
+        _NAMES[first, words] = name
+    return name
+
+
+def _name_of(first: Any, words: int) -> str:
     text = first.decode() if isinstance(first, bytes) else str(first)
     return " ".join(text.upper().split()[:words])
 

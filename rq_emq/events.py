@@ -240,13 +240,16 @@ class _Dispatcher:
                 event, hooks = self._pending.popleft()
             _deliver(event, hooks)
             with self._changed:
-                self._done += 1
                 caught_up, behind = not self._pending, self._behind
                 if caught_up:
                     self._behind = 0
-                self._changed.notify_all()
             if caught_up and behind:
+                # said before the event counts as delivered, so a flush() that returns has
+                # it said; and outside the lock, which emit() takes on a renewal's path
                 logger.warning("event hooks are behind: dropped %d events (now caught up)", behind)
+            with self._changed:
+                self._done += 1
+                self._changed.notify_all()
 
 
 def _deliver(event: LeaseEvent, hooks: tuple[Hook, ...]) -> None:

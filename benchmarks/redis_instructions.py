@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,13 +31,9 @@ import redis
 from common import table, worker
 from rq import Queue
 
+from rq_emq.testing import find_redis_server, free_port
+
 PAIRS = [("rq.SimpleWorker", "rq_emq.SimpleLeaseWorker"), ("rq.Worker", "rq_emq.LeaseWorker")]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _counts(dump: Path) -> tuple[int, int]:
@@ -64,17 +59,20 @@ def main() -> None:
     options = parser.parse_args()
     if options.quick:
         options.jobs = 20
-    for tool in ("valgrind", "callgrind_control", "callgrind_annotate", "redis-server"):
+    for tool in ("valgrind", "callgrind_control", "callgrind_annotate"):
         if shutil.which(tool) is None:
             print(f"redis_instructions: {tool} is not installed (Debian: apt-get install valgrind)")
             sys.exit(0 if options.quick else 1)
-    port = _free_port()
+    server_binary = find_redis_server()  # the one the tests and the other benchmarks start
+    if server_binary is None:
+        sys.exit("redis_instructions: no redis-server found")
+    port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
     with tempfile.TemporaryDirectory() as scratch:
         prefix = Path(scratch) / "redis.callgrind"
         server = subprocess.Popen(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={prefix}"]
-            + ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"],
+            + [server_binary, "--port", str(port), "--save", "", "--appendonly", "no"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,10 @@ _INCLUDE = re.compile(r"^-- @include (\S+)\s*$", re.MULTILINE)
 _LIBRARY = re.compile(r"^-- @library-begin\n(.*?)^-- @library-end\n", re.MULTILINE | re.DOTALL)
 #: A library's top-level definition: ``local function <name>(`` or ``local <name> =``.
 _DEFINITION = re.compile(r"^local (?:function )?([A-Za-z_]\w*)")
+#: ``local a, b = ...``: two names in one statement, which pruning could not keep apart.
+_SEVERAL_NAMES = re.compile(r"^local [A-Za-z_]\w*\s*,")
+#: A function whose ``end`` closes it on its own first line (``local function f() end``).
+_ONE_LINE_FUNCTION = re.compile(r"\bend\s*$")
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 
 
@@ -101,16 +105,26 @@ def _blocks(library: str) -> list[tuple[str | None, str]]:
             pieces.append((None, lines[i]))
             i += 1
             continue
-        end = i
-        if lines[i].startswith("local function "):
-            while lines[end].rstrip("\n") != "end":
-                end += 1
+        if _SEVERAL_NAMES.match(lines[i]):
+            raise ValueError(f"a library defines one name per statement: {lines[i].strip()!r}")
+        if lines[i].startswith("local function ") and not _ONE_LINE_FUNCTION.search(lines[i]):
+            end = _closing(lines, i, lambda line: line.rstrip("\n") == "end")
         elif lines[i].count("{") > lines[i].count("}"):
-            while not lines[end].startswith("}"):
-                end += 1
+            end = _closing(lines, i, lambda line: line.startswith("}"))
+        else:
+            end = i
         pieces.append((found.group(1), "".join(lines[i : end + 1])))
         i = end + 1
     return pieces
+
+
+def _closing(lines: list[str], start: int, closes: Callable[[str], bool]) -> int:
+    """The line that closes the definition opening at ``start`` (its ``end`` or ``}`` at the
+    start of a line, as every library writes them)."""
+    for at in range(start + 1, len(lines)):
+        if closes(lines[at]):
+            return at
+    raise ValueError(f"a library definition is never closed at the start of a line: {lines[start].strip()!r}")
 
 
 def _prune(source: str) -> str:

@@ -78,6 +78,26 @@ def test_a_name_defined_in_two_included_libraries_is_refused(tmp_path: Path) -> 
         scripts._prune(scripts._resolve(tmp_path / "do_it-0.lua", tmp_path))
 
 
+def test_a_one_line_function_is_a_definition_of_its_own(tmp_path: Path) -> None:
+    """``local function f() end`` closes on its own line: the definitions after it stay
+    apart (read as one, they would be kept or dropped with it)."""
+    library = "local function nothing() end\n" + LIBRARY.replace("-- @include lib/base.lua\n", "")
+    _write(tmp_path, {"lib/tools.lua": library, "lib/base.lua": BASE, "do_it-0.lua": SCRIPT})
+    source = scripts._prune(scripts._resolve(tmp_path / "do_it-0.lua", tmp_path))
+    assert "local function nothing" not in source
+    assert "local function inner" in source and "local function outer" in source
+
+
+def test_a_definition_pruning_cannot_read_is_refused(tmp_path: Path) -> None:
+    for library, why in [
+        ("local A, B = 1, 2\n", "one name per statement"),
+        ("local function open()\n  return 1\n", "never closed"),
+    ]:
+        _write(tmp_path, {"lib/tools.lua": library, "do_it-0.lua": "-- @include lib/tools.lua\nreturn A\n"})
+        with pytest.raises(ValueError, match=why):
+            scripts._prune(scripts._resolve(tmp_path / "do_it-0.lua", tmp_path))
+
+
 def test_a_pruned_script_runs_as_the_whole_one_does(r: redis.Redis, tmp_path: Path) -> None:
     _write(tmp_path, {"lib/tools.lua": LIBRARY, "lib/base.lua": BASE, "do_it-0.lua": SCRIPT})
     whole = scripts._resolve(tmp_path / "do_it-0.lua", tmp_path)

@@ -49,6 +49,7 @@ LOGS = "tests/shared/test_logs.py"
 EVIDENCE = "tests/lifecycle/test_evidence_processes.py"
 TAKES = "tests/connection/test_failover_takes.py"
 FAILOVER = "tests/connection/test_failover.py"
+HANDBACK = "tests/run/test_connection_handback.py"
 
 
 @dataclass(frozen=True)
@@ -1931,10 +1932,34 @@ CATALOG: list[Mutation] = [
         "the horse tells its worker its run is over before the run: the next job runs beside it",
     ),
     _m(
+        "horse_hands_back_nothing",
+        "rq_emq/run/worker.py",
+        "hand_back = self._lender.hand_back() if self._lender is not None else None",
+        "hand_back = None",
+        [f"{HANDBACK}::test_a_lease_worker_runs_job_after_job_on_the_connection_its_horses_hand_back"],
+        "the worker connects anew after every forked run, as stock RQ's horse does",
+    ),
+    _m(
+        "handed_back_with_a_reply_unread",
+        "rq_emq/connection/budget.py",
+        "            if lent.can_read(timeout=0):",
+        "            if False:",
+        [f"{HANDBACK}::test_a_connection_with_a_reply_nobody_read_is_not_handed_back[3]"],
+        "a connection with the job's unread reply comes back: the worker reads it as its own",
+    ),
+    _m(
+        "worker_keeps_its_copy_of_the_lent_connection",
+        "rq_emq/connection/budget.py",
+        "                    _close_here(connection)",
+        "                    pass",
+        [f"{HANDBACK}::test_a_horse_that_dies_takes_its_connection_with_it"],
+        "a dead horse's connection stays open in its worker: its job's blocking pop stays in Redis",
+    ),
+    _m(
         "horse_end_heard_on_the_pipe_alone",
         "rq_emq/run/horse_end.py",
-        "select.select([self._read_fd, self._pidfd], [], [])",
-        "select.select([self._read_fd], [], [])",
+        "select.select([ours, self._pidfd], [], [])",
+        "select.select([ours], [], [])",
         [
             "tests/run/test_horse_end.py::"
             "test_a_child_of_the_horse_holding_the_pipe_does_not_keep_its_worker_waiting"
@@ -1944,8 +1969,8 @@ CATALOG: list[Mutation] = [
     _m(
         "horse_end_told_by_absence",
         "rq_emq/run/horse_end.py",
-        "told = os.read(self._read_fd, 1) == DONE",
-        "told = os.read(self._read_fd, 1) is not None",
+        "told = word in (DONE, DONE_HANDED_BACK)",
+        "told = word is not None",
         ["tests/run/test_horse_end.py::test_a_horse_that_ends_without_a_word_is_left_to_rqs_reaping"],
         "a horse that died without a word reads as a run that ended well",
     ),

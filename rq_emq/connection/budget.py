@@ -11,8 +11,10 @@ number of queues:
   (RQ's heartbeats, a stop command's lookups) uses it too;
 - **work**: the main thread's wait and take between runs. A forked horse runs its job on
   it: the connection is *lent* at the fork (:class:`WorkConnectionLender`), so the horse
-  opens none of its own (which stock's horse does, at the cost of a connect per job), and
-  the worker opens it again once the horse has ended.
+  opens none of its own (which stock's horse does, at the cost of a connect per job). A
+  horse whose run is over hands the socket back (``SCM_RIGHTS``, with its told end:
+  :mod:`rq_emq.run.horse_end`), so the worker goes on with the same connection; a horse
+  that ends any other way takes it with it, and the worker opens a new one.
 
 The lending reads redis-py's pool internals (its list of idle connections), which every
 redis-py from 5.0 to 8 keeps for ``ConnectionPool`` and its Sentinel subclass. With another
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -149,6 +152,8 @@ class WorkConnectionLender:
         self.control = control
         self._own_pool: Any = None  # the client's pool while it borrows the control one
         self._lent: Any = None  # the connection the horse was given (the worker's copy closed)
+        self.handed_back = 0  # runs whose horse handed the connection back (for the tests)
+        self._handing_back: Any = None  # in the horse: the connection it hands back
 
     def before_fork(self) -> None:
         """Pick the idle connection the horse gets: the one the take just used."""
@@ -164,8 +169,9 @@ class WorkConnectionLender:
         """In the horse: its client's pool holds the lent connection, and only it (the
         pubsub's and any other of the worker's are the worker's alone)."""
         pool = self.client.connection_pool
-        lent, self._lent = self._lent, None
+        lent = self._lent
         if lent is None or not _lendable(pool):
+            self._lent = None
             return
         # no lock: this process has one thread, and a lock another thread of the worker held
         # at the fork would never be released here
@@ -174,6 +180,31 @@ class WorkConnectionLender:
         pool._created_connections = 1
         lent.pid = os.getpid()
         pool.pid = os.getpid()  # not reset on first use: it is this process's pool now
+
+    def hand_back(self) -> int | None:
+        """In the horse, its run over: the lent connection's socket descriptor, to pass to
+        the worker, if the connection is as the worker would find it in its pool: connected,
+        idle (no pubsub or thread of the job holds it), nothing unread on it, and a plain
+        socket (a TLS session's state lives in this process's memory: it is not passed). It
+        leaves this process's pool, so that closing the pool leaves it open; this process's
+        copy goes with its exit, without a shutdown. Else None: the horse closes it."""
+        pool = self.client.connection_pool
+        lent, self._lent = self._lent, None
+        if lent is None or not _lendable(pool) or pool.pid != os.getpid():
+            return None
+        if lent not in pool._available_connections or type(getattr(lent, "_sock", None)) is not socket.socket:
+            return None
+        try:
+            if lent.can_read(timeout=0):
+                return None  # a reply nobody read: the worker would read it as its own
+        except Exception:  # closed by the server, or broken
+            return None
+        pool._available_connections.remove(lent)
+        # kept referenced (redis-py's __del__ disconnects), and never shut down from here: a
+        # shutdown would end the connection for the worker too
+        self._handing_back = lent
+        lent.pid = -1
+        return int(lent._sock.fileno())
 
     def lent(self) -> None:
         """In the worker, once forked: its copies of the idle connections closed (the one
@@ -195,12 +226,38 @@ class WorkConnectionLender:
         self._own_pool = pool
         self.client.connection_pool = self.control.connection_pool
 
-    def returned(self) -> None:
-        """The run is over (its horse reaped): the client's own pool again; the work
-        connection opens anew at its next command."""
+    def returned(self, handed_back: int | None = None) -> None:
+        """The run is over (its horse told so, or was reaped): the client's own pool again,
+        with the lent connection's socket as the horse handed it back (``handed_back``, a
+        descriptor now this worker's), else opened anew at its next command."""
         if self._own_pool is not None:
             self.client.connection_pool, self._own_pool = self._own_pool, None
-        self._lent = None
+        lent, self._lent = self._lent, None
+        if handed_back is not None and not self._take_back(lent, handed_back):
+            os.close(handed_back)
+
+    def _take_back(self, lent: Any, fd: int) -> bool:
+        """The lent connection object, still idle in this worker's pool with its socket
+        closed here at the fork, gets the horse's socket: redis-py's parser is bound to it
+        as at a connect, without the connect's handshake (the server's side of the
+        connection is the one the handshake was made on)."""
+        pool = self.client.connection_pool
+        if lent is None or not _lendable(pool) or getattr(lent, "_sock", None) is not None:
+            return False
+        with pool._lock:
+            if lent not in pool._available_connections:
+                return False
+            sock = socket.socket(fileno=fd)
+            try:
+                sock.settimeout(lent.socket_timeout)
+                lent._sock = sock
+                lent._parser.on_connect(lent)
+            except Exception:
+                lent._sock = None
+                sock.detach()  # the caller closes the descriptor
+                return False
+        self.handed_back += 1
+        return True
 
 
 @contextmanager

@@ -2,12 +2,18 @@
 
 Stock RQ's worker waits for its horse's exit (``os.wait4``), and a forked horse's exit is
 slow: the kernel unmaps every page the horse shared with its worker, about 1.5-2 ms on a
-worker's 40 MB, all of it after the run is over (its outcome written, its connection
-closed, nothing left but ``os._exit(0)``). A ``LeaseWorker`` gives its horse one end of a
-pipe instead: once ``perform_job`` has returned, the horse closes its Redis connection and
-writes one byte, and the worker, waiting on that pipe and on the horse's pidfd at once,
-takes its next job while the kernel tears the old horse down on the other CPU. The old
-horse is reaped later (before the next fork, at the next wait, at the worker's end).
+worker's 40 MB, all of it after the run is over (its outcome written, nothing left but
+``os._exit(0)``). A ``LeaseWorker`` gives its horse one end of a Unix socket pair instead:
+once ``perform_job`` has returned, the horse writes one byte, and the worker, waiting on
+that socket and on the horse's pidfd at once, takes its next job while the kernel tears
+the old horse down on the other CPU. The old horse is reaped later (before the next fork,
+at the next wait, at the worker's end).
+
+With the byte the horse may hand back the Redis connection its worker lent it
+(:class:`rq_emq.connection.budget.WorkConnectionLender`): the socket itself, passed as
+``SCM_RIGHTS``, so the worker goes on with the connection it had instead of a connect and a
+handshake per job (its own copy was closed at the fork: only one process ever holds it,
+and one that dies takes the connection with it).
 
 Nothing is decided from absence: only the byte says the run is over, and the horse writes
 it after its last step but ``os._exit(0)``. A horse that ends any other way (a crash, a
@@ -21,11 +27,14 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import socket
 import time
 from typing import Any
 
 #: what the horse writes once nothing is left of its run but ``os._exit(0)``
 DONE = b"."
+#: the same, with the lent Redis connection's socket passed along (``SCM_RIGHTS``)
+DONE_HANDED_BACK = b"+"
 #: How long a reap that may wait waits for a told horse's exit to complete.
 REAP_WAIT_S = 1.0
 
@@ -34,16 +43,19 @@ class HorseEnd:
     """The worker's side and the horse's side of one run's end-of-run pipe."""
 
     def __init__(self) -> None:
-        self._read_fd = -1
-        self._write_fd = -1
+        self._ours: socket.socket | None = None
+        self._horses: socket.socket | None = None
         self._pidfd = -1
+        #: the socket the last horse handed back, not taken yet (its file descriptor)
+        self._handed_back = -1
         #: horses that told their end and are still exiting (reaped without waiting)
         self.exiting: list[int] = []
 
     # -- in the worker --------------------------------------------------------------------
     def before_fork(self) -> None:
         self.close()
-        self._read_fd, self._write_fd = os.pipe()  # close-on-exec: no job's exec keeps it
+        # not inheritable (close-on-exec): no job's exec keeps it
+        self._ours, self._horses = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
 
     def forked(self, horse_pid: int) -> None:
         """In the worker, once forked: its copy of the horse's end closed (so that the pipe
@@ -58,16 +70,32 @@ class HorseEnd:
         """Wait until the horse says its run is over (True) or it ends without saying so
         (False: reap it as RQ does). A signal's handler that raises (RQ's monitoring
         alarm) interrupts the wait, which RQ then starts again."""
-        if self._read_fd < 0 or self._pidfd < 0:
+        if self._ours is None or self._pidfd < 0:
             return False
-        ready, _, _ = select.select([self._read_fd, self._pidfd], [], [])
-        if self._read_fd not in ready:
+        ours = self._ours.fileno()
+        ready, _, _ = select.select([ours, self._pidfd], [], [])
+        if ours not in ready:
             return False  # it ended without a word
-        told = os.read(self._read_fd, 1) == DONE
+        try:
+            word, fds, _, _ = socket.recv_fds(self._ours, 1, 1)
+        except OSError:
+            word, fds = b"", []
+        told = word in (DONE, DONE_HANDED_BACK)
+        for fd in fds:
+            if told and word == DONE_HANDED_BACK and self._handed_back < 0:
+                self._handed_back = fd
+            else:
+                os.close(fd)
         if told:
             self.exiting.append(horse_pid)
-        self.close()
+        self._close_pair()
         return told
+
+    def take_handed_back(self) -> int | None:
+        """The file descriptor of the connection the last horse handed back, now the
+        caller's to keep or close; None if it handed none back."""
+        fd, self._handed_back = self._handed_back, -1
+        return fd if fd >= 0 else None
 
     def reap_exited(self, block: bool = False) -> None:
         """Reap the horses that told their end, once they have exited; with ``block``,
@@ -87,33 +115,52 @@ class HorseEnd:
             time.sleep(0.002)
 
     def close(self) -> None:
-        self._close("_write_fd", "_read_fd", "_pidfd")
+        self._close_pair()
+        fd = self.take_handed_back()
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _close_pair(self) -> None:
+        self._close_write()
+        if self._ours is not None:
+            self._ours.close()
+            self._ours = None
+        if self._pidfd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._pidfd)
+            self._pidfd = -1
 
     def _close_write(self) -> None:
-        self._close("_write_fd")
-
-    def _close(self, *names: str) -> None:
-        for name in names:
-            fd = getattr(self, name)
-            if fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-                setattr(self, name, -1)
+        if self._horses is not None:
+            self._horses.close()
+            self._horses = None
 
     # -- in the horse ---------------------------------------------------------------------
     def in_horse(self) -> None:
-        """First thing in the horse: the worker's side of the pipe is not its own."""
-        self._close("_read_fd", "_pidfd")
+        """First thing in the horse: the worker's side of the pair is not its own."""
+        if self._ours is not None:
+            self._ours.close()
+            self._ours = None
+        self._handed_back = -1  # the worker's (none is open across a fork)
+        if self._pidfd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._pidfd)
+            self._pidfd = -1
         self.exiting = []
 
-    def tell_done(self, connection: Any) -> None:
-        """In the horse, after its last step but ``os._exit(0)``: its Redis connection
-        closed (so that the worker's own, opened next, never makes a fourth), then the
-        byte. A worker already gone (EPIPE) has nothing to be told."""
-        if self._write_fd < 0:
+    def tell_done(self, connection: Any, hand_back: int | None = None) -> None:
+        """In the horse, after its last step but ``os._exit(0)``: its Redis connections
+        closed but the one handed back (``hand_back``, its socket's descriptor: the
+        horse's copy goes with its exit, without a shutdown), so that the worker never
+        holds a fourth; then the byte. A worker already gone (EPIPE) has nothing to be told."""
+        if self._horses is None:
             return
         with contextlib.suppress(Exception):
             connection.connection_pool.disconnect()
         with contextlib.suppress(OSError):
-            os.write(self._write_fd, DONE)
+            if hand_back is not None:
+                socket.send_fds(self._horses, [DONE_HANDED_BACK], [hand_back])
+            else:
+                self._horses.sendall(DONE)
         self._close_write()

@@ -113,7 +113,9 @@ class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, Worker):
     def perform_job(self, job: Job, *args: Any, **kwargs: Any) -> Any:
         done = super().perform_job(job, *args, **kwargs)
         if self.is_horse and self._horse_end is not None:
-            self._horse_end.tell_done(self.connection)  # RQ's os._exit(0) is all that follows
+            # RQ's os._exit(0) is all that follows: the worker may have the connection back
+            hand_back = self._lender.hand_back() if self._lender is not None else None
+            self._horse_end.tell_done(self.connection, hand_back)
         return done
 
     perform_job.__signature__ = LeaseMixin.perform_job.__signature__  # type: ignore[attr-defined]
@@ -158,8 +160,11 @@ class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, Worker):
                 "job %s was deleted while it ran", job.id, extra={"job_id": job.id, "queue": queue.name}
             )
         finally:
+            handed_back = self._horse_end.take_handed_back() if self._horse_end is not None else None
             if self._lender is not None:
-                self._lender.returned()
+                self._lender.returned(handed_back)
+            elif handed_back is not None:
+                os.close(handed_back)
 
     def _outcome_committed(self) -> None:
         if self.is_horse and self._horse_deadline is not None:

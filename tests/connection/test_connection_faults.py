@@ -62,9 +62,9 @@ def _horse_cut_off_as_it_starts(
     # not take the job at all on a loaded host (seen under -n 4), or lost its renewals.
     warm_up = Queue(connection=r).enqueue("jobs.sleep_and_record", log + ".warm-up", 0.0, job_timeout=30)
     wait_for(lambda: status(r, warm_up.id) == "finished", timeout=30, what="the warm-up job")
-    # back in its wait, on its work connection again (opened anew after each run: the horse
-    # had it), which the forked horse is lent: a horse opens none of its own, and one that
-    # did (a pool the worker cannot lend from) would get none here
+    # back in its wait, on its work connection again (the one the horse handed back, or opened
+    # anew after a horse that could not), which the forked horse is lent: a horse opens none
+    # of its own, and one that did (a pool the worker cannot lend from) would get none here
     wait_for(lambda: blocked_clients(r, "blmove") == 1, timeout=30, what="the worker waiting again")
     proxy.cut("new")
     job = Queue(connection=r).enqueue("jobs.sleep_and_record", log, 0.2, job_timeout=30)

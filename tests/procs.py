@@ -4,6 +4,7 @@ their logs kept, and every one of them (and its horse) reaped at the end."""
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -15,6 +16,9 @@ from typing import Any
 
 from rq_emq.run.process_tree import tree
 from soak.selffence import CLOCK_RAN_OUT
+
+#: the line a run's watchdog logs as it ends the run at its local lease deadline
+DEADLINE_KILL = re.compile(r"rq-emq watchdog \d+: run (\d+) past its deadline")
 
 TESTS_DIR = Path(__file__).resolve().parent
 RQ_BIN = str(Path(sys.executable).parent / "rq")
@@ -116,6 +120,19 @@ class Processes:
             match.group(1) == job_id
             for path in self.log_dir.glob("worker-*.log")
             for match in CLOCK_RAN_OUT.finditer(path.read_text(errors="replace"))
+        )
+
+    def deadline_kills(self, run_pids: list[int]) -> int:
+        """How many of the runs ``run_pids`` (the processes that ran a job) a watchdog of
+        this test ended at their local lease deadline ("run <pid> past its deadline"): on a
+        host starved of CPU the watchdog may act before the worker's own clock says so, and
+        a renewal that lands late then leaves no "local lease clock ran out" line. The same
+        self-fencing as :meth:`self_fenced_stops`, found by the run's pid."""
+        pids = {str(pid) for pid in run_pids}
+        return sum(
+            match.group(1) in pids
+            for path in self.log_dir.glob("worker-*.log")
+            for match in DEADLINE_KILL.finditer(path.read_text(errors="replace"))
         )
 
     def describe(self, lines: int = 25) -> str:

@@ -192,14 +192,24 @@ class WorkConnectionLender:
         lent, self._lent = self._lent, None
         if lent is None or not _lendable(pool) or pool.pid != os.getpid():
             return None
-        if lent not in pool._available_connections or type(getattr(lent, "_sock", None)) is not socket.socket:
+        # a thread of the job (an event hook's) may be taking a connection from the pool
+        # now; a lock a thread of the worker held at the fork is never released here
+        if not pool._lock.acquire(blocking=False):
             return None
         try:
-            if lent.can_read(timeout=0):
-                return None  # a reply nobody read: the worker would read it as its own
-        except Exception:  # closed by the server, or broken
-            return None
-        pool._available_connections.remove(lent)
+            plain = type(getattr(lent, "_sock", None)) is socket.socket
+            if lent not in pool._available_connections or not plain:
+                return None
+            try:
+                # a reply nobody read: the worker would read it as its own (one still in
+                # flight is not seen, as redis-py's own check at each checkout misses it)
+                if lent.can_read(timeout=0):
+                    return None
+            except Exception:  # closed by the server, or broken
+                return None
+            pool._available_connections.remove(lent)
+        finally:
+            pool._lock.release()
         # kept referenced (redis-py's __del__ disconnects), and never shut down from here: a
         # shutdown would end the connection for the worker too
         self._handing_back = lent

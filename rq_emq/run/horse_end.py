@@ -40,7 +40,7 @@ REAP_WAIT_S = 1.0
 
 
 class HorseEnd:
-    """The worker's side and the horse's side of one run's end-of-run pipe."""
+    """The worker's side and the horse's side of one run's end-of-run socket pair."""
 
     def __init__(self) -> None:
         self._ours: socket.socket | None = None
@@ -58,7 +58,7 @@ class HorseEnd:
         self._ours, self._horses = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
 
     def forked(self, horse_pid: int) -> None:
-        """In the worker, once forked: its copy of the horse's end closed (so that the pipe
+        """In the worker, once forked: its copy of the horse's end closed (so that the pair
         reads as ended once no horse holds it), and a pidfd on the horse."""
         self._close_write()
         try:
@@ -123,6 +123,9 @@ class HorseEnd:
 
     def _close_pair(self) -> None:
         self._close_write()
+        self._close_workers_side()
+
+    def _close_workers_side(self) -> None:
         if self._ours is not None:
             self._ours.close()
             self._ours = None
@@ -139,14 +142,8 @@ class HorseEnd:
     # -- in the horse ---------------------------------------------------------------------
     def in_horse(self) -> None:
         """First thing in the horse: the worker's side of the pair is not its own."""
-        if self._ours is not None:
-            self._ours.close()
-            self._ours = None
+        self._close_workers_side()
         self._handed_back = -1  # the worker's (none is open across a fork)
-        if self._pidfd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self._pidfd)
-            self._pidfd = -1
         self.exiting = []
 
     def tell_done(self, connection: Any, hand_back: int | None = None) -> None:

@@ -160,11 +160,10 @@ class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, Worker):
                 "job %s was deleted while it ran", job.id, extra={"job_id": job.id, "queue": queue.name}
             )
         finally:
-            handed_back = self._horse_end.take_handed_back() if self._horse_end is not None else None
+            # a socket handed back with no lender to take it is closed with the next pair
             if self._lender is not None:
+                handed_back = self._horse_end.take_handed_back() if self._horse_end is not None else None
                 self._lender.returned(handed_back)
-            elif handed_back is not None:
-                os.close(handed_back)
 
     def _outcome_committed(self) -> None:
         if self.is_horse and self._horse_deadline is not None:

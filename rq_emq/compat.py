@@ -13,6 +13,7 @@ execution) and ``kill_horse`` (its default signal) differ only in what is passed
 
 from __future__ import annotations
 
+import copy
 import logging
 from datetime import datetime, timedelta
 from typing import Any
@@ -240,6 +241,31 @@ def _rq_major() -> int:
 
 #: The installed RQ's major release: SpawnWorker's leases need 3 (its spawned horse differs in 2.x).
 RQ_MAJOR: int = _rq_major()
+
+
+def schedule_in_the_callers_transaction() -> None:
+    """Make ``ScheduledJobRegistry.schedule`` queue its ZADD on the pipeline it is given, as
+    RQ 3 does. RQ 2.x sends it at once on its own connection, ahead of the transaction that
+    holds the rest of a delayed ``Retry`` (the job's save with one retry used): a reader saw
+    the job scheduled with no retry used yet, and a horse whose lease was lost put its job
+    in the scheduled registry although its fenced outcome was refused, while the sweep
+    handed the job on (a second run due later). Installed once in a lease worker's process;
+    a call with no pipeline is RQ's own."""
+    from rq.registry import ScheduledJobRegistry
+
+    original = ScheduledJobRegistry.schedule
+    if RQ_MAJOR >= 3 or getattr(original, "_emq_in_transaction", False):
+        return
+
+    def schedule(self: Any, job: Any, scheduled_datetime: Any, pipeline: Any = None) -> Any:
+        if pipeline is None:
+            return original(self, job, scheduled_datetime)
+        on_pipeline = copy.copy(self)  # RQ's own code (its time zone rule) on the pipeline
+        on_pipeline.connection = pipeline
+        return original(on_pipeline, job, scheduled_datetime)
+
+    schedule._emq_in_transaction = True  # type: ignore[attr-defined]
+    ScheduledJobRegistry.schedule = schedule  # type: ignore[method-assign]
 
 
 def ask_pubsub_thread_to_stop(thread: Any) -> None:

@@ -83,6 +83,7 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
         # cleanup off it; this process's stock registries get the lease-aware cleanup too
         me: Any = self
         prepare_registries(me.queues)
+        compat.schedule_in_the_callers_transaction()
         self.lock_manager: LockManager | None = None
         self.sweeper: Sweeper | None = None
         self._taker: Taker | None = None

@@ -10,8 +10,10 @@ import logging
 import pytest
 import redis
 from helpers import leased_job
+from rq import Queue
+from rq.job import Job
 
-from rq_emq import scripts
+from rq_emq import SimpleLeaseWorker, scripts
 from rq_emq.fence.fencing import Fence, LeaseLost, fenced
 from rq_emq.keys import QueueKeys, job_key
 
@@ -71,6 +73,23 @@ def test_a_late_finish_by_a_worker_that_lost_its_lease_changes_nothing(
     assert not r.exists("rq:finished:q")
     assert job.id in caplog.text
     assert int(r.hget(QueueKeys("q").stats, "fenced")) == 1
+
+
+def test_a_delayed_retry_refused_by_the_fence_schedules_nothing(r: redis.Redis) -> None:
+    """RQ 2.x queues a delayed ``Retry``'s registry entry outside the transaction it is
+    given; in a lease worker's process it rides in it, so a refused outcome leaves the job
+    in no scheduled registry (the sweep hands it on: due there too, it would run twice)."""
+    SimpleLeaseWorker(["q"], connection=r)  # what a lease worker's process installs
+    job, lease = leased_job(r)
+    job = Job.fetch(job.id, connection=r)
+    job.retries_left, job.retry_intervals = 2, [600]
+    r.hset(job_key(job.id), "emq_token", "someone-else")
+    with fenced(r, lease.fence):
+        pipe = r.pipeline()
+        job.retry(Queue("q", connection=r), pipe)
+        with pytest.raises(LeaseLost):
+            pipe.execute()
+    assert not r.exists("rq:scheduled:q")
 
 
 def test_after_a_refused_transaction_the_rest_of_the_fenced_block_is_refused(r: redis.Redis) -> None:

@@ -1932,6 +1932,39 @@ CATALOG: list[Mutation] = [
         "the horse tells its worker its run is over before the run: the next job runs beside it",
     ),
     _m(
+        "deadline_kill_read_from_the_lease_alone",
+        "rq_emq/recover/horse_crash.py",
+        "at_deadline = deadline is not None and deadline.ended_at_deadline",
+        "at_deadline = False",
+        [
+            "tests/recover/test_horse_crash.py::"
+            "test_a_horse_ended_at_its_deadline_is_no_crash_though_a_late_renewal_landed_after"
+        ],
+        "a run its watchdog ended at the deadline, then a late renewal: a crash, blaming the OOM killer",
+    ),
+    _m(
+        "horse_fence_kills_without_saying_so",
+        "rq_emq/run/horse_fence.py",
+        "            if past:\n                self.end_at_deadline()\n",
+        "",
+        [
+            "tests/recover/test_horse_crash.py::"
+            "test_a_horse_ended_at_its_deadline_is_no_crash_though_a_late_renewal_landed_after"
+        ],
+        "a horse that fenced itself at the deadline reads as a crash once a late renewal landed",
+    ),
+    _m(
+        "watchdog_kills_without_saying_so",
+        "rq_emq/run/watchdog.py",
+        "                deadline.end_at_deadline()  # the worker reads this death as the clock's stop\n",
+        "",
+        [
+            "tests/run/test_watchdog.py::"
+            "test_a_run_whose_worker_froze_before_telling_the_watchdog_is_still_ended_at_its_deadline"
+        ],
+        "a run the watchdog ended at the deadline reads as a crash once a late renewal landed",
+    ),
+    _m(
         "horse_hands_back_nothing",
         "rq_emq/run/worker.py",
         "hand_back = self._lender.hand_back() if self._lender is not None else None",

@@ -14,7 +14,9 @@ meaning: ``send_stop_job_command`` (stopped), the job timeout's kill from the wo
 a cold shutdown (handed back, attempt refunded), our own lease-lost stop (the sweep
 decides) all go through ``kill_horse``, which this mixin notes. A horse that dies under a
 lease this worker no longer trusts (lost, or past its local deadline: the horse fenced
-itself) is left to the sweep, and RQ's failure of it is skipped too.
+itself), or that its watchdog or its own fence ended at the deadline (said in the shared
+deadline memory: a late renewal may have made the lease trusted again since), is left to
+the sweep, and RQ's failure of it is skipped too.
 """
 
 from __future__ import annotations
@@ -184,7 +186,11 @@ class HorseCrashMixin:
         if cause is None or lease is None or self._horse_killed_by_worker:
             return  # RQ's own meaning
         me._end_dead_run(retpid)
-        if not _trusted(lease):
+        deadline = getattr(me, "_horse_deadline", None)
+        # the run's end at its deadline is read from who ended it, not from the lease as
+        # it stands now: a renewal that lands after the kill makes the lease trusted again
+        at_deadline = deadline is not None and deadline.ended_at_deadline
+        if at_deadline or not _trusted(lease):
             # The horse fenced itself (its local lease clock ran out), or its outcome had
             # landed. RQ would now fail the job with "terminated unexpectedly", and its fence
             # would let that through while the token lives on in Redis (the lease's margin
@@ -192,7 +198,8 @@ class HorseCrashMixin:
             # A clock that ran out before the clock thread looked is still said (and its
             # lease_lost emitted) once, as the clock thread would have.
             me.lock_manager.expire_if_due(lease, ended=True)
-            why = distrust(lease, me.lock_manager.lease_ms - me.lock_manager.margin_ms)
+            trusted_ms = me.lock_manager.lease_ms - me.lock_manager.margin_ms
+            why = distrust(lease, trusted_ms, at_deadline=at_deadline)
             lease.lost = True
             logger.warning(
                 "job %s: %s after this worker stopped trusting its lease (%s); left to the sweep",
@@ -268,7 +275,7 @@ def end_orphans(horse_pid: Any) -> None:
         pass  # no member left: the usual case
 
 
-def distrust(lease: Lease, trusted_ms: int, now_m: float | None = None) -> str:
+def distrust(lease: Lease, trusted_ms: int, now_m: float | None = None, at_deadline: bool = False) -> str:
     """Why the worker no longer trusted ``lease`` as its horse died, said as what is known.
     A horse past its local deadline was ended by the lease clock (its watchdog's or its
     own fence's SIGKILL), not by the OOM killer; ``trusted_ms`` is how long a renewal is
@@ -284,6 +291,11 @@ def distrust(lease: Lease, trusted_ms: int, now_m: float | None = None) -> str:
         )
     if lease.expired:
         return "its job reported no progress for its progress timeout"
+    if at_deadline and not lease.lost:
+        return (
+            "the run passed its local lease deadline, which ended it (its watchdog or its own "
+            "fence); a renewal landed only after"
+        )
     return "its lease was lost (a renewal refused it, or the worker handed it back)"
 
 

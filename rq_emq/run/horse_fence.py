@@ -63,8 +63,10 @@ class HorseDeadline:
         (``shared_file``), which a horse started as a new program maps too; or, with
         ``fd``, that file's (``in_memfd``: the worker's, which its watchdog maps).
         Bytes 0-7 hold the deadline, which the worker writes; byte 8 is set by the horse
-        once its outcome has landed; bytes 16-23 the pid of the run (the horse, or a
-        ``SimpleLeaseWorker`` itself), which the watchdog ends past the deadline."""
+        once its outcome has landed; byte 10 by whoever ends the run at its deadline (the
+        watchdog, or the horse's own fence) just before the kill; bytes 16-23 the pid of
+        the run (the horse, or a ``SimpleLeaseWorker`` itself), which the watchdog ends past
+        the deadline."""
         self.path = path
         self.fd = fd
         self._report_lock = threading.Lock()
@@ -134,6 +136,7 @@ class HorseDeadline:
         self.pid = 0
         self._memory[8] = 0
         self._memory[9] = 0
+        self._memory[10] = 0
         self._memory[_REPORT_AT : _REPORT_AT + 8] = bytes(8)
         self.set(deadline)
         self.pid = pid
@@ -243,6 +246,17 @@ class HorseDeadline:
         return self._memory[8] == 1
 
     @property
+    def ended_at_deadline(self) -> bool:
+        """The run was ended at its deadline by its watchdog or its own fence: its death
+        is the lease clock's stop, never a crash, even if a renewal landed after the kill
+        and the worker trusts the lease again (it stays so until the next run's reset)."""
+        return self._memory[10] == 1
+
+    def end_at_deadline(self) -> None:
+        """Said by whoever ends the run at its deadline, before the kill."""
+        self._memory[10] = 1
+
+    @property
     def stopping(self) -> bool:
         """The worker was asked to stop (a warm shutdown) while this run goes on: the job
         may read it (``rq_emq.current_lease().stopping``) and end early."""
@@ -309,7 +323,10 @@ class HorseDeadline:
         its worker is gone (a horse without ``PDEATHSIG``: the watchdog ends it then, and
         this covers a watchdog gone with the worker)."""
         gone = bool(getattr(self, "_worker_pid", 0)) and os.getppid() != self._worker_pid
-        if time.monotonic() > self.get() or (gone and not self.settled):
+        past = time.monotonic() > self.get()
+        if past or (gone and not self.settled):
+            if past:
+                self.end_at_deadline()
             kill_tree(os.getpid(), group=os.getpgrp() == os.getpid())
 
     def _on_resume(self, signum: int, frame: object) -> None:

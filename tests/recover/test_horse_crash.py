@@ -390,3 +390,45 @@ def test_a_horse_that_dies_after_its_worker_stopped_trusting_the_lease_is_left_t
         assert [(e.kind, e.job_id) for e in seen] == [("lease_lost", job.id)]
     finally:
         worker.teardown()
+
+
+def test_a_horse_ended_at_its_deadline_is_no_crash_though_a_late_renewal_landed_after(
+    r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The watchdog (or the horse's own fence) ends a run at its local deadline, and a
+    renewal that was in flight lands after the kill: the worker trusts the lease again as
+    it reaps the horse. The death is still the lease clock's stop, read from who ended
+    the run (the shared deadline memory), not from the lease as it stands: no crash is
+    counted and the OOM killer is not blamed (a CI rehearsal read it as a crash), and the
+    sweep recovers the job. The horse here ends itself through its fence's own check."""
+    queue = Queue("q", connection=r)
+    worker = LeaseWorker([queue], connection=r, lease_ms=5_000)
+    try:
+        queue.enqueue("jobs.add", 1, 2)
+        taken = worker.dequeue_job_and_maintain_ttl(None)
+        assert taken is not None
+        job, queue = taken
+        takes_execution = "execution" in inspect.signature(rq.Worker.monitor_work_horse).parameters  # RQ 3
+        execution = (worker.prepare_execution(job),) if takes_execution else ()
+        lease = worker.lock_manager.get(job.id) if worker.lock_manager is not None else None
+        assert lease is not None and worker.lock_manager is not None
+        worker.lock_manager._clock.stop()
+        deadline = worker._horse_deadline = worker._new_run_deadline()
+        deadline.reset(time.monotonic() - 0.001)  # the deadline the horse saw had passed
+        pid = os.fork()
+        if pid == 0:  # the horse: its fence finds the deadline past and ends it
+            deadline.check()
+            os._exit(0)  # not reached: check() kills this process
+        worker._horse_pid = pid
+        lease.valid_until = time.monotonic() + 5.0  # the late renewal: trusted again
+        with caplog.at_level(logging.WARNING, logger="rq_emq.lease"):
+            worker.monitor_work_horse(job, queue, *execution)
+        (said,) = [
+            rec.getMessage() for rec in caplog.records if "stopped trusting its lease" in rec.getMessage()
+        ]
+        assert "OOM" not in said and "a renewal landed only after" in said, said
+        assert stat(r, "q", "crashed") == 0 and r.llen(QueueKeys("q").rq_queue) == 0
+        assert r.hget(job_key(job.id), "status") != b"failed", r.hget(job_key(job.id), "exc_info")
+        assert r.exists(QueueKeys("q").lock(job.id)) and lease.lost  # renewed no more: the sweep's
+    finally:
+        worker.teardown()

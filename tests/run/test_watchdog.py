@@ -69,6 +69,8 @@ def test_a_run_whose_worker_froze_before_telling_the_watchdog_is_still_ended_at_
         wait_for(lambda: deadline.pid == run, timeout=10, what="the horse to start")
         # the deadline, then slack for a loaded host: on the old code the run never ends
         wait_for(lambda: not pid_alive(run), timeout=DEADLINE_S + 5, what="the watchdog to end the run")
+        # what tells its worker this death is the lease clock's stop, not a crash
+        assert deadline.ended_at_deadline
     finally:
         if pid_alive(run):
             os.kill(run, signal.SIGKILL)

@@ -1989,6 +1989,14 @@ CATALOG: list[Mutation] = [
         "a dead horse's connection stays open in its worker: its job's blocking pop stays in Redis",
     ),
     _m(
+        "worker_detaches_its_copy_without_closing_it",
+        "rq_emq/connection/budget.py",
+        "        os.close(sock.detach())",
+        "        sock.detach()",
+        [f"{HANDBACK}::test_a_horse_that_dies_takes_its_connection_with_it"],
+        "the quick close at the fork leaves the worker's descriptor open: a dead horse's connection lives on",
+    ),
+    _m(
         "horse_end_heard_on_the_pipe_alone",
         "rq_emq/run/horse_end.py",
         "select.select([ours, self._pidfd], [], [])",

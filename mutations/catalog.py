@@ -1412,8 +1412,8 @@ CATALOG: list[Mutation] = [
     _m(
         "untrusted_horse_death_failed_by_rq",
         "rq_emq/recover/horse_crash.py",
-        "if not _trusted(lease):\n            # The horse fenced itself",
-        "if not _trusted(lease):\n            return  # The horse fenced itself",
+        "if at_deadline or not _trusted(lease):\n            # The horse fenced itself",
+        "if at_deadline or not _trusted(lease):\n            return  # The horse fenced itself",
         [f"{HORSE}::test_a_horse_that_dies_after_its_worker_stopped_trusting_the_lease_is_left_to_the_sweep"],
         "a horse that fenced itself before its lease was marked lost: RQ fails its job through the fence",
     ),

@@ -1956,7 +1956,8 @@ CATALOG: list[Mutation] = [
     _m(
         "watchdog_kills_without_saying_so",
         "rq_emq/run/watchdog.py",
-        "                deadline.end_at_deadline()  # the worker reads this death as the clock's stop\n",
+        "                if deadline.pid == pid:  # still the run read (not a next one's reset memory)\n"
+        "                    deadline.end_at_deadline()  # the worker reads this death as the clock's stop\n",
         "",
         [
             "tests/run/test_watchdog.py::"

@@ -154,7 +154,8 @@ def _run(deadline: HorseDeadline, worker: int, group: bool) -> None:
                 deadline.wakes_at = math.inf if wait is None else time.monotonic() + wait
         if wait is not None and wait <= 0:
             if _is_run(pid, worker):
-                deadline.end_at_deadline()  # the worker reads this death as the clock's stop
+                if deadline.pid == pid:  # still the run read (not a next one's reset memory)
+                    deadline.end_at_deadline()  # the worker reads this death as the clock's stop
                 killed = kill_tree(pid, group=group and pid != worker)
                 _say(f"run {pid} past its deadline by {-1000 * wait:.0f} ms: ended {len(killed)} processes")
             ended = pid

@@ -17,6 +17,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -338,6 +339,37 @@ def test_a_horse_past_its_local_lease_deadline_is_no_crash_of_its_workers(
     assert status(r, job.id) == "started"  # untouched: its lease lapses and the sweep recovers it
 
 
+def _taken_with_its_clock_stopped(
+    worker: LeaseWorker, queue: Queue
+) -> tuple[Any, Queue, tuple[Any, ...], Any]:
+    """A no-op job taken by ``worker`` in this process, as its run would begin: the job,
+    its queue, RQ 3's execution (as ``monitor_work_horse`` takes it) and its lease. The
+    lock manager's clock thread, which looks four times a renew interval, is stopped: it
+    would find a deadline past too and stop the run itself first on a loaded host (CI,
+    RQ 2.12), and the horse's own end is the path under test."""
+    queue.enqueue("jobs.add", 1, 2)
+    taken = worker.dequeue_job_and_maintain_ttl(None)
+    assert taken is not None
+    job, queue = taken
+    takes_execution = "execution" in inspect.signature(rq.Worker.monitor_work_horse).parameters  # RQ 3
+    execution = (worker.prepare_execution(job),) if takes_execution else ()
+    lease = worker.lock_manager.get(job.id) if worker.lock_manager is not None else None
+    assert lease is not None and worker.lock_manager is not None
+    worker.lock_manager._clock.stop()
+    return job, queue, execution, lease
+
+
+def _reaped_saying(
+    worker: LeaseWorker, job: Any, queue: Queue, execution: tuple[Any, ...], caplog: pytest.LogCaptureFixture
+) -> str:
+    """The worker reaps its horse (``worker._horse_pid``) as RQ's monitor does: its one line
+    on the run's end under a lease it no longer trusts."""
+    with caplog.at_level(logging.WARNING, logger="rq_emq.lease"):
+        worker.monitor_work_horse(job, queue, *execution)
+    (said,) = [rec.getMessage() for rec in caplog.records if "stopped trusting its lease" in rec.getMessage()]
+    return said
+
+
 def test_a_horse_that_dies_after_its_worker_stopped_trusting_the_lease_is_left_to_the_sweep(
     r: redis.Redis, seen: list[LeaseEvent], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -355,28 +387,13 @@ def test_a_horse_that_dies_after_its_worker_stopped_trusting_the_lease_is_left_t
     worker = LeaseWorker([queue], connection=r, lease_ms=5_000)
     trusted_ms = worker.lease_settings.lease_ms - worker.lease_settings.lease_margin_ms
     try:
-        queue.enqueue("jobs.add", 1, 2)
-        taken = worker.dequeue_job_and_maintain_ttl(None)
-        assert taken is not None
-        job, queue = taken
-        takes_execution = "execution" in inspect.signature(rq.Worker.monitor_work_horse).parameters  # RQ 3
-        execution = (worker.prepare_execution(job),) if takes_execution else ()
-        lease = worker.lock_manager.get(job.id) if worker.lock_manager is not None else None
-        assert lease is not None
-        # the lock manager's clock thread, which looks four times a renew interval, would find
-        # the deadline past too and stop the run itself first on a loaded host (CI, RQ 2.12):
-        # the horse's own fence is the path under test
-        worker.lock_manager._clock.stop()
+        job, queue, execution, lease = _taken_with_its_clock_stopped(worker, queue)
         lease.valid_until = time.monotonic() - 0.001  # its local clock ran out just now
         pid = os.fork()
         if pid == 0:  # the horse, fencing itself
             os.kill(os.getpid(), signal.SIGKILL)
         worker._horse_pid = pid
-        with caplog.at_level(logging.WARNING, logger="rq_emq.lease"):
-            worker.monitor_work_horse(job, queue, *execution)
-        (said,) = [
-            rec.getMessage() for rec in caplog.records if "stopped trusting its lease" in rec.getMessage()
-        ]
+        said = _reaped_saying(worker, job, queue, execution, caplog)
         assert "OOM" not in said and "the run passed its local lease deadline, which ended it" in said, said
         age = re.search(
             rf"no renewal landed within {trusted_ms} ms \(the last one that did was sent (\d+) ms ago\)", said
@@ -404,15 +421,7 @@ def test_a_horse_ended_at_its_deadline_is_no_crash_though_a_late_renewal_landed_
     queue = Queue("q", connection=r)
     worker = LeaseWorker([queue], connection=r, lease_ms=5_000)
     try:
-        queue.enqueue("jobs.add", 1, 2)
-        taken = worker.dequeue_job_and_maintain_ttl(None)
-        assert taken is not None
-        job, queue = taken
-        takes_execution = "execution" in inspect.signature(rq.Worker.monitor_work_horse).parameters  # RQ 3
-        execution = (worker.prepare_execution(job),) if takes_execution else ()
-        lease = worker.lock_manager.get(job.id) if worker.lock_manager is not None else None
-        assert lease is not None and worker.lock_manager is not None
-        worker.lock_manager._clock.stop()
+        job, queue, execution, lease = _taken_with_its_clock_stopped(worker, queue)
         deadline = worker._horse_deadline = worker._new_run_deadline()
         deadline.reset(time.monotonic() - 0.001)  # the deadline the horse saw had passed
         pid = os.fork()
@@ -421,11 +430,7 @@ def test_a_horse_ended_at_its_deadline_is_no_crash_though_a_late_renewal_landed_
             os._exit(0)  # not reached: check() kills this process
         worker._horse_pid = pid
         lease.valid_until = time.monotonic() + 5.0  # the late renewal: trusted again
-        with caplog.at_level(logging.WARNING, logger="rq_emq.lease"):
-            worker.monitor_work_horse(job, queue, *execution)
-        (said,) = [
-            rec.getMessage() for rec in caplog.records if "stopped trusting its lease" in rec.getMessage()
-        ]
+        said = _reaped_saying(worker, job, queue, execution, caplog)
         assert "OOM" not in said and "a renewal landed only after" in said, said
         assert stat(r, "q", "crashed") == 0 and r.llen(QueueKeys("q").rq_queue) == 0
         assert r.hget(job_key(job.id), "status") != b"failed", r.hget(job_key(job.id), "exc_info")

@@ -35,6 +35,7 @@ CRASH = "tests/recover/test_recover_crashed_job.py"
 HORSE = "tests/recover/test_horse_crash.py"
 WHOLE = "tests/run/test_stop_whole.py"
 WATCHDOG = "tests/run/test_watchdog.py"
+FORK_AHEAD = "tests/run/test_fork_ahead.py"
 JOB_LEASE = "tests/run/test_job_lease.py"
 REPORTS = "tests/hold/test_reports.py"
 DASHBOARD = "tests/operate/test_dashboard.py"
@@ -1988,6 +1989,30 @@ CATALOG: list[Mutation] = [
         "                    pass",
         [f"{HANDBACK}::test_a_horse_that_dies_takes_its_connection_with_it"],
         "a dead horse's connection stays open in its worker: its job's blocking pop stays in Redis",
+    ),
+    _m(
+        "horse_forked_ahead_runs_without_its_lease",
+        "rq_emq/run/fork_ahead.py",
+        "                manager.add(lease)",
+        "                pass",
+        [f"{FORK_AHEAD}::test_a_horse_forked_ahead_is_fenced_by_the_lease_it_was_handed"],
+        "the lease is not handed over: a horse forked ahead writes its outcome unfenced",
+    ),
+    _m(
+        "horse_forked_ahead_connects_anew",
+        "rq_emq/run/fork_ahead.py",
+        "                lender.take_handed(connection, fd)",
+        "                os.close(fd)",
+        [f"{HANDBACK}::test_a_lease_worker_runs_job_after_job_on_the_connection_its_horses_hand_back"],
+        "the handed connection is dropped: every horse forked ahead connects and handshakes anew",
+    ),
+    _m(
+        "job_waits_for_a_fork_taken_after_its_take",
+        "rq_emq/run/fork_ahead.py",
+        "        if self._spare is not None:\n            if self._spare.waiting():",
+        "        if True:\n            if True:",
+        [f"{FORK_AHEAD}::test_a_job_runs_in_a_horse_forked_before_it_was_taken"],
+        "no horse is forked ahead: each job waits for its fork again",
     ),
     _m(
         "worker_detaches_its_copy_without_closing_it",

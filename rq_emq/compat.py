@@ -113,6 +113,25 @@ def execution_ids(worker: Any) -> set[str]:
     return {execution.id} if execution is not None else set()
 
 
+def execution_state(worker: Any) -> Any:
+    """What ``worker`` holds of its executions (RQ 3: the ``executions`` dict; RQ 2: its
+    one ``execution``), to hand a horse forked ahead (:mod:`rq_emq.run.fork_ahead`)."""
+    executions = getattr(worker, "executions", None)
+    if isinstance(executions, dict):
+        return dict(executions)
+    return getattr(worker, "execution", None)
+
+
+def restore_execution_state(worker: Any, state: Any) -> None:
+    """In a horse forked ahead: its worker's executions as they were at the handover."""
+    executions = getattr(worker, "executions", None)
+    if isinstance(executions, dict) and isinstance(state, dict):
+        executions.clear()
+        executions.update(state)
+    else:
+        worker.execution = state
+
+
 def forget_executions(worker: Any, keep: set[str]) -> None:
     """Drop the executions ``worker`` registered beyond ``keep`` (a try that failed)."""
     executions = getattr(worker, "executions", None)

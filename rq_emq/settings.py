@@ -72,6 +72,10 @@ class LeaseSettings:
     #: When renewal finds the lease lost while the job runs: True stops the job, False lets
     #: it finish (its outcome is still fenced and discarded).
     stop_on_lease_lost: bool = True
+    #: A forking ``LeaseWorker`` forks each next horse while the current job runs, and hands
+    #: it its job once taken (:mod:`rq_emq.run.fork_ahead`): the fork off the job's path.
+    #: False: the horse is forked once the job is taken, as stock RQ does.
+    fork_ahead: bool = True
     #: Unused since idle workers block on every queue at once (:mod:`rq_emq.intake.wake`); still
     #: accepted (and checked) so that configurations setting it keep starting, with a
     #: warning at startup (:data:`UNUSED_SETTINGS`).
@@ -99,6 +103,8 @@ class LeaseSettings:
             _require_int(self, name, minimum=low, maximum=high)
         if not isinstance(self.stop_on_lease_lost, bool):
             raise SettingsError(_msg("stop_on_lease_lost", "must be true or false", self.stop_on_lease_lost))
+        if not isinstance(self.fork_ahead, bool):
+            raise SettingsError(_msg("fork_ahead", "must be true or false", self.fork_ahead))
         if self.renew_interval_ms >= self.lease_ms:
             raise SettingsError(
                 f"renew_interval_ms ({ENV_PREFIX}RENEW_INTERVAL_MS) = {self.renew_interval_ms} must be "

@@ -274,3 +274,12 @@ def swallowing_run(log: str, seconds: float, later_s: float | None = None) -> st
             _tick(log, "swallowed")
     _tick(log, "end")
     return "done"
+
+
+def process_age() -> tuple[int, float]:
+    """This process's pid, and how long it has existed (seconds): a horse forked for its
+    job is milliseconds old as the job starts, one forked ahead as old as its wait."""
+    with open("/proc/self/stat") as stat:
+        start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+    age = time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
+    return os.getpid(), age

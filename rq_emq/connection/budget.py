@@ -190,6 +190,39 @@ class WorkConnectionLender:
         lent.pid = os.getpid()
         pool.pid = os.getpid()  # not reset on first use: it is this process's pool now
 
+    def lent_descriptor(self) -> int | None:
+        """In the worker, before a handover to a horse forked ahead: the socket descriptor
+        of the connection it gets, if one was picked and it is a plain socket (a TLS
+        session's state lives in this process's memory: it cannot be passed)."""
+        sock = getattr(self._lent, "_sock", None)
+        if self._lent is None or type(sock) is not socket.socket:
+            return None
+        return int(sock.fileno())
+
+    def ready_for_handover(self) -> Any:
+        """In a horse forked ahead, before its job: the client on its own pool again (it
+        forked while its worker had lent a connection), and the connection object that
+        will get the socket handed over with the job: a closed one of the pool (the
+        worker's copy of the one it lent last), else a new one. Nothing is connected."""
+        if self._own_pool is not None:
+            self.client.connection_pool, self._own_pool = self._own_pool, None
+        pool = self.client.connection_pool
+        for connection in getattr(pool, "_available_connections", ()):
+            if getattr(connection, "_sock", None) is None:
+                return connection
+        return pool.connection_class(**pool.connection_kwargs)
+
+    def take_handed(self, connection: Any, fd: int) -> None:
+        """In a horse forked ahead: the socket its worker handed over with the job (a
+        descriptor now this process's) on ``connection`` (:meth:`ready_for_handover`), as
+        the one lent; :meth:`adopt` then makes it the pool's only one. The server's side
+        is the one the worker's handshake made: redis-py's parser is bound as at a connect."""
+        sock = socket.socket(fileno=fd)
+        sock.settimeout(connection.socket_timeout)
+        connection._sock = sock
+        connection._parser.on_connect(connection)
+        self._lent = connection
+
     def hand_back(self) -> int | None:
         """In the horse, its run over: the lent connection's socket descriptor, to pass to
         the worker, if the connection is as the worker would find it in its pool: connected,

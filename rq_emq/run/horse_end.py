@@ -57,6 +57,14 @@ class HorseEnd:
         # not inheritable (close-on-exec): no job's exec keeps it
         self._ours, self._horses = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
 
+    def adopt(self, ours: socket.socket | None, pidfd: int) -> None:
+        """In the worker: the pair and pidfd of a horse forked ahead, now this run's
+        (:mod:`rq_emq.run.fork_ahead`); without a pidfd it is waited for as RQ does."""
+        self.close()
+        self._ours, self._pidfd = ours, pidfd
+        if ours is None or pidfd < 0:
+            self.close()
+
     def forked(self, horse_pid: int) -> None:
         """In the worker, once forked: its copy of the horse's end closed (so that the pair
         reads as ended once no horse holds it), and a pidfd on the horse."""
@@ -145,6 +153,13 @@ class HorseEnd:
         self._close_workers_side()
         self._handed_back = -1  # the worker's (none is open across a fork)
         self.exiting = []
+
+    @classmethod
+    def for_spare(cls, horses: socket.socket) -> HorseEnd:
+        """In a horse forked ahead: its end of the pair it waits on, and will tell on."""
+        end = cls()
+        end._horses = horses
+        return end
 
     def tell_done(self, connection: Any, hand_back: int | None = None) -> None:
         """In the horse, after its last step but ``os._exit(0)``: its Redis connections

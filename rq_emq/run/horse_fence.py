@@ -350,3 +350,12 @@ def die_with_parent(parent_pid: int) -> None:
         return
     if os.getppid() != parent_pid:  # the worker died before prctl took effect
         os._exit(1)
+
+
+def outlive_parent() -> None:
+    """Undo :func:`die_with_parent` (a horse forked ahead, handed a run its worker's
+    watchdog ends whole as the worker dies: the horse alone is not killed first)."""
+    try:
+        libc().prctl(_PR_SET_PDEATHSIG, 0, 0, 0, 0)
+    except AttributeError:
+        return

@@ -54,6 +54,7 @@ class SpawnLeaseMixin:
 
     _spawn_parts = True  # what a SpawnWorker class needs (rq_emq.run.worker_check)
     _horse_tells_its_end = False  # a spawned horse has no copy of the worker's pipe
+    _forks_ahead = False  # nor of its memory: each is spawned once its job is taken
     _record_rides_in_start = False  # nor of the worker's memory: the record is written first
 
     _horse_deadline: HorseDeadline | None

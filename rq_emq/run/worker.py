@@ -38,6 +38,7 @@ from .. import compat
 from ..fence.job_writes import LeaseJobInterrupted
 from ..hold.held import Lease
 from ..recover.horse_crash import HorseCrashMixin
+from .fork_ahead import ForkAheadMixin
 from .horse_end import HorseEnd
 from .horse_fence import die_with_parent
 from .lease_mixin import LeaseMixin
@@ -47,7 +48,7 @@ from .run_guard import HorseRunGuard, SimpleRunGuard
 logger = logging.getLogger("rq_emq.lease")
 
 
-class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, Worker):
+class LeaseWorker(ForkAheadMixin, HorseCrashMixin, HorseRunGuard, LeaseMixin, Worker):
     """A forking RQ worker whose jobs hold lock leases (``rq worker -w rq_emq.LeaseWorker``);
     a horse that dies without an outcome is recovered at once (:mod:`rq_emq.recover.horse_crash`)."""
 
@@ -67,10 +68,11 @@ class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, Worker):
             self._horse_end.in_horse()
         if self._lender is not None:
             self._lender.adopt()  # the job runs on the connection its worker took it with
-        # the job's processes stay findable: in this horse's session however they regroup,
-        # and its children when their parent exits
-        lead_own_session()
-        become_subreaper()
+        if not self._forked_ahead:  # a horse forked ahead did this as it forked
+            # the job's processes stay findable: in this horse's session however they
+            # regroup, and its children when their parent exits
+            lead_own_session()
+            become_subreaper()
         if not self._watched:
             # no watchdog to end the whole run as the worker dies: the horse alone, then
             die_with_parent(self._worker_pid)
@@ -101,11 +103,13 @@ class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, Worker):
             if self._horse_end is None:
                 self._horse_end = HorseEnd()
             self._horse_end.reap_exited()
-            self._horse_end.before_fork()
-        super().fork_work_horse(job, queue)
+        if not self._hand_to_spare(job, queue):
+            if self._horse_end is not None:
+                self._horse_end.before_fork()
+            super().fork_work_horse(job, queue)
+            if self._horse_end is not None:
+                self._horse_end.forked(self.horse_pid)
         self._held_back_record_sent(job, landed=True)  # in the horse's memory, for its start
-        if self._horse_end is not None:
-            self._horse_end.forked(self.horse_pid)
         if self._lender is not None:
             self._lender.lent()  # three connections while the horse runs: it has the work one
         self._horse_forked()
@@ -131,8 +135,18 @@ class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, Worker):
     def _before_idle_wait(self) -> None:
         if self._horse_end is not None:
             self._horse_end.reap_exited(block=True)  # no <defunct> horse beside an idle worker
+        self._fork_spare()  # the next job's horse, forked while there is time
+
+    def work(self, *args: Any, **kwargs: Any) -> bool:
+        self._working = True
+        try:
+            return super().work(*args, **kwargs)
+        finally:
+            self._working = False
+            self._end_spare()  # a stop after the take's refusal may leave one
 
     def teardown(self) -> None:
+        self._end_spare()
         super().teardown()
         if self._horse_end is not None and not self.is_horse:
             self._horse_end.reap_exited(block=True)  # the last one's exit, a moment
@@ -153,6 +167,7 @@ class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, Worker):
             self._horse_deadline.set(self._run_deadline(lease))
 
     def monitor_work_horse(self, job: Job, queue: Queue, *args: Any) -> None:
+        self._fork_spare()  # while this horse runs: the next one, waiting for its job
         try:
             super().monitor_work_horse(job, queue, *args)
         except InvalidJobOperation:  # RQ < 2.1 trips on a job deleted while it ran

@@ -313,9 +313,10 @@ def test_a_frozen_worker_and_horse_pair_is_ended_while_frozen(
 
 
 def _watchdog_of(worker_pid: int, besides: int = 0) -> int:
-    """The worker's one child that is not its horse (``besides``) nor the horse's."""
+    """The worker's one watchdog: a process of the worker's tree that is not its horse
+    (``besides``) nor the horse's, nor the next horse, forked ahead (a fork of the worker)."""
     horse = tree(besides) if besides else set()
-    found = [pid for pid in tree(worker_pid) - horse if pid != worker_pid]
+    found = [pid for pid in tree(worker_pid) - horse if pid != worker_pid and _is_watchdog(pid)]
     assert len(found) == 1, found
     return found[0]
 

@@ -48,8 +48,6 @@ from .process_tree import become_subreaper, lead_own_session, libc
 logger = logging.getLogger("rq_emq.lease")
 
 _HEADER = struct.Struct("!I")
-#: a handover larger than this is no job's (a job's hash is capped by the take's read)
-MAX_HANDOVER = 64 << 20
 
 
 _NOT_SHARED = object()
@@ -169,26 +167,31 @@ class SpareHorse:
 
 def wait_for_handover(horses: socket.socket) -> tuple[bytes, int | None] | None:
     """In the spare: the handover and the connection's descriptor, or None once its
-    worker's side is closed (the spare then exits)."""
+    worker's side is closed with nothing sent (the spare then exits). A handover cut
+    short raises: its worker counts the job handed, and the horse's exit is a crash."""
     try:
         data, fds, _, _ = socket.recv_fds(horses, 1 << 16, 1)
-    except (OSError, InterruptedError):
+    except OSError:
+        return None
+    if not data:
         return None
     fd = fds[0] if fds else None
-    if len(data) < _HEADER.size:
-        return None
+    while len(data) < _HEADER.size:
+        data += _received(horses, _HEADER.size - len(data))
     (size,) = _HEADER.unpack_from(data)
-    if size > MAX_HANDOVER:
-        return None
     chunks = [data[_HEADER.size :]]
     got = len(chunks[0])
     while got < size:
-        chunk = horses.recv(min(1 << 20, size - got))
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        got += len(chunk)
+        chunks.append(_received(horses, min(1 << 20, size - got)))
+        got += len(chunks[-1])
     return b"".join(chunks), fd
+
+
+def _received(horses: socket.socket, most: int) -> bytes:
+    chunk = horses.recv(most)
+    if not chunk:
+        raise EOFError("the handover was cut short")
+    return chunk
 
 
 class ForkAheadMixin:
@@ -204,7 +207,9 @@ class ForkAheadMixin:
 
     def _spares_wanted(self) -> bool:
         me: Any = self
-        if not (self._forks_ahead and me.lease_settings.fork_ahead and self._working):
+        if not (
+            self._forks_ahead and me._horse_tells_its_end and me.lease_settings.fork_ahead and self._working
+        ):
             return False
         if me.is_horse or getattr(me, "_stop_requested", False):
             return False
@@ -274,7 +279,7 @@ class ForkAheadMixin:
                 (job, queue, me.lock_manager.get(job.id), me._held_back_record, me._watched)
                 + (compat.execution_state(self),)
             )
-        except (StaleSpare, pickle.PicklingError, TypeError, AttributeError) as error:
+        except Exception as error:  # noqa: BLE001 - whatever will not travel, the job forks as RQ does
             logger.debug("the horse forked ahead is not used for job %s: %s", job.id, error)
             spare.end()
             return False

@@ -194,6 +194,29 @@ def _received(horses: socket.socket, most: int) -> bytes:
     return chunk
 
 
+#: The worker's steps between a take and its fork: a class of the user's that overrides
+#: one may leave state in the worker's memory for its horse, which a horse forked before
+#: the take would not have; such a class forks once the job is taken, as RQ does.
+_BEFORE_THE_FORK = ("execute_job", "prepare_execution", "fork_work_horse", "dequeue_job_and_maintain_ttl")
+
+
+_SAFE: dict[type, bool] = {}
+
+
+def forks_ahead_safely(worker_class: type) -> bool:
+    """Whether no class of the user's in ``worker_class`` overrides a step between the
+    take and the fork (:data:`_BEFORE_THE_FORK`)."""
+    safe = _SAFE.get(worker_class)
+    if safe is None:
+        safe = _SAFE[worker_class] = not any(
+            name in vars(klass)
+            for klass in worker_class.__mro__
+            if (getattr(klass, "__module__", "") or "").split(".")[0] not in ("rq", "rq_emq", "builtins")
+            for name in _BEFORE_THE_FORK
+        )
+    return safe
+
+
 class ForkAheadMixin:
     """Put before ``LeaseWorker``'s other parts: its horse forked ahead of the job."""
 
@@ -207,6 +230,8 @@ class ForkAheadMixin:
 
     def _spares_wanted(self) -> bool:
         me: Any = self
+        if not forks_ahead_safely(type(self)):
+            return False
         if not (
             self._forks_ahead and me._horse_tells_its_end and me.lease_settings.fork_ahead and self._working
         ):

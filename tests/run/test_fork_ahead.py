@@ -154,3 +154,19 @@ def test_a_horse_forked_ahead_is_fenced_by_the_lease_it_was_handed(
     wait_for(lambda: "outcome discarded" in procs.log(worker), timeout=30, what="the refused outcome")
     assert job.get_status(refresh=True) != "finished", procs.log(worker)
     assert "Job OK" not in procs.log(worker).split(job.id, 1)[1]
+
+
+def test_a_user_class_that_overrides_a_step_before_the_fork_forks_as_rq_does() -> None:
+    """A step of the user's between the take and the fork (``execute_job``, say) may leave
+    state in the worker's memory for its horse; a horse forked before the take would not
+    have it. Steps in the horse (``prepare_job_execution``, ``perform_job``) and RQ's own
+    classes keep the fork ahead."""
+    from worker_classes import LeaseAuditingWorker, LeaseHerokuWorker, SlowStartLeaseWorker
+
+    from rq_emq import LeaseWorker
+    from rq_emq.run.fork_ahead import forks_ahead_safely
+
+    assert not forks_ahead_safely(LeaseAuditingWorker)
+    assert forks_ahead_safely(LeaseWorker)
+    assert forks_ahead_safely(LeaseHerokuWorker)
+    assert forks_ahead_safely(SlowStartLeaseWorker)

@@ -331,8 +331,9 @@ class ForkAheadMixin:
             lead_own_session()
             become_subreaper()
             me._horse_end = HorseEnd.for_spare(horses)
-            # a spare holds nothing: it goes with its worker, whoever else holds a copy of
-            # the socket it waits on (a watchdog forked since, say)
+            # a spare holds nothing: it goes with its worker, even where another process
+            # forked from the worker since (RQ's scheduler, restarted) holds a copy of the
+            # socket it waits on, whose end it would then never read
             die_with_parent(me._worker_pid)
             # what needs no job is made before it comes: off the job's path
             manager = me._new_lock_manager(me.connection)  # never started: it fences the run

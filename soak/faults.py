@@ -137,15 +137,19 @@ class Fault:
 
 def horses(pid: int) -> list[int]:
     """The children of worker ``pid`` that lead a process group of their own: its horse
-    (RQ puts each in its own group), not its watchdog or RQ's scheduler process (both stay
-    in the worker's group)."""
+    (RQ puts each in its own group; a ``LeaseWorker``'s next horse, forked ahead, too), not
+    RQ's scheduler process (it stays in the worker's group) nor the watchdog. The watchdog
+    leads a session of its own (so that a kill of the worker's group leaves it to end the
+    run), but it is no horse: a fault that kills it with the worker and the horse took
+    away what ends the job's own children, which ran on beside the job's next run."""
     found = []
     for child in children(pid):
         try:
             stat = Path(f"/proc/{child}/stat").read_text()
+            program = Path(f"/proc/{child}/cmdline").read_bytes()
         except OSError:
             continue
-        if int(stat.rsplit(")", 1)[1].split()[2]) == child:
+        if int(stat.rsplit(")", 1)[1].split()[2]) == child and b"watchdog.py" not in program:
             found.append(child)
     return found
 

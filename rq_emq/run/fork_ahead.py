@@ -218,7 +218,8 @@ def forks_ahead_safely(worker_class: type) -> bool:
 
 
 class ForkAheadMixin:
-    """Put before ``LeaseWorker``'s other parts: its horse forked ahead of the job."""
+    """Put right before RQ's ``Worker``, after every part with a step of its own before
+    the fork: its :meth:`fork_work_horse` stands in for RQ's fork alone."""
 
     #: A class whose horse is a fork of the worker (off where it is spawned)
     _forks_ahead = True
@@ -282,6 +283,19 @@ class ForkAheadMixin:
             self._wait_as_spare(horses, shared)
         horses.close()
         self._spare = SpareHorse(pid, ours, shared)
+
+    def fork_work_horse(self, job: Job, queue: Queue) -> None:
+        """RQ's fork, or the handover to the horse forked ahead; with its end's socket
+        pair (:mod:`rq_emq.run.horse_end`) either way."""
+        me: Any = self
+        if self._hand_to_spare(job, queue):
+            return
+        end = me._horse_end
+        if end is not None:
+            end.before_fork()
+        super().fork_work_horse(job, queue)  # type: ignore[misc]
+        if end is not None:
+            end.forked(me.horse_pid)
 
     def _end_spare(self) -> None:
         spare, self._spare = self._spare, None

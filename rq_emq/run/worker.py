@@ -48,7 +48,7 @@ from .run_guard import HorseRunGuard, SimpleRunGuard
 logger = logging.getLogger("rq_emq.lease")
 
 
-class LeaseWorker(ForkAheadMixin, HorseCrashMixin, HorseRunGuard, LeaseMixin, Worker):
+class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, ForkAheadMixin, Worker):
     """A forking RQ worker whose jobs hold lock leases (``rq worker -w rq_emq.LeaseWorker``);
     a horse that dies without an outcome is recovered at once (:mod:`rq_emq.recover.horse_crash`)."""
 
@@ -103,12 +103,9 @@ class LeaseWorker(ForkAheadMixin, HorseCrashMixin, HorseRunGuard, LeaseMixin, Wo
             if self._horse_end is None:
                 self._horse_end = HorseEnd()
             self._horse_end.reap_exited()
-        if not self._hand_to_spare(job, queue):
-            if self._horse_end is not None:
-                self._horse_end.before_fork()
-            super().fork_work_horse(job, queue)
-            if self._horse_end is not None:
-                self._horse_end.forked(self.horse_pid)
+        # every part's own step before the fork runs (HorseCrashMixin's among them); the
+        # horse forked ahead, if one waits, stands in for RQ's fork (ForkAheadMixin)
+        super().fork_work_horse(job, queue)
         self._held_back_record_sent(job, landed=True)  # in the horse's memory, for its start
         if self._lender is not None:
             self._lender.lent()  # three connections while the horse runs: it has the work one

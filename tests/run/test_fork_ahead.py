@@ -183,3 +183,25 @@ def test_a_user_class_that_overrides_a_step_before_the_fork_forks_as_rq_does() -
     assert forks_ahead_safely(LeaseWorker)
     assert forks_ahead_safely(LeaseHerokuWorker)
     assert forks_ahead_safely(SlowStartLeaseWorker)
+
+
+def test_a_crash_after_a_stop_the_worker_sent_is_still_a_crash(
+    own_server: RedisServer, procs: Processes, tmp_path: object
+) -> None:
+    """A horse the worker itself killed (RQ's stop-job command) is no crash; the next
+    job's horse, handed its job, is a new run: its death by a signal the worker did not
+    send is a crash, recovered at once, not RQ's failure. Every part's step before the
+    fork runs for a horse forked ahead too (the soak found one skipped: a crash read as
+    the worker's own kill, the job failed by RQ and its attempts counted from 1 again)."""
+    from rq.command import send_stop_job_command
+
+    worker, queue = _idle_with_a_spare(own_server.url, procs)
+    r = redis.Redis.from_url(own_server.url)
+    stopped = queue.enqueue("crash_jobs.sleep_then", f"{tmp_path}/stopped.log", 30, job_timeout=60)
+    wait_for(lambda: stopped.get_status(refresh=True) == "started", timeout=30, what="the job to start")
+    time.sleep(0.3)  # the worker's command channel is subscribed
+    send_stop_job_command(r, stopped.id)
+    wait_for(lambda: stopped.get_status(refresh=True) == "stopped", timeout=30, what="the stop")
+    crashing = queue.enqueue("crash_jobs.crash_first", f"{tmp_path}/crash.log", "kill")
+    _finished(crashing)
+    assert stat(r, "default", "crashed") == 1, procs.log(worker)

@@ -2015,6 +2015,14 @@ CATALOG: list[Mutation] = [
         "no horse is forked ahead: each job waits for its fork again",
     ),
     _m(
+        "handed_horse_skips_the_steps_before_the_fork",
+        "rq_emq/run/worker.py",
+        "class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, ForkAheadMixin, Worker):",
+        "class LeaseWorker(ForkAheadMixin, HorseCrashMixin, HorseRunGuard, LeaseMixin, Worker):",
+        [f"{FORK_AHEAD}::test_a_crash_after_a_stop_the_worker_sent_is_still_a_crash"],
+        "the handover skips every part's fork step: a crash after a stop is read as the worker's own kill",
+    ),
+    _m(
         "worker_detaches_its_copy_without_closing_it",
         "rq_emq/connection/budget.py",
         "        os.close(sock.detach())",

@@ -206,6 +206,9 @@ class WorkConnectionLender:
         worker's copy of the one it lent last), else a new one. Nothing is connected."""
         if self._own_pool is not None:
             self.client.connection_pool, self._own_pool = self._own_pool, None
+        # the one its worker lent last is no loan of this run: a handover without a socket
+        # leaves the horse as a fork with nothing lent leaves it (connected at first use)
+        self._lent = None
         pool = self.client.connection_pool
         for connection in getattr(pool, "_available_connections", ()):
             if getattr(connection, "_sock", None) is None:

@@ -27,6 +27,7 @@ import logging
 import os
 import pickle
 import select
+import signal
 import socket
 import struct
 import time
@@ -48,8 +49,6 @@ from .process_tree import become_subreaper, lead_own_session, libc
 logger = logging.getLogger("rq_emq.lease")
 
 _HEADER = struct.Struct("!I")
-
-
 _NOT_SHARED = object()
 
 
@@ -160,7 +159,7 @@ class SpareHorse:
             with contextlib.suppress(OSError):
                 os.close(pidfd)
         with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, 9)  # it holds nothing; its exit is not worth a wait
+            os.kill(self.pid, signal.SIGKILL)  # it holds nothing: no reason to let it finish
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, 0)
 

@@ -51,6 +51,7 @@ EVIDENCE = "tests/lifecycle/test_evidence_processes.py"
 TAKES = "tests/connection/test_failover_takes.py"
 FAILOVER = "tests/connection/test_failover.py"
 HANDBACK = "tests/run/test_connection_handback.py"
+WATCHED = "tests/fence/test_watched_commit.py"
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,64 @@ CATALOG: list[Mutation] = [
         "    redis.call('LPUSH', line, token)",
         [f"{FLEET}::test_a_standby_hears_the_sweepers_call_on_the_lines_channel_and_becomes_the_deputy"],
         "a deputy is recruited only when a standby's listening ends (one or two leases)",
+    ),
+    # -- the watched commit: a holder's start and finish as RQ's transaction --------------------
+    _m(
+        "watched_commit_trusts_any_token",
+        "rq_emq/fence/watched_commit.py",
+        "    if len(found) != len(LEASE_FIELDS) or found[0] != token:",
+        "    if len(found) != len(LEASE_FIELDS):",
+        [
+            f"{WATCHED}::test_a_finish_whose_lease_was_lost_before_the_read_writes_nothing",
+            f"{WATCHED}::test_a_start_whose_lease_was_lost_writes_nothing",
+        ],
+        "a worker that lost its lease writes its job's start and outcome over the new holder's run",
+    ),
+    _m(
+        "watched_commit_ignores_rqs_changes",
+        "rq_emq/fence/watched_commit.py",
+        '        if recorded is not None and (seen or "") != recorded:',
+        "        if False:",
+        [
+            f"{WATCHED}::test_a_finish_after_rq_ended_the_job_is_refused_and_the_job_left_as_rq_put_it",
+            f"{WATCHED}::test_a_start_after_rq_ended_the_job_is_refused",
+        ],
+        "a job canceled while it ran is finished (or started again) over RQ's cancel",
+    ),
+    _m(
+        "watched_finish_without_the_watch",
+        "rq_emq/fence/fencing.py",
+        "        keys = (*names, fence.job_key) if reads_lease else names",
+        "        keys = names",
+        [f"{WATCHED}::test_a_write_to_the_job_after_the_read_aborts_the_finish_and_rqs_retry_is_refused"],
+        "a job recovered between the finish's read and its write gets the old holder's outcome",
+    ),
+    _m(
+        "watched_start_without_the_watch",
+        "rq_emq/fence/watched_commit.py",
+        '            conn.send_packed_command(conn.pack_commands([("WATCH", fence.job_key), read]))',
+        "            conn.send_packed_command(conn.pack_commands([read]))",
+        [f"{WATCHED}::test_a_start_whose_job_was_written_after_the_read_is_decided_by_the_script"],
+        "a job recovered between the start's read and its write is marked started by the old holder",
+    ),
+    _m(
+        "watched_finish_re_creates_a_deleted_job",
+        "rq_emq/fence/watched_commit.py",
+        "        if name not in _KEEPS_JOB or args[1] not in names:",
+        "        if False:",
+        [f"{WATCHED}::test_a_finish_that_deletes_the_job_goes_to_the_script_that_leaves_the_tombstone"],
+        "a job run with result_ttl=0 is left as a hash of lease fields that never expires",
+    ),
+    _m(
+        "watched_finish_keeps_the_crash_history",
+        "rq_emq/fence/watched_commit.py",
+        '    "emq_crashes",\n)',
+        ")",
+        [
+            f"{WATCHED}::test_a_watched_commit_leaves_the_job_as_the_fenced_script_would",
+            f"{HORSE}::test_a_finish_after_crashes_starts_the_attempts_and_their_history_again",
+        ],
+        "a job that finished keeps crashes that no longer count",
     ),
     # -- token checks (the fence) -------------------------------------------------------------
     _m(
@@ -243,8 +302,8 @@ CATALOG: list[Mutation] = [
     _m(
         "fence_watch_with_read_dropped",
         "rq_emq/fence/fencing.py",
-        '            conn.send_packed_command(conn.pack_commands([("WATCH", *names), args]))',
-        '            conn.send_packed_command(conn.pack_commands([("PING",), args]))',
+        '        sent = [("WATCH", *keys), args]',
+        '        sent = [("PING",), args]',
         [f"{FENCE}::test_rqs_watch_goes_with_its_read_in_one_round_trip_and_still_guards_the_outcome"],
         "RQ's WATCH of a job's dependents, sent with the read after it, no longer guards its outcome",
     ),
@@ -253,20 +312,16 @@ CATALOG: list[Mutation] = [
         "rq_emq/run/worker.py",
         "(rq_emq.fence.job_writes)\n    _record_rides_in_start = True",
         "(rq_emq.fence.job_writes)\n    _record_rides_in_start = False",
-        [
-            "tests/run/test_worker_costs.py::test_a_job_costs_three_script_calls_and_four_where_the_horse_is_spawned"
-        ],
-        "a SimpleLeaseWorker pays a script call and a round trip more per job",
+        ["tests/run/test_worker_costs.py::test_a_job_costs_one_script_call_and_rqs_transactions"],
+        "a SimpleLeaseWorker pays a transaction and a round trip more per job",
     ),
     _m(
         "forking_worker_record_sent_alone",
         "rq_emq/run/worker.py",
         "a job less)\n    _record_rides_in_start = True",
         "a job less)\n    _record_rides_in_start = False",
-        [
-            "tests/run/test_worker_costs.py::test_a_job_costs_three_script_calls_and_four_where_the_horse_is_spawned"
-        ],
-        "a LeaseWorker writes RQ's execution record before the fork: a call and a round trip more a job",
+        ["tests/run/test_worker_costs.py::test_a_job_costs_one_script_call_and_rqs_transactions"],
+        "a LeaseWorker writes RQ's execution record before the fork: a transaction more a job",
     ),
     _m(
         "forked_record_never_beaten",
@@ -1379,7 +1434,7 @@ CATALOG: list[Mutation] = [
         "lua/finish_job-6.lua",
         "if ARGV[4] ~= 'outbox_completed' then ended[#ended + 1] = 'emq_crashes' end",
         "local _ = 0",
-        [f"{HORSE}::test_a_finish_after_crashes_starts_the_attempts_and_their_history_again"],
+        [f"{WATCHED}::test_a_watched_commit_leaves_the_job_as_the_fenced_script_would"],
         "a job that finished keeps crashes that no longer count",
         fast=False,
     ),

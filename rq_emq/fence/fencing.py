@@ -2,10 +2,14 @@
 
 RQ finishes a job (success, failure, ``Retry``, stop) by queueing its writes in one
 MULTI/EXEC pipeline. While :func:`fenced` is active, such a pipeline does not send those
-writes as they are: it packs them, unchanged, into one EVALSHA of ``finish_job`` that
-checks the lease owner, runs them and releases the lease, atomically. RQ's semantics are
-kept to the command, and a worker that lost its lease writes nothing at all. A WATCH
-that RQ set (dependents) still guards the transaction, since the EVALSHA is sent inside
+writes unchecked. When a read of the job hash under a WATCH of it shows the lease held
+and untouched (RQ's success path reads right after its own WATCH; a run's start reads
+first), they go as RQ's MULTI/EXEC with the lease's release appended, the WATCH making
+read and write one transaction (:mod:`rq_emq.fence.watched_commit`). Otherwise they are
+packed, unchanged, into one EVALSHA of ``finish_job`` that checks the lease owner against
+the evidence, runs them and releases the lease, atomically. RQ's semantics are kept to
+the command, and a worker that lost its lease writes nothing at all. A WATCH that RQ set
+(dependents) still guards the transaction either way: the EVALSHA is sent inside
 MULTI/EXEC on the watched connection.
 
 Only a transaction that writes is the outcome: RQ reads inside transactions too (RQ 3
@@ -32,6 +36,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import malformed, scripts
 from ..keys import RQ_PREFIX, QueueKeys
+from . import watched_commit
 from .packing import (
     MAX_PACKED_ARGS,
     command_name,
@@ -43,6 +48,7 @@ from .packing import (
     start_record,
     text,
 )
+from .watched_commit import WatchedCommitMixin, pool_connection
 
 logger = logging.getLogger("rq_emq.lease")
 
@@ -167,7 +173,7 @@ class FencedSession:
         return error
 
 
-class FencedPipelineMixin:
+class FencedPipelineMixin(WatchedCommitMixin):
     """Turns a transaction's queued commands into one fenced ``finish_job`` call, and sends
     RQ's ``WATCH`` with the read that follows it (RQ's finish watches a job's dependents
     key, then reads it): one round trip for the two."""
@@ -175,6 +181,9 @@ class FencedPipelineMixin:
     _emq_session: FencedSession
     #: Keys to WATCH, not sent yet: they go ahead of the next command sent at once.
     _emq_watch: tuple[Any, ...] | None = None
+    #: The lease's fields as read right after a WATCH of the job hash that still holds
+    #: (no EXEC or reset since): what a watched finish commits on (watched_commit.py).
+    _emq_lease_read: list[Any] | None = None
 
     def watch(self, *names: Any) -> Any:
         pipe: Any = self
@@ -195,16 +204,30 @@ class FencedPipelineMixin:
         (a connection lost while watching: WatchError, which RQ's loop retries)."""
         pipe: Any = self
         if pipe.connection is None:
-            pipe.connection = _pool_connection(pipe.connection_pool)
+            pipe.connection = pool_connection(pipe.connection_pool)
         conn = pipe.connection
+        session = self._emq_session
+        fence = session.fence
+        # a finish's WATCH takes the job hash too, and its lease is read in the same send
+        reads_lease = session.release and not session.committed and fence.counter == "finished"
+        keys = (*names, fence.job_key) if reads_lease else names
+        sent = [("WATCH", *keys), args]
+        if reads_lease:
+            sent.append(("HMGET", fence.job_key, *watched_commit.LEASE_FIELDS))
+        self._emq_lease_read = None
         try:
-            conn.send_packed_command(conn.pack_commands([("WATCH", *names), args]))
+            conn.send_packed_command(conn.pack_commands(sent))
             watched: Exception | None = None
             try:
                 pipe.parse_response(conn, "WATCH")
             except ResponseError as error:
                 watched = error
-            reply = pipe.parse_response(conn, args[0], **options)
+            try:
+                reply = pipe.parse_response(conn, args[0], **options)
+            finally:
+                lease = pipe.parse_response(conn, "HMGET") if reads_lease else None
+            if watched is None and isinstance(lease, list):
+                self._emq_lease_read = lease
         except (RedisConnectionError, RedisTimeoutError) as error:
             conn.disconnect()
             pipe.reset()
@@ -221,6 +244,7 @@ class FencedPipelineMixin:
 
     def reset(self) -> None:
         self._emq_watch = None
+        self._emq_lease_read = None
         super().reset()  # type: ignore[misc]
 
     def execute(self, raise_on_error: bool = True) -> list[Any]:
@@ -232,6 +256,7 @@ class FencedPipelineMixin:
         session = self._emq_session
         if not pipe.transaction or not commands or session.committed or reads_only(commands):
             # reads, and RQ's steps after the outcome (enqueueing dependents), run as they would
+            self._emq_lease_read = None  # its EXEC ends every WATCH of the connection
             return super().execute(raise_on_error)  # type: ignore[misc]
         if session.hold_back is not None:
             session.hold_back.extend(commands)
@@ -261,6 +286,19 @@ class FencedPipelineMixin:
         pipe: Any = self
         session = self._emq_session
         fence = session.fence
+        lease, self._emq_lease_read = self._emq_lease_read, None
+        if (
+            lease is not None
+            and session.release
+            and pipe.watching
+            and watched_commit.held(lease, fence.token)
+            and watched_commit.keeps_job(commands, fence.job_key)
+        ):
+            release = watched_commit.release_commands(fence.keys, fence.job_id, fence.token, fence.counter)
+            replies = self._execute_watched([(args, options) for args, options in commands], release)
+            if replies is None:
+                raise WatchError("Watched variable changed.")  # as redis-py's own EXEC: RQ's loop retries
+            return self._raise_first(commands, replies, raise_on_error)
         pieces = [split(args) for args, _ in commands]
         if any(command_name(args) in _NOT_IN_SCRIPTS for args, _ in commands) or any(
             len(words) > MAX_PACKED_ARGS for parts, _ in pieces for words in parts
@@ -270,7 +308,14 @@ class FencedPipelineMixin:
         if session.release:
             packed: list[Any] = [fence.job_id, fence.token, RQ_PREFIX, fence.counter]
         else:
-            packed = [fence.job_id, fence.token, RQ_PREFIX, *start_record(fence, commands, pieces)]
+            record = start_record(fence, commands, pieces)
+            # under a WATCH of RQ's own, an aborted EXEC must reach RQ: the script keeps it so
+            kept = watched_commit.keeps_job(commands, fence.job_key) and not pipe.watching
+            if record[1] == "0" and not session.check_queued and kept:
+                replies = self._guard_watched(commands, pieces, record[0])
+                if replies is not None:
+                    return self._raise_first(commands, merge_replies(pieces, replies), raise_on_error)
+            packed = [fence.job_id, fence.token, RQ_PREFIX, *record]
             packed.append("1" if session.check_queued else "0")
         packed.extend(pack(pieces))
         watching = bool(pipe.watching)
@@ -360,13 +405,6 @@ class FencedPipelineMixin:
             callback = callbacks.get(command_name(args, words=2)) or callbacks.get(command_name(args))
             data.append(callback(reply, **options) if callback else reply)
         return data
-
-
-def _pool_connection(pool: Any) -> Any:
-    try:
-        return pool.get_connection()
-    except TypeError:  # redis-py before 5.3 names the command
-        return pool.get_connection("WATCH")
 
 
 @cache

@@ -174,9 +174,10 @@ class FencedSession:
 
 
 class FencedPipelineMixin(WatchedCommitMixin):
-    """Turns a transaction's queued commands into one fenced ``finish_job`` call, and sends
-    RQ's ``WATCH`` with the read that follows it (RQ's finish watches a job's dependents
-    key, then reads it): one round trip for the two."""
+    """Turns a transaction's queued commands into a watched commit (watched_commit.py) or
+    one fenced script call, and sends RQ's ``WATCH`` with the read that follows it (RQ's
+    finish watches a job's dependents key, then reads it), the job hash's WATCH and lease
+    read riding with them: one round trip for all."""
 
     _emq_session: FencedSession
     #: Keys to WATCH, not sent yet: they go ahead of the next command sent at once.

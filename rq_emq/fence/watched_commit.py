@@ -162,9 +162,13 @@ class WatchedCommitMixin:
         try:
             replies = list(super().execute(raise_on_error=False))  # type: ignore[misc]
         except WatchError as error:
-            if isinstance(error.__context__, (RedisConnectionError, RedisTimeoutError)):
-                raise error.__context__ from None  # a blip, not a write: as the script's would be
-            return None
+            if not isinstance(error.__context__, (RedisConnectionError, RedisTimeoutError)):
+                return None
+            # a blip, not a write: what the script's call would raise on the same connection
+            # (under RQ's WATCH, a WatchError its loop retries; a start's, the blip itself)
+            if session.release:
+                raise
+            raise error.__context__ from None
         if len(ours) == len(release_commands(fence.keys, "", "", "")):
             malformed.report(release_problems(fence.keys, replies[len(stack) :]))
         session.mark_committed()

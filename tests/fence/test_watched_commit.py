@@ -267,3 +267,44 @@ def test_a_start_whose_job_was_written_after_the_read_is_decided_by_the_script(
     with fenced(r, lease.fence, release=False), pytest.raises(LeaseLost):
         _rq_start(r, job.id)
     assert r.hget(job_key(job.id), "status") == b"queued" and not r.exists("rq:wip:q")
+
+
+def _cut_every_client_but(r: redis.Redis) -> redis.Redis:
+    """A client of its own that cuts every other connection (a blip for the others)."""
+    kwargs = r.connection_pool.connection_kwargs
+    other = redis.Redis(host=kwargs["host"], port=kwargs["port"])
+    other.client_kill_filter(_type="normal", skipme=True)
+    return other
+
+
+def test_a_blip_before_a_watched_finish_lands_is_rqs_watch_error_and_the_retry_commits(
+    r: redis.Redis,
+) -> None:
+    """The connection lost between the read and the EXEC: as under the script's call, a
+    WatchError that RQ's loop answers by running its block again, which then commits once."""
+    job, lease = leased_job(r)
+    with fenced(r, lease.fence) as session:
+        with pytest.raises(redis.WatchError):
+            _rq_finish(r, job.id, between=lambda: _cut_every_client_but(r))
+        assert r.hget(job_key(job.id), "status") != b"finished"
+        _rq_finish(r, job.id)
+    assert session.committed and r.hget(job_key(job.id), "status") == b"finished"
+    assert int(r.hget(QueueKeys("q").stats, "finished")) == 1
+
+
+def test_a_blip_before_a_watched_start_lands_is_the_blip(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RQ's start does not retry a WatchError: a lost connection reaches the worker's retry
+    of the start as the ConnectionError the script's call would raise, nothing written."""
+    job, lease = leased_job(r)
+    read_held = watched_commit.held
+
+    def held_then_cut(read: list[Any], token: str) -> bool:
+        _cut_every_client_but(r)
+        return read_held(read, token)
+
+    monkeypatch.setattr(watched_commit, "held", held_then_cut)
+    with fenced(r, lease.fence, release=False), pytest.raises(redis.ConnectionError):
+        _rq_start(r, job.id)
+    assert r.hget(job_key(job.id), "status") == b"queued" and not r.exists("rq:wip:q")

@@ -261,6 +261,15 @@ def _rq_major() -> int:
 #: The installed RQ's major release: SpawnWorker's leases need 3 (its spawned horse differs in 2.x).
 RQ_MAJOR: int = _rq_major()
 
+#: Whether RQ's success loop may run again after a WatchError and still write the whole
+#: outcome: RQ 3 passes the run's execution to each pass; RQ 2.x's ``cleanup_execution``
+#: drops ``worker.execution`` in the first pass, so a second pass leaves the started-registry
+#: entry behind (stock RQ 2.x too, after a dependent added mid-finish). A watched finish
+#: (rq_emq/fence/watched_commit.py) aborts on any write to the job hash since its read (a
+#: renewal's heartbeat), so under RQ 2.x the finish keeps the one script call, which no
+#: such write aborts.
+SUCCESS_LOOP_RETRIES_WHOLE: bool = RQ_MAJOR >= 3
+
 
 def schedule_in_the_callers_transaction() -> None:
     """Make ``ScheduledJobRegistry.schedule`` queue its ZADD on the pipeline it is given, as

@@ -34,7 +34,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoPermissionError, ResponseError, WatchError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .. import malformed, scripts
+from .. import compat, malformed, scripts
 from ..keys import RQ_PREFIX, QueueKeys
 from . import watched_commit
 from .packing import (
@@ -210,7 +210,12 @@ class FencedPipelineMixin(WatchedCommitMixin):
         session = self._emq_session
         fence = session.fence
         # a finish's WATCH takes the job hash too, and its lease is read in the same send
-        reads_lease = session.release and not session.committed and fence.counter == "finished"
+        reads_lease = (
+            session.release
+            and not session.committed
+            and fence.counter == "finished"
+            and compat.SUCCESS_LOOP_RETRIES_WHOLE
+        )
         keys = (*names, fence.job_key) if reads_lease else names
         sent = [("WATCH", *keys), args]
         if reads_lease:

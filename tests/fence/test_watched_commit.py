@@ -11,10 +11,15 @@ import redis
 from helpers import leased_job, rq_moves
 from redis.connection import AbstractConnection
 
-from rq_emq import scripts
+from rq_emq import compat, scripts
 from rq_emq.fence import watched_commit
 from rq_emq.fence.fencing import LeaseLost, fenced
 from rq_emq.keys import QueueKeys, job_key
+
+#: Under RQ 2.x a finish keeps the script (compat.SUCCESS_LOOP_RETRIES_WHOLE).
+RQ_3_FINISH = pytest.mark.skipif(
+    not compat.SUCCESS_LOOP_RETRIES_WHOLE, reason="RQ 2.x's success loop drops the execution on a retry"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -81,6 +86,7 @@ def _rq_start(r: redis.Redis, job_id: str) -> list[Any]:
         return pipe.execute()
 
 
+@RQ_3_FINISH
 def test_a_holders_finish_is_rqs_transaction_with_the_release_and_no_script(
     r: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -137,6 +143,7 @@ def test_a_watched_commit_leaves_the_job_as_the_fenced_script_would(r: redis.Red
     assert states[0] == states[1]
 
 
+@RQ_3_FINISH
 def test_a_write_to_the_job_after_the_read_aborts_the_finish_and_rqs_retry_is_refused(
     r: redis.Redis,
 ) -> None:
@@ -277,6 +284,7 @@ def _cut_every_client_but(r: redis.Redis) -> redis.Redis:
     return other
 
 
+@RQ_3_FINISH
 def test_a_blip_before_a_watched_finish_lands_is_rqs_watch_error_and_the_retry_commits(
     r: redis.Redis,
 ) -> None:
@@ -308,3 +316,20 @@ def test_a_blip_before_a_watched_start_lands_is_the_blip(
     with fenced(r, lease.fence, release=False), pytest.raises(redis.ConnectionError):
         _rq_start(r, job.id)
     assert r.hget(job_key(job.id), "status") == b"queued" and not r.exists("rq:wip:q")
+
+
+@pytest.mark.skipif(compat.SUCCESS_LOOP_RETRIES_WHOLE, reason="RQ 2.x only")
+def test_under_rq_2_a_finish_keeps_the_one_script_call(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RQ 2.x's success loop drops the run's execution in its first pass: a second pass
+    (after a renewal's write aborted a watched finish) would leave the started-registry
+    entry behind. Its finish is the script call inside RQ's own transaction, which no
+    write to the job hash aborts."""
+    job, lease = leased_job(r)
+    sends = _sent(monkeypatch)
+    with fenced(r, lease.fence) as session:
+        _rq_finish(r, job.id, between=lambda: r.hset(job_key(job.id), "last_heartbeat", "now"))
+    finish = [names for names in sends if "HSET" not in names or "EXEC" in names]
+    assert finish[0] == ["WATCH", "SMEMBERS"] and "EVALSHA" in finish[-1]
+    assert session.committed and r.hget(job_key(job.id), "status") == b"finished"

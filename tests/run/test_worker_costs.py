@@ -193,12 +193,13 @@ def burst_commands(
 def test_a_job_costs_one_script_call_and_rqs_transactions(
     r: redis.Redis, procs: Processes, worker_class: str, transactions: int
 ) -> None:
-    """A count: one script call, the take; the run's start (RQ's execution record riding in
-    it) and the outcome (the lease's release riding in it) are RQ's own transactions under
-    a WATCH of the job hash, and RQ's worker heartbeat the third. A forked horse inherits the
-    record held back in the worker's memory, and a SimpleLeaseWorker runs the job in the
-    thread that recorded it; a spawned horse re-reads its job and inherits nothing, so its
-    worker writes the record in a transaction of its own before the spawn."""
+    """A count: one script call, the take (two under RQ 2.x: the finish keeps its own); the
+    run's start (RQ's execution record riding in it) and the outcome (the lease's release
+    riding in it) are RQ's own transactions under a WATCH of the job hash, and RQ's worker
+    heartbeat the third. A forked horse inherits the record held back in the worker's
+    memory, and a SimpleLeaseWorker runs the job in the thread that recorded it; a spawned
+    horse re-reads its job and inherits nothing, so its worker writes the record in a
+    transaction of its own before the spawn."""
     jobs = 20
 
     def per_job(only: tuple[str, ...]) -> float:
@@ -208,7 +209,9 @@ def test_a_job_costs_one_script_call_and_rqs_transactions(
     # a periodic call (the sweep, its election) may fall due in a burst a loaded host slowed
     # (3.05 script calls a job on RQ 2.12 in a CI rehearsal: one call in 20 jobs): two calls
     # of slack in all, where one more call a job would add 20
-    assert 1 <= per_job(("evalsha", "eval")) <= 1 + 2 / jobs
+    # under RQ 2.x the finish keeps its script call (compat.SUCCESS_LOOP_RETRIES_WHOLE)
+    scripts = 1 if compat.SUCCESS_LOOP_RETRIES_WHOLE else 2
+    assert scripts <= per_job(("evalsha", "eval")) <= scripts + 2 / jobs
     assert transactions <= per_job(("exec",)) <= transactions + 2 / jobs
 
 

@@ -15,7 +15,9 @@ read shows the token ours and RQ's seen fields as the lease recorded them (``hel
 script's ``untouched``), RQ's commands go in MULTI/EXEC, and for a finish the lease's
 release after them (``release_commands``). Any write to the job hash between the read and
 the EXEC (a recovery, a cancel, a renewal) aborts the EXEC, writing nothing: RQ's finish loop
-runs its block again, and a start is handed to the script at once.
+runs its block again, and a start is handed to the script at once. Only RQ 3's loop runs a
+second pass whole (``compat.SUCCESS_LOOP_RETRIES_WHOLE``): under RQ 2.x a finish keeps the
+script.
 
 Every other case keeps the script, which holds the rules for it: a lease lost, or changed
 by RQ (the evidence it reads), a job that RQ's commands delete (the tombstone on the lock),

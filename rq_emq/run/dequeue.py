@@ -106,6 +106,11 @@ class DequeueMixin:
                         break
                     wait = min(timeout, math.ceil(idle_left))
                 result = self._take(wait)
+                if result is None and me._stop_requested:
+                    # RQ's stop handler raises StopRequested into whatever the main thread
+                    # runs; one that landed in a handler of ours (a wait's cleanup) is read
+                    # from RQ's flag, or the worker would wait on for the next job
+                    raise compat.StopRequested()
                 if result is None and timeout is None and self._burst and self._recover_before_exit():
                     continue  # a crashed worker's job is back in a queue: take it
                 if result is not None or timeout is None:

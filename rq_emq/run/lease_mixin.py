@@ -428,6 +428,11 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
         handed back (:meth:`_shutdown_timeout_passed`). RQ's own raises StopRequested
         at once when no job runs."""
         self._tell_run_stopping()
+        # RQ sets its flag only when a job runs, and else raises StopRequested into whatever
+        # the main thread runs; set here too, a raise that a handler caught is still read
+        # (the idle wait's loop: rq_emq/run/dequeue.py)
+        me: Any = self
+        me._stop_requested = True
         super().request_stop(signum, frame)  # type: ignore[misc]
         timeout_ms = self.lease_settings.shutdown_timeout_ms
         if timeout_ms and self._shutdown_timer is None:

@@ -253,3 +253,39 @@ def test_a_job_whose_lease_is_lost_before_its_run_begins_runs_no_failure_callbac
     assert worker.perform_job(*taken, *execution) is False
     assert not log.exists()
     assert r.hget(job_key(job.id), "status") != b"failed"
+
+
+def test_a_stop_whose_signal_a_wait_swallowed_still_ends_the_idle_wait(
+    worker: LeaseWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RQ's stop handler raises StopRequested into whatever the main thread runs, a wait's
+    own cleanup included; the flag it sets first still ends the idle wait, at once."""
+    from rq_emq import compat
+
+    takes: list[float | None] = []
+
+    def take_swallowing_the_stop(timeout: float | None) -> None:
+        takes.append(timeout)
+        assert len(takes) == 1, "waited again after the stop"
+        worker._stop_requested = True  # the handler ran; its exception was caught inside
+        return None
+
+    monkeypatch.setattr(worker, "_take", take_swallowing_the_stop)
+    with pytest.raises(compat.StopRequested):
+        worker.dequeue_job_and_maintain_ttl(1)
+    assert len(takes) == 1
+
+
+def test_a_stop_signal_to_an_idle_worker_sets_rqs_flag_as_well_as_raising(
+    worker: LeaseWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RQ raises StopRequested at an idle worker and sets its flag only for a busy one; ours
+    sets the flag too, so that a raise a handler caught still ends the wait (above)."""
+    import signal
+
+    from rq_emq import compat
+
+    monkeypatch.setattr(signal, "signal", lambda *args: None)  # RQ re-arms SIGINT for a cold stop
+    with pytest.raises(compat.StopRequested):
+        worker.request_stop(signal.SIGINT, None)
+    assert worker._stop_requested

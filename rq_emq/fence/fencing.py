@@ -397,14 +397,11 @@ class FencedPipelineMixin(WatchedCommitMixin):
 
     def _apply_callbacks(self, commands: list[Any], replies: list[Any], raise_on_error: bool) -> list[Any]:
         # Lua hands back RESP2 shapes whatever the client's protocol, so parse them as RESP2.
+        self._raise_first(commands, replies, raise_on_error)
         callbacks = resp2_callbacks()
         data: list[Any] = []
-        for index, ((args, options), reply) in enumerate(zip(commands, replies, strict=True)):
+        for (args, options), reply in zip(commands, replies, strict=True):
             if isinstance(reply, ResponseError):
-                if raise_on_error:
-                    raise type(reply)(
-                        f"Command # {index + 1} ({command_name(args)}) of pipeline caused error: {reply}"
-                    )
                 data.append(reply)
                 continue
             options = {k: v for k, v in options.items() if k not in ("keys", "EMPTY_RESPONSE")}

@@ -154,8 +154,8 @@ class WatchedCommitMixin:
 
     def _execute_watched(self, stack: list[Any], ours: list[tuple[Any, ...]]) -> list[Any] | None:
         """``stack`` (RQ's commands), then ``ours``, as one MULTI/EXEC on the connection
-        that WATCHes the job hash since a read that showed the lease held
-        (py); RQ's replies, or None when a write to the job since aborted it
+        that WATCHes the job hash since a read that showed the lease held (this module's
+        docstring); RQ's replies, or None when a write to the job since aborted it
         (nothing written). Problems with our keys go to the log, as a script's would."""
         pipe: Any = self
         session = self._emq_session
@@ -171,7 +171,7 @@ class WatchedCommitMixin:
             if session.release:
                 raise
             raise error.__context__ from None
-        if len(ours) == len(release_commands(fence.keys, "", "", "")):
+        if session.release:  # ours are release_commands: their replies name our keys
             malformed.report(release_problems(fence.keys, replies[len(stack) :]))
         session.mark_committed()
         return replies[: len(stack)]

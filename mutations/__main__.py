@@ -95,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     survivors = [o for o in outcomes if not o.killed]
     print()
     print(_table(outcomes))
+    named = by_name()
+    for o in survivors:  # last, so that CI's tail of this log names them and their tests
+        print(f"SURVIVED {o.name} ({named[o.name].file}): {', '.join(named[o.name].tests)}")
     print(
         f"\n{len(outcomes) - len(survivors)} of {len(outcomes)} mutations killed, "
         f"{len(survivors)} survived, in {time.monotonic() - started:.0f}s"

@@ -224,6 +224,13 @@ def test_a_watcher_whose_pubsub_connection_reconnected_hears_the_next_push_at_on
         return {int(c["id"]) for c in listed if c.get("name", "").startswith("rq-emq-pubsub-")}
 
     (before,) = pubsub_ids()
+    # the watch key is held a round trip or two before the tracking starts: a kill in between
+    # would leave nothing to re-track, and the test could not tell a deaf watcher
+    wait_for(
+        lambda: any(c.get("redir", str(before)) == str(before) for c in r.client_list(_type="normal")),
+        timeout=10,
+        what="the tracking redirected to the pubsub connection",
+    )
     r.client_kill_filter(_id=str(before))
     wait_for(lambda: pubsub_ids() - {before}, timeout=10, what="the pubsub connected again")
     time.sleep(0.5)  # the watcher's look after the reconnect (nothing yet)

@@ -41,6 +41,8 @@ class HeartbeatMixin:
     _state_riding: str | None = None
     #: RQ's `rq suspend` check runs (its transaction carries the held-back state).
     _checking_suspension = False
+    #: The suspension check's transaction carries a beat (none within a second of the last).
+    _beat_riding = False
 
     def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
         """RQ's worker heartbeat. RQ's loop sends one on its own three times per job (before
@@ -54,8 +56,13 @@ class HeartbeatMixin:
         lock manager beats with every renewal while the lease is held, as it does for the
         rest of the run."""
         if pipeline is not None:
-            if not self._starting_run:
+            if self._checking_suspension and self._beat_lately(timeout):
+                # a backlog's suspension checks, one a job: the worker key's expiry would move
+                # by less than a second on a TTL of minutes (three commands a job, saved)
+                pass
+            elif not self._starting_run:
                 super().heartbeat(timeout, pipeline=pipeline)  # type: ignore[misc]
+                self._beat_riding = self._checking_suspension
             if self._checking_suspension and self._state_pending is not None:
                 # the state RQ wrote as the last job ended rides in this transaction
                 super().set_state(self._state_pending, pipeline=pipeline)  # type: ignore[misc]
@@ -68,21 +75,28 @@ class HeartbeatMixin:
             self._job_ended_at = -math.inf
             return
         ttl = timeout or me.worker_ttl + 60  # RQ's default
-        sent_at, sent_ttl = self._last_heartbeat
-        if time.monotonic() - sent_at < HEARTBEAT_REPEAT_S and ttl <= sent_ttl:
+        if self._beat_lately(ttl):
             return
         with self.connection.pipeline(transaction=False) as pipe:
             super().heartbeat(ttl, pipeline=pipe)  # type: ignore[misc]
             pipe.execute()
         self._last_heartbeat = (time.monotonic(), ttl)
 
+    def _beat_lately(self, timeout: int | None) -> bool:
+        """A beat with at least this TTL (None: RQ's default) was sent within the last
+        :data:`HEARTBEAT_REPEAT_S`."""
+        me: Any = self
+        sent_at, sent_ttl = self._last_heartbeat
+        return time.monotonic() - sent_at < HEARTBEAT_REPEAT_S and (timeout or me.worker_ttl + 60) <= sent_ttl
+
     def job_ended(self) -> None:
         """A job's run just ended (RQ's loop beats next, then checks for suspension)."""
         self._job_ended_at = time.monotonic()
 
     def suspension_checked(self, landed: bool = True) -> None:
-        """RQ's suspension check ran: unless a stop cut it short, it beat (the default
-        TTL) in its transaction, which the wait's own beat then need not repeat; so did
+        """RQ's suspension check ran: unless a stop cut it short or a beat had gone within
+        a second, it beat (the default TTL) in its transaction, which the wait's own beat
+        then need not repeat; so did
         the state held back as the last job ended. ``landed``: its transaction went
         through (else a blip failed it, and a held-back state is held again)."""
         me: Any = self
@@ -93,7 +107,8 @@ class HeartbeatMixin:
                 self._state_sent = (time.monotonic(), riding)
             elif self._state_pending is None:
                 self._state_pending = riding
-        if not me._stop_requested:
+        beat, self._beat_riding = self._beat_riding, False
+        if beat and landed and not me._stop_requested:
             self._last_heartbeat = (time.monotonic(), me.worker_ttl + 60)
 
     def send_held_state(self) -> None:

@@ -21,6 +21,7 @@ owns what differs between a forking and an in-process worker.
 
 from __future__ import annotations
 
+import _signal
 import logging
 import math
 import os
@@ -208,7 +209,8 @@ class SimpleLeaseWorker(SimpleRunGuard, LeaseMixin, SimpleWorker):
     _cold_stopped_job_id: str | None = None
 
     def execute_job(self, job: Job, queue: Queue) -> Any:
-        previous = signal.signal(self.interrupt_signal, self._interrupt_lost_job)
+        # `_signal`, not `signal`: without the enum conversions of a swap and back per job
+        previous = _signal.signal(self.interrupt_signal, self._interrupt_lost_job)
         self._interrupt_job_id: str | None = None
         self._interrupt_job = job
         self._cold_stopped_job_id = None
@@ -216,7 +218,7 @@ class SimpleLeaseWorker(SimpleRunGuard, LeaseMixin, SimpleWorker):
         try:
             return super().execute_job(job, queue)
         finally:
-            signal.signal(self.interrupt_signal, previous)
+            _signal.signal(self.interrupt_signal, previous)
 
     def _stop_lost_job(self, lease: Lease) -> None:
         """Interrupt the job; if its code does not give way (it swallows the interrupt, or

@@ -110,6 +110,26 @@ def test_the_idle_state_of_a_run_that_ended_rides_in_rqs_suspension_check(
     assert heartbeat_commands(r) == size + 1
 
 
+def test_rqs_suspension_checks_over_a_backlog_beat_once_a_second_not_once_a_job(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RQ checks `rq suspend` before every take, its worker heartbeat in the same
+    transaction: over a backlog that beat moved the worker key's expiry by milliseconds
+    on a TTL of minutes, three commands a job."""
+    worker, size = registered_worker(r)
+    clock = [1_000.0]
+    monkeypatch.setattr("rq_emq.hold.heartbeats.time.monotonic", lambda: clock[0])
+    sent = count_pipelines(monkeypatch)
+    worker.check_for_suspension(burst=False)
+    clock[0] += 0.5  # a job later
+    worker.check_for_suspension(burst=False)
+    assert sent == [size + 1, 1]  # the beat and EXISTS, then EXISTS alone
+    clock[0] += 0.6  # a second after the beat
+    worker.check_for_suspension(burst=False)
+    assert sent == [size + 1, 1, size + 1]
+    assert r.ttl(worker.key) > worker.worker_ttl
+
+
 def test_a_state_held_back_when_the_worker_stops_is_sent_as_it_stops(r: redis.Redis) -> None:
     worker, _ = registered_worker(r)
     worker._holding_state = True

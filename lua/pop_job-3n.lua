@@ -21,8 +21,11 @@ ARGV:
   4+i  lease key prefix of queue i, `emq:{<q>}:`
   5+n  job key prefix (the job class's, `rq:job:`)
   6+n  RQ's key prefix (`rq:`), for the registries RQ keeps a job in
+  7+n  RQ's suspension key (`rq:suspended`, set by `rq suspend`), or "": while it exists
+       nothing is taken (the first take after a job carries RQ's suspension check)
 Returns:
   {}                            every queue is empty
+  {-2}                          RQ's workers are suspended: nothing taken
   {0, skipped}                  only dropped ids were found; call again
   {-1, skipped, busy_ms}        no job to take now, but entries wait for an earlier run of
                                 their job id to end: the first of those locks lapses
@@ -45,7 +48,8 @@ local skip_budget = tonumber(ARGV[4])
 local skipped = {}
 local busy_ms = nil
 local n = #KEYS / 3
-local job_prefix, rq_prefix = ARGV[5 + n], ARGV[6 + n]
+local job_prefix, rq_prefix, suspended_key = ARGV[5 + n], ARGV[6 + n], ARGV[7 + n]
+if suspended_key and suspended_key ~= '' and redis.call('EXISTS', suspended_key) == 1 then return {-2} end
 
 -- Take the entry at `at` out of its queue: every entry before it is another job id (one
 -- held back), so LREM's first match from the head is this one.

@@ -52,6 +52,7 @@ TAKES = "tests/connection/test_failover_takes.py"
 FAILOVER = "tests/connection/test_failover.py"
 HANDBACK = "tests/run/test_connection_handback.py"
 WATCHED = "tests/fence/test_watched_commit.py"
+SUSPENSION = "tests/run/test_suspension.py"
 
 
 @dataclass(frozen=True)
@@ -420,6 +421,25 @@ CATALOG: list[Mutation] = [
         ],
         "with real workers: the two runs overlap (124-286 ms under a 3 s lease, 300 ms renewals)",
         fast=False,
+    ),
+    _m(
+        "pop_ignores_rq_suspend",
+        "lua/pop_job-3n.lua",
+        "and redis.call('EXISTS', suspended_key) == 1 then",
+        "and false then",
+        [
+            f"{SUSPENSION}::test_a_take_carrying_rqs_check_refuses_while_suspended_and_leaves_the_job_queued",
+            f"{SUSPENSION}::test_rq_suspend_stops_a_backlog_after_the_running_job_and_rq_resume_takes_the_rest",
+        ],
+        "a worker suspended by `rq suspend` goes on taking a backlog's jobs (RQ's check rides in the take)",
+    ),
+    _m(
+        "take_carries_no_suspension_check",
+        "rq_emq/intake/take.py",
+        'args.append(between.suspended_key if between is not None else "")',
+        'args.append("")',
+        [f"{SUSPENSION}::test_rq_suspend_stops_a_backlog_after_the_running_job_and_rq_resume_takes_the_rest"],
+        "RQ's work loop leaves its `rq suspend` check to the take, which then never makes it",
     ),
     _m(
         "pop_stops_at_a_held_back_job",

@@ -95,12 +95,13 @@ class Processes:
     def log(self, process: subprocess.Popen[bytes]) -> str:
         return Path(process.log_path).read_text(errors="replace")  # type: ignore[attr-defined]
 
-    def stacks(self, process: subprocess.Popen[bytes]) -> str:
-        """Where each thread of the live ``process`` stands: its Python stacks, which it
+    def stacks(self, process: subprocess.Popen[bytes], pid: int | None = None) -> str:
+        """Where each thread of the live ``process`` (or of its descendant ``pid``, which
+        writes to the same log: a pool's member) stands: its Python stacks, which it
         writes to its log on SIGWINCH (tests/sitecustomize.py), read back from there."""
         before = len(self.log(process))
         try:
-            os.kill(process.pid, signal.SIGWINCH)
+            os.kill(pid or process.pid, signal.SIGWINCH)
         except ProcessLookupError:
             return "(the process has ended)"
         deadline = time.monotonic() + 2
@@ -142,14 +143,18 @@ class Processes:
         out = []
         for process in self.started:
             out.append(f"== pid {process.pid}: {' '.join(process.args[1:4])}… {_state(process)}")
-            if process.returncode is None:
-                for pid in sorted(tree(process.pid) - {process.pid}):
-                    out.append(f"   descendant {pid} {_proc_state(pid)}: {_cmdline(pid)[:100]}")
-            out += [f"   | {line}" for line in self.log(process).splitlines()[-lines:]]
+            descendants = sorted(tree(process.pid) - {process.pid}) if process.returncode is None else []
+            for pid in descendants:
+                out.append(f"   descendant {pid} {_proc_state(pid)}: {_cmdline(pid)[:100]}")
+            out += [f"   | {line}" for line in _collapsed(self.log(process).splitlines())[-lines:]]
             live = process.returncode is None and _proc_state(process.pid) not in ("T", "Z", "gone")
             if live and process.args[0] == RQ_BIN:
-                # where each of its threads stands (a worker that went silent: stop 40's note)
-                out += [f"   ! {line}" for line in self.stacks(process)[-4000:].splitlines()]
+                # where each of its threads stands (a worker that went silent: stop 40's note),
+                # and each rq process under it (a pool's member that outlived the pool's stop)
+                for pid in [process.pid, *(p for p in descendants if RQ_BIN in _cmdline(p))]:
+                    if _proc_state(pid) not in ("T", "Z", "gone"):
+                        out.append(f"   ! stacks of {pid}:")
+                        out += [f"   ! {line}" for line in self.stacks(process, pid)[-4000:].splitlines()]
         return "\n".join(out)
 
     def stop_all(self) -> None:
@@ -178,6 +183,25 @@ class Processes:
             with open(os.environ["RQ_EMQ_TEST_STRAYS"], "a") as out:
                 out.writelines(f"{self.log_dir.name} {pid} {line[:120]}\n" for pid, line in strays.items())
         wait_for(lambda: not marked(self.mark), timeout=10, what="the strays to end")
+
+
+def _collapsed(lines: list[str]) -> list[str]:
+    """A log's lines with each run of one line repeated (its time left out: a pool's
+    "Waiting for workers to shutdown..." once a second) shown once, with its count."""
+    out: list[str] = []
+    repeats = 0
+    for line in lines:
+        text = re.sub(r"^\d\d:\d\d:\d\d ", "", line)
+        if out and text == re.sub(r"^\d\d:\d\d:\d\d ", "", out[-1]):
+            repeats += 1
+            continue
+        if repeats:
+            out.append(f"   (the line above {repeats} more times)")
+        repeats = 0
+        out.append(line)
+    if repeats:
+        out.append(f"   (the line above {repeats} more times)")
+    return out
 
 
 #: the environment variable that marks the processes of one test

@@ -129,6 +129,13 @@ class HeartbeatMixin:
             return
         self.heartbeat()
 
+    def hold_state(self, state: str) -> None:
+        """RQ's state, held back for the transaction or pipeline sent next (its suspension
+        check, or the take that carries it)."""
+        me: Any = self
+        me._state = state
+        self._state_pending = state
+
     def set_state(self, state: str, pipeline: Pipeline | None = None) -> None:
         """RQ's worker state. RQ's loop writes "idle" twice in a row after each job (after
         the job, then as its wait begins): the first rides in the transaction of RQ's

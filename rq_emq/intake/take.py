@@ -12,6 +12,10 @@ queue. A crash between a move and its claim leaves the job in the moving list,
 where the sweep finds it. RQ's multi-queue ``BLPOP`` (which drops a job popped by a
 worker that dies before recording it) is never used.
 
+The first pop after a job carries what RQ's loop would send in a round trip of its own
+before it (:class:`Between`: its `rq suspend` check, the worker's heartbeat and state): the
+pop refuses while RQ's workers are suspended (:class:`WorkersSuspended`).
+
 Behind Sentinel, with a live replica, a take also waits for the replica to have it
 (:class:`rq_emq.connection.confirm.TakeConfirmation`): one the replica never saw was
 granted by a master being replaced, and is handed back instead of run.
@@ -31,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from redis import Redis
+from redis.client import Pipeline
 
 from .. import malformed, scripts
 from ..connection import failover
@@ -102,6 +107,24 @@ def stop_signals_deferred() -> Iterator[None]:
             previous[received](received, None)
 
 
+class WorkersSuspended(Exception):
+    """The pop found RQ's workers suspended (``rq suspend``): nothing was taken."""
+
+
+@dataclass(frozen=True)
+class Between:
+    """What rides with a pop, in its round trip, ahead of the script: RQ's `rq suspend`
+    check (``suspended_key``: the pop refuses while it exists), and the worker's commands
+    that RQ's check carried in its transaction (``queue``; ``sent`` is told whether they
+    landed)."""
+
+    suspended_key: str
+    queue: Callable[[Pipeline], None]
+    sent: Callable[[bool], None]
+    #: RQ's check on its own: the take begins with a wait, not a pop
+    alone: Callable[[], None]
+
+
 @dataclass(frozen=True)
 class Taken:
     """A job just leased: which queue (index into the worker's list), its lease, its hash."""
@@ -169,10 +192,14 @@ class Taker:
         #: may take a moment then and no sooner (reaping its last horse, rq_emq.run.horse_end)
         self.before_wait: Callable[[], None] | None = None
 
-    def pop(self, queues: Sequence[str | QueueKeys], only: frozenset[str] = ALL) -> Taken | None:
+    def pop(
+        self, queues: Sequence[str | QueueKeys], only: frozenset[str] = ALL, between: Between | None = None
+    ) -> Taken | None:
         """Lease the first waiting job across ``queues`` (those whose list is in ``only``,
         when the watch says where a push landed); None when all are empty, or hold only
-        jobs that an earlier run of their id still holds (after a short wait)."""
+        jobs that an earlier run of their id still holds (after a short wait). With
+        ``between``, its commands ride in the same round trip, and the pop raises
+        :class:`WorkersSuspended` instead of taking while RQ's workers are suspended."""
         script = scripts.load("pop_job")
         keys: list[str] = []
         prefixes: list[str] = []
@@ -187,11 +214,15 @@ class Taker:
         prefixes += [layouts[0].job_prefix, RQ_PREFIX]
         while True:
             token = new_token(self.worker_name)
-            args = [token, self.worker_name, self.settings.lease_ms, SKIP_BUDGET]
-            reply, confirm = self._granted(script, keys, [*args, *prefixes])
+            args = [token, self.worker_name, self.settings.lease_ms, SKIP_BUDGET, *prefixes]
+            args.append(between.suspended_key if between is not None else "")
+            reply, confirm = self._granted(script, keys, args, between)
+            between = None  # a pop again (ids skipped) carries nothing
             if not reply:
                 return None
             index = int(reply[0])
+            if index == -2:
+                raise WorkersSuspended()
             skipped = [_text(v) for v in reply[1 if index <= 0 else 3]]
             for job_id in skipped:
                 logger.warning(
@@ -260,38 +291,54 @@ class Taker:
         time.sleep(min(max(lock_left_ms, 1) / 1000.0, HELD_BACK_RETRY_S))
 
     def _granted(
-        self, script: scripts.LuaScript, keys: list[str], args: list[Any]
+        self, script: scripts.LuaScript, keys: list[str], args: list[Any], between: Between | None = None
     ) -> tuple[Any, tuple[TakeConfirmation, bool, Any] | None]:
-        """Run a take script; behind Sentinel with a live replica, in one pipeline with
-        ``WAIT 1`` on the same connection, whose answer says whether a replica has it; with
-        the gate degraded (no acknowledgement for a while), with ``INFO replication``
-        instead, whose answer says whether a replica is online again (the take counts)."""
+        """Run a take script (``between``'s commands ahead of it, in the same round trip);
+        behind Sentinel with a live replica, in one pipeline with ``WAIT 1`` on the same
+        connection, whose answer says whether a replica has it; with the gate degraded (no
+        acknowledgement for a while), with ``INFO replication`` instead, whose answer says
+        whether a replica is online again (the take counts)."""
         confirm = failover.take_confirmation(self.connection)
-        if confirm is None:
+        if confirm is None and between is None:
             return script(self.connection, keys, args), None
-        waits = confirm.wanted()
+        waits = confirm is not None and confirm.wanted()
         # a degraded take asks whether a replica is online again; one just after a switch
         # too, so that an unacknowledged take can tell a master without a replica online yet
-        asks = not waits or confirm.just_switched()
+        asks = confirm is not None and (not waits or confirm.just_switched())
         for _ in range(2):
             pipe = self.connection.pipeline(transaction=False)
+            if between is not None:
+                between.queue(pipe)
+            ahead = len(pipe)
             script.queue(pipe, keys, args)
             if waits:
                 pipe.execute_command("WAIT", 1, TAKE_WAIT_MS)
             if asks:
                 pipe.execute_command("INFO", "replication")
-            replies = pipe.execute(raise_on_error=False)
-            if scripts.is_noscript(replies[0]):
+            try:
+                replies = pipe.execute(raise_on_error=False)
+            except BaseException:
+                if between is not None:
+                    between.sent(False)
+                raise
+            if between is not None:
+                between.sent(not any(isinstance(reply, Exception) for reply in replies[:ahead]))
+                between = None  # landed, or its error raised below: sent once
+            if scripts.is_noscript(replies[ahead]):
                 script.load(self.connection)
                 continue
             for reply in replies:
                 if isinstance(reply, Exception):
                     raise reply
+            taken = replies[ahead]
             replication = replies[-1] if asks else None
+            if confirm is None:
+                return taken, None
             if not waits:
                 confirm.probed(replication)
-                return replies[0], None
-            return replies[0], (confirm, isinstance(replies[1], int) and replies[1] >= 1, replication)
+                return taken, None
+            acked = replies[ahead + 1]
+            return taken, (confirm, isinstance(acked, int) and acked >= 1, replication)
         raise RuntimeError(f"{script.name}: the script would not load")
 
     def _kept(
@@ -316,10 +363,12 @@ class Taker:
         queue_names: Sequence[str | QueueKeys],
         timeout: float | None,
         record: Callable[[Taken], None] = lambda taken: None,
+        between: Between | None = None,
     ) -> Taken | None:
         """Take a job, waiting up to ``timeout`` seconds (None: do not wait, as in burst).
         ``record`` registers the lease with its holder; the grant and ``record`` run with
-        stop signals held back (:func:`stop_signals_deferred`)."""
+        stop signals held back (:func:`stop_signals_deferred`). ``between`` rides with the
+        first pop (:meth:`pop`), or goes alone before a take that begins with a wait."""
         deadline = None if timeout is None else time.monotonic() + timeout
         least = 0.0  # a first wait is sent for any time left; a later one only for LEAST_WAIT_S
         look = ALL
@@ -328,10 +377,14 @@ class Taker:
             self._expect_empty = not look
         self._after_job = False
         waited = False
+        if between is not None and deadline is not None and self._expect_empty:
+            between.alone()
+            between = None
         while True:
             taken = None
             if deadline is None or not self._expect_empty:
-                taken = self._pop_and_record(queue_names, record, look)
+                taken = self._pop_and_record(queue_names, record, look, between)
+                between = None
                 self._expect_empty = taken is None
             if taken is not None:
                 # a job that came after a wait was likely the only one: the next take looks
@@ -405,13 +458,17 @@ class Taker:
                     self._wait.hand_back(queues[index], job_id)
 
     def _pop_and_record(
-        self, queues: Sequence[str | QueueKeys], record: Callable[[Taken], None], only: frozenset[str] = ALL
+        self,
+        queues: Sequence[str | QueueKeys],
+        record: Callable[[Taken], None],
+        only: frozenset[str] = ALL,
+        between: Between | None = None,
     ) -> Taken | None:
         """``pop`` and, for a job taken, ``record``, with stop signals held back; the lease's
         clock starts when the pop was sent."""
         with stop_signals_deferred():
             sent_at = time.monotonic()
-            taken = self.pop(queues, only)
+            taken = self.pop(queues, only, between)
             if taken is not None:
                 taken = dataclasses.replace(taken, sent_at=sent_at)
                 record(taken)

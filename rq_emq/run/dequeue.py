@@ -20,6 +20,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq.job import Job
 from rq.logutils import blue, green
 from rq.queue import Queue
+from rq.suspension import WORKERS_SUSPENDED
 from rq.utils import now
 
 from .. import compat
@@ -27,7 +28,7 @@ from ..connection import failover
 from ..fence.fencing import LeaseLost, fenced
 from ..hold.held import Lease
 from ..hold.lease import LockManager
-from ..intake.take import Taken, Taker
+from ..intake.take import Between, Taken, Taker, WorkersSuspended
 from ..keys import QueueKeys
 from ..recover.sweep import Sweeper
 from ..settings import job_max_attempts, job_progress_timeout
@@ -48,6 +49,7 @@ class DequeueMixin:
     sweeper: Sweeper | None
     _taker: Taker | None
     _burst: bool
+    _suspension_owed: bool | None
 
     def _start_leasing(self) -> None:
         raise NotImplementedError
@@ -87,9 +89,12 @@ class DequeueMixin:
         """RQ's wait loop, with RQ's dequeue replaced by an atomic take under a lease."""
         me: Any = self
         qnames = ",".join(q.name for q in me._ordered_queues)
-        # outside RQ's retry below: a blip here (a CLIENT KILL, a restart) ended `rq worker`
-        # (found by the soak); the state is written again on the next loop
-        me._riding_out_blips(lambda: me.set_state(compat.WorkerStatus.IDLE))
+        if self._suspension_owed is not None:
+            me.hold_state(compat.WorkerStatus.IDLE)  # it rides with the take's check
+        else:
+            # outside RQ's retry below: a blip here (a CLIENT KILL, a restart) ended `rq worker`
+            # (found by the soak); the state is written again on the next loop
+            me._riding_out_blips(lambda: me.set_state(compat.WorkerStatus.IDLE))
         me.procline("Listening on " + qnames)
         wait_time = 1.0
         idle_since = now()
@@ -147,7 +152,13 @@ class DequeueMixin:
             leases[taken.token] = lease
 
         while True:  # an unreadable job is moved to failed; the worker takes the next one
-            taken = self._taker.take(layouts, timeout, record)
+            try:
+                taken = self._taker.take(layouts, timeout, record, self._owed_check())
+            except WorkersSuspended:
+                me.check_suspension_now(self._burst)  # RQ's wait while suspended (or the end of a burst)
+                if me._stop_requested:  # a stop ended that wait: RQ's loop takes nothing then
+                    return None
+                continue
             if taken is None:
                 return None
             queue = queues[taken.queue_index]
@@ -159,6 +170,29 @@ class DequeueMixin:
         me.reorder_queues(reference_queue=queue)
         self._log_take(job, queue, taken.attempts)
         return job, queue
+
+    def _owed_check(self) -> Between | None:
+        """RQ's `rq suspend` check, when its work loop left it to this take: what its
+        transaction carried (RQ's worker heartbeat, the state held back) rides in the
+        pop's round trip instead, and the pop refuses while the workers are suspended."""
+        burst = self._suspension_owed
+        if burst is None:
+            return None
+        me: Any = self
+
+        def queue(pipe: Any) -> None:
+            me._checking_suspension = True
+            try:
+                me.heartbeat(pipeline=pipe)
+            finally:
+                me._checking_suspension = False
+
+        def sent(landed: bool) -> None:
+            if landed:
+                self._suspension_owed = None
+            me.suspension_checked(landed=landed)
+
+        return Between(WORKERS_SUSPENDED, queue, sent, alone=lambda: me.check_suspension_now(burst))
 
     def _log_take(self, job: Job, queue: Queue, attempt: int) -> None:
         """RQ's dequeue line (``<queue>: <description> (<id>)``, the description left out

@@ -89,11 +89,19 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
         self._taker: Taker | None = None
         self._last_heartbeat: tuple[float, int] = (-math.inf, 0)  # (monotonic, TTL) of the last sent alone
         self._burst = False
+        #: RQ's work loop runs (its suspension check then rides with the take after it).
+        self._in_work_loop = False
+        #: RQ's suspension check is owed by the next take (its ``burst``); None: it is not.
+        self._suspension_owed: bool | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
     def work(self, *args: Any, **kwargs: Any) -> bool:
         self._burst = bool(kwargs.get("burst", args[0] if args else False))
-        return bool(super().work(*args, **kwargs))  # type: ignore[misc]
+        self._in_work_loop = True
+        try:
+            return bool(super().work(*args, **kwargs))  # type: ignore[misc]
+        finally:
+            self._in_work_loop = False
 
     def _start_scheduler(self, *args: Any, **kwargs: Any) -> None:
         """RQ's scheduler start (``--with-scheduler``), right after the worker registered: a
@@ -356,7 +364,18 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
                 pubsub.close()
 
     def check_for_suspension(self, burst: bool) -> None:
-        """RQ's `rq suspend` check, run by its work loop before each take."""
+        """RQ's `rq suspend` check, run by its work loop before each take: there it rides
+        with the take that follows, in the pop's round trip, the pop refusing while the
+        workers are suspended (rq_emq.run.dequeue); called elsewhere, it runs at once."""
+        if self._in_work_loop:
+            self._suspension_owed = burst
+            return
+        self.check_suspension_now(burst)
+
+    def check_suspension_now(self, burst: bool) -> None:
+        """RQ's check in its own transaction (RQ's worker heartbeat and the state held back
+        ride in it): while suspended it waits, or in burst ends the worker."""
+        self._suspension_owed = None
         parent: Any = super()
         landed: list[bool] = []
 

@@ -28,6 +28,7 @@ HERE = Path(__file__).resolve().parent
 BENCHMARKS = {
     "cost": "What a worker costs: connections, throughput and Redis CPU per job, start-up included",
     "redis_instructions": "Redis's own work per job in instructions (callgrind): repeatable, unlike CPU time",
+    "worker_instructions": "The no-fork worker's own work per job in instructions (callgrind)",
     "pickup": "Idle workers: pick-up latency and idle Redis cost",
     "fleet": "A fleet of idle workers: Redis work per job, connections and pick-up as it grows",
     "idle_cost": "Idle fleets: Redis commands per second per idle worker (N = 1, 10, 50)",

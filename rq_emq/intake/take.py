@@ -322,12 +322,15 @@ class Taker:
                     between.sent(False)
                 raise
             if between is not None:
-                between.sent(not any(isinstance(reply, Exception) for reply in replies[:ahead]))
-                between = None  # landed, or its error raised below: sent once
+                refused = [reply for reply in replies[:ahead] if isinstance(reply, Exception)]
+                between.sent(not refused)
+                between = None  # sent once
+                if refused:  # the worker's own bookkeeping: never the reason to strand a take
+                    logger.warning("the worker's heartbeat and state sent with a take failed: %s", refused[0])
             if scripts.is_noscript(replies[ahead]):
                 script.load(self.connection)
                 continue
-            for reply in replies:
+            for reply in replies[ahead:]:
                 if isinstance(reply, Exception):
                     raise reply
             taken = replies[ahead]

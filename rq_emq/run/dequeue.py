@@ -192,7 +192,12 @@ class DequeueMixin:
                 self._suspension_owed = None
             me.suspension_checked(landed=landed)
 
-        return Between(WORKERS_SUSPENDED, queue, sent, alone=lambda: me.check_suspension_now(burst))
+        def alone() -> None:
+            me.check_suspension_now(burst)
+            if me._stop_requested:  # a stop ended RQ's wait for a resume: no wait for a job now
+                raise compat.StopRequested()
+
+        return Between(WORKERS_SUSPENDED, queue, sent, alone)
 
     def _log_take(self, job: Job, queue: Queue, attempt: int) -> None:
         """RQ's dequeue line (``<queue>: <description> (<id>)``, the description left out

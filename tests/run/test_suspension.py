@@ -46,6 +46,21 @@ def test_a_take_carrying_rqs_check_refuses_while_suspended_and_leaves_the_job_qu
     assert worker._suspension_owed is None
 
 
+def test_a_take_whose_heartbeat_and_state_fail_still_takes_its_job_and_holds_the_state_again(
+    r: redis.Redis,
+) -> None:
+    """What rides with a take is the worker's bookkeeping: an error there (a worker key of
+    another type) is logged, never raised over a job the same round trip leased."""
+    job = Queue("q", connection=r).enqueue("jobs.noop")
+    worker = SimpleLeaseWorker(["q"], connection=r, name="w")
+    r.set(worker.key, "not a hash")
+    worker._suspension_owed = False
+    worker.hold_state("idle")
+    taken = Taker(r, "w", LeaseSettings()).take([QueueKeys("q")], None, between=worker._owed_check())
+    assert taken is not None and taken.job_id == job.id
+    assert worker._state_pending == "idle" and worker._suspension_owed is False
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("worker_class", WORKERS)
 def test_rq_suspend_stops_a_backlog_after_the_running_job_and_rq_resume_takes_the_rest(

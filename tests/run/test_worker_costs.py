@@ -216,10 +216,11 @@ def test_a_job_costs_one_script_call_and_rqs_transactions(
     """A count: one script call, the take (two under RQ 2.x: the finish keeps its own); the
     run's start (RQ's execution record riding in it) and the outcome (the lease's release
     riding in it) are RQ's own transactions under a WATCH of the job hash; RQ's `rq suspend`
-    check (a third transaction until stop 48) rides in the take's round trip. A forked horse inherits the record held back in the worker's
-    memory, and a SimpleLeaseWorker runs the job in the thread that recorded it; a spawned
-    horse re-reads its job and inherits nothing, so its worker writes the record in a
-    transaction of its own before the spawn."""
+    check (a third transaction until stop 48) rides in the take's round trip. A forked
+    horse inherits the record held back in the worker's memory, and a SimpleLeaseWorker
+    runs the job in the thread that recorded it; a spawned horse re-reads its job and
+    inherits nothing, so its worker writes the record in a transaction of its own before
+    the spawn."""
     jobs = 20
 
     def per_job(only: tuple[str, ...]) -> float:

@@ -44,7 +44,7 @@ from ..hold.held import new_token
 from ..keys import RQ_PREFIX, QueueKeys
 from ..settings import LeaseSettings
 from .wake import SELECT_MARGIN_S, QueueWait, WaitRefused
-from .watch import ALL, QueueSetWatch
+from .watch import ALL, STOP_POLL_S, QueueSetWatch
 
 logger = logging.getLogger("rq_emq.lease")
 
@@ -191,6 +191,11 @@ class Taker:
         #: Called as the take finds nothing and is about to wait: the worker's chores that
         #: may take a moment then and no sooner (reaping its last horse, rq_emq.run.horse_end)
         self.before_wait: Callable[[], None] | None = None
+        #: The worker was told to stop. RQ's stop raises StopRequested from its signal
+        #: handler into whatever the main thread runs, and where Python ignores exceptions
+        #: (an at-fork hook: logging's, as the worker forks its next horse ahead) the stop
+        #: is lost but for this flag: a wait looks at it before it starts and while it waits.
+        self.stop_requested: Callable[[], bool] = lambda: False
 
     def pop(
         self, queues: Sequence[str | QueueKeys], only: frozenset[str] = ALL, between: Between | None = None
@@ -401,6 +406,8 @@ class Taker:
             least = LEAST_WAIT_S
             if self.before_wait is not None and not waited:
                 self.before_wait()
+            if self.stop_requested():
+                return None
             if self._holding_back:
                 self._holding_back = False
                 self._expect_empty = False
@@ -439,7 +446,10 @@ class Taker:
             return self._poll(queues, timeout, record)
         moved: list[tuple[int, str]] = []
         try:
-            waiting.ready(timeout + SELECT_MARGIN_S)
+            until = started + timeout + SELECT_MARGIN_S
+            while not waiting.ready(max(0.0, min(until - time.monotonic(), STOP_POLL_S))):
+                if time.monotonic() >= until or self.stop_requested():
+                    break
             # a wait answered at once found a job waiting: more may follow (a backlog)
             self._expect_empty = time.monotonic() - started > AT_ONCE_S
             with stop_signals_deferred():

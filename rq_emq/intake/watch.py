@@ -209,6 +209,8 @@ class QueueSetWatch:
         self.work = work
         self.control = control
         self.line = line
+        #: The worker was told to stop: the watch's wait ends (rq_emq.intake.take.Taker's own).
+        self.stop_requested: Callable[[], bool] = lambda: False
         first = queues[0]
         election = sweeper_election_key([q.queue for q in queues], first.queue_prefix, first.job_prefix)
         self.keys = [watch_key(election), wake_key(election)]
@@ -349,7 +351,7 @@ class QueueSetWatch:
                     if look:
                         return look
                     continue  # a list the prefix covers (``rq:queue:q0x``)
-                if remaining <= 0 or not self.watching:
+                if remaining <= 0 or not self.watching or self.stop_requested():
                     return NOWHERE if self.watching else ALL
         finally:
             with self._lock:

@@ -227,6 +227,7 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
         settings = self.lease_settings
         self._taker = Taker(self.connection, self.name, settings)
         self._taker.before_wait = self._before_idle_wait
+        self._taker.stop_requested = self._told_to_stop
         control = budget.control_client(self.connection, settings.redis_timeout_s)
         self.lock_manager = self._new_lock_manager(control)
         self._lender = budget.WorkConnectionLender(self.connection, control)
@@ -237,6 +238,7 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
             self._taker.watch = watch.QueueSetWatch(
                 self.connection, control, self.name, layouts, settings.lease_ms, line
             )
+            self._taker.watch.stop_requested = self._told_to_stop
         self.lock_manager.start()
         # a Sentinel failover breaks these connections at once, and they reconnect to the
         # master Sentinel names now (not to the old one, writable until its demotion)
@@ -441,6 +443,11 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
             compat.drop_failure_callback(job)
         return super().handle_execution_ended(job, *args, **kwargs)  # type: ignore[misc]
 
+    def _told_to_stop(self) -> bool:
+        """A warm stop was requested (read by the idle waits: rq_emq.intake.take)."""
+        me: Any = self
+        return bool(me._stop_requested)
+
     def request_stop(self, signum: int, frame: FrameType | None) -> None:
         """A warm shutdown: RQ's, and the running job told (``current_lease().stopping``);
         with ``shutdown_timeout_ms`` set, a run still going then is stopped and its job
@@ -448,8 +455,9 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
         at once when no job runs."""
         self._tell_run_stopping()
         # RQ sets its flag only when a job runs, and else raises StopRequested into whatever
-        # the main thread runs; set here too, a raise that a handler caught is still read
-        # (the idle wait's loop: rq_emq/run/dequeue.py)
+        # the main thread runs; set here too, a raise that a handler caught, or that Python
+        # ignored (an at-fork hook ran the handler: CI rehearsal 17), is still read (the
+        # idle waits: rq_emq/intake/take.py; the wait loop: rq_emq/run/dequeue.py)
         me: Any = self
         me._stop_requested = True
         super().request_stop(signum, frame)  # type: ignore[misc]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -274,6 +275,37 @@ def test_a_stop_whose_signal_a_wait_swallowed_still_ends_the_idle_wait(
     with pytest.raises(compat.StopRequested):
         worker.dequeue_job_and_maintain_ttl(1)
     assert len(takes) == 1
+
+
+def test_a_stop_lost_as_the_worker_forks_its_next_horse_never_starts_the_idle_wait(
+    worker: LeaseWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI rehearsal 17: a pool's SIGINT reached a member as it forked its spare horse,
+    RQ's handler ran in logging's at-fork hook, where Python ignores exceptions, and the
+    member then waited out RQ's dequeue timeout. The flag the handler set first is read
+    before the wait begins."""
+    from rq_emq import compat
+
+    def fork_while_told_to_stop() -> None:
+        worker._stop_requested = True  # the handler ran; its StopRequested was ignored
+
+    monkeypatch.setattr(worker, "_before_idle_wait", fork_while_told_to_stop)
+    started = time.monotonic()
+    with pytest.raises(compat.StopRequested):
+        worker.dequeue_job_and_maintain_ttl(30)
+    assert time.monotonic() - started < 3  # a tenth of the wait's 30 s
+
+
+def test_a_stop_lost_while_the_worker_waits_ends_the_wait_within_a_poll(worker: LeaseWorker) -> None:
+    """The same flag, set while the worker already waits: its wait looks at it every
+    quarter second (no Redis command), and ends."""
+    from rq_emq import compat
+
+    threading.Timer(0.5, lambda: setattr(worker, "_stop_requested", True)).start()
+    started = time.monotonic()
+    with pytest.raises(compat.StopRequested):
+        worker.dequeue_job_and_maintain_ttl(30)
+    assert time.monotonic() - started < 3  # the flag at 0.5 s, a quarter second's poll; of 30 s
 
 
 def test_a_stop_signal_to_an_idle_worker_sets_rqs_flag_as_well_as_raising(

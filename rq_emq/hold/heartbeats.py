@@ -145,8 +145,7 @@ class HeartbeatMixin:
         if pipeline is None and self._holding_state:
             # RQ's "idle" as a run ends: sent in the transaction its loop sends next (its
             # `rq suspend` check, at once), not in a round trip of its own
-            me._state = state
-            self._state_pending = state
+            self.hold_state(state)
             return
         self._state_pending = None  # a state written since replaces one held back
         sent_at, sent_state = self._state_sent

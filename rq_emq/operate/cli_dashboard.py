@@ -2,7 +2,10 @@
 run rq-dashboard standalone (``rq-dashboard --redis-url ...``). It listens on loopback
 (``127.0.0.1:9181``) unless ``--bind`` says otherwise: rq-dashboard's pages hold actions
 (delete, empty, requeue) with no CSRF token, so a dashboard reachable from the network
-without a password is warned about once at start. ``--username`` with the password from
+without a password is warned about once at start. Every request passes
+:func:`.dashboard.guard.protect`: a host name not given (``--allowed-host``, besides
+addresses, ``localhost`` and the ``--bind`` name) is refused, and so is an action that is
+not a POST from the dashboard's own pages. ``--username`` with the password from
 ``RQ_DASHBOARD_PASSWORD`` turns on rq-dashboard's basic auth for every page, the panel's
 included (``--password`` works too, but shows in ``ps``: that is warned about). Needs the
 ``dashboard`` extra (``pip install 'rq-emq[dashboard]'``); without it the command says so
@@ -35,6 +38,14 @@ from .cli_connect import DEFAULT_URL, BadInput, redact
 @click.option(
     "--poll-interval", default=2500, show_default=True, type=click.IntRange(500), help="Auto-refresh, in ms."
 )
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    envvar="RQ_EMQ_DASHBOARD_ALLOWED_HOSTS",
+    help="A host name browsers reach it by, besides addresses and localhost (repeat, or comma-separate "
+    "in RQ_EMQ_DASHBOARD_ALLOWED_HOSTS; '*': any).",
+)
 def dashboard(
     url: str | None,
     bind: str,
@@ -43,6 +54,7 @@ def dashboard(
     username: str | None,
     password: str | None,
     poll_interval: int,
+    allowed_hosts: tuple[str, ...],
 ) -> None:
     """Serve rq-dashboard with the lease panel at <prefix>/leases (and a link to it in
     rq-dashboard's navigation). The panel only reads; rq-dashboard's pages keep theirs."""
@@ -62,11 +74,23 @@ def dashboard(
     from .dashboard import create_app
 
     redis_url = url or os.environ.get("REDIS_URL") or DEFAULT_URL
-    app = create_app(redis_url, url_prefix.rstrip("/"), username, password)
+    names = [name.strip() for value in allowed_hosts for name in value.split(",") if name.strip()]
+    if not is_address(bind):
+        names.append(bind)  # the name it was told to listen on
+    app = create_app(redis_url, url_prefix.rstrip("/"), username, password, names)
     app.config["RQ_DASHBOARD_POLL_INTERVAL"] = poll_interval
     click.echo(f"rq-dashboard with the lease panel on http://{bind}:{port}{url_prefix.rstrip('/')}/leases")
     click.echo(f"Redis: {redact(redis_url)}")
     app.run(host=bind, port=port, threaded=True)
+
+
+def is_address(bind: str) -> bool:
+    """Whether ``bind`` is an IP address (``0.0.0.0`` and ``::`` included), not a name."""
+    try:
+        ipaddress.ip_address(bind.strip("[]"))
+    except ValueError:
+        return False
+    return True
 
 
 def is_loopback(bind: str) -> bool:

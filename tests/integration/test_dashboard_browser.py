@@ -8,84 +8,25 @@ itself current without a reload."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from dashboard_browser import start_dashboard
 from helpers import wait_status
-from integration_scenarios import require
 from jobs import runs
 from procs import Processes, wait_for
-from redis_server import in_ci
 from rq import Queue
 
 import rq_emq
-from rq_emq.testing import free_port
 
 pytestmark = pytest.mark.slow
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 #: a lease that lapses soon, so the kills turn into marks and recoveries within seconds
 LEASE = {"RQ_EMQ_LEASE_MS": "2000", "RQ_EMQ_RENEW_INTERVAL_MS": "250", "RQ_EMQ_SWEEP_INTERVAL_MS": "500"}
 #: where to save screenshots of the panel (docs/: `RQ_EMQ_SCREENSHOTS=docs pytest ...`)
 SCREENSHOTS = os.environ.get("RQ_EMQ_SCREENSHOTS")
-
-
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    require("selenium")
-    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
-        message = "Debian's chromium and chromium-driver are not installed (apt-get install them)"
-        if in_ci():
-            pytest.fail(f"{message}; CI (CI=true) must run this test")
-        pytest.skip(message)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--window-size=1400,1800",
-    ):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(30)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
-def start_dashboard(procs: Processes, redis_url: str) -> str:
-    port = free_port()
-    cmd = [sys.executable, "-m", "rq_emq.operate.cli", "dashboard", "--url", redis_url, "--bind", "127.0.0.1"]
-    procs.start([*cmd, "--port", str(port), "--poll-interval", "1000"], env=procs.env(), name="dashboard")
-    base = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        import urllib.request
-
-        try:
-            with urllib.request.urlopen(f"{base}/leases", timeout=2) as answer:
-                return bool(answer.status == 200)
-        except OSError:
-            return False
-
-    wait_for(up, timeout=30, what="the dashboard to serve")
-    return base
 
 
 def horse_of(log: str) -> int:

@@ -15,12 +15,14 @@ included (queue names, job ids, descriptions, worker names and reports are user 
 its pages carry a Content-Security-Policy that lets no injected script run (:mod:`.csp`),
 and every request first passes rq-dashboard's own request
 guards (its basic auth, its Redis instance switch), so it is exactly as protected as
-rq-dashboard itself. ``rq-emq dashboard`` serves rq-dashboard with the panel added.
+rq-dashboard itself. ``rq-emq dashboard`` serves rq-dashboard with the panel added, the
+whole app behind :func:`.guard.protect` (host names, same-origin writes, a policy on
+rq-dashboard's pages too); an app that mounts both calls it itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,7 @@ from ..panel import QueuePanel, read_panels
 from ..reports import report_json, short_report
 from .chart import svg
 from .csp import policy, trusted_script_hashes
+from .guard import protect
 
 HERE = Path(__file__).resolve().parent
 #: rq-dashboard's blueprint name: the guards and templates the panel stands behind.
@@ -174,15 +177,22 @@ def _ago(ms: int | None) -> str:
 
 
 def create_app(
-    redis_url: str, url_prefix: str = "", username: str | None = None, password: str | None = None
+    redis_url: str,
+    url_prefix: str = "",
+    username: str | None = None,
+    password: str | None = None,
+    allowed_hosts: Iterable[str] = (),
 ) -> Flask:
     """rq-dashboard's own app (its settings, ``RQ_DASHBOARD_SETTINGS``) with the panel
-    added; with ``username``, rq-dashboard's basic auth guards the whole app (set on the
-    app, not on rq-dashboard's blueprint, which a process can register only once)."""
+    added, behind :func:`.guard.protect` (``allowed_hosts``: the host names it answers to
+    besides addresses and ``localhost``); with ``username``, rq-dashboard's basic auth
+    guards the whole app (set on the app, not on rq-dashboard's blueprint, which a process
+    can register only once)."""
     from rq_dashboard.cli import add_basic_auth, make_flask_app
     from rq_dashboard.web import setup_rq_connection
 
     app: Flask = make_flask_app(None, None, None, url_prefix)
+    protect(app, allowed_hosts)
     if username:
         add_basic_auth(app, username, password)
     app.config["RQ_DASHBOARD_REDIS_URL"] = redis_url

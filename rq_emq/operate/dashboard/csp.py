@@ -35,8 +35,13 @@ BASE_POLICY = (
 )
 
 
+#: The ``type`` values a browser runs a ``<script>`` of (``module`` too).
+JAVASCRIPT_TYPES = frozenset({"text/javascript", "application/javascript", "module", ""})
+
+
 class _InlineScripts(HTMLParser):
-    """The text of every ``<script>`` element without ``src``, exactly as written."""
+    """The text of every inline ``<script>`` element a browser runs (no ``src``, a script
+    type), exactly as written."""
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=False)
@@ -44,7 +49,10 @@ class _InlineScripts(HTMLParser):
         self._current: list[str] | None = None
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "script" and not any(name == "src" for name, _ in attrs):
+        given = dict(attrs)
+        kind = (given.get("type") or "text/javascript").strip().lower()
+        # a script of another type (rq-dashboard's row templates, text/template) never runs
+        if tag == "script" and "src" not in given and kind in JAVASCRIPT_TYPES:
             self._current = []
 
     def handle_data(self, data: str) -> None:
@@ -71,8 +79,15 @@ def trusted_script_hashes(page_without_data: str) -> list[str]:
     )
 
 
-def policy(script_hashes: list[str] | None) -> str:
+def policy(script_hashes: list[str] | None, templates_compile: bool = False) -> str:
     """The header's value: scripts from this origin and the given inline ones; with None,
-    no script at all (the panels' refresh fragment, which the page inserts as HTML)."""
-    scripts = "'none'" if script_hashes is None else " ".join(["'self'", *script_hashes])
+    no script at all (the panels' refresh fragment, which the page inserts as HTML).
+
+    ``templates_compile``: the page's scripts compile templates into functions (rq-dashboard
+    builds its rows with underscore's ``_.template``, a ``Function`` constructor), so
+    ``'unsafe-eval'`` is allowed. What it compiles is the page's own template text; values
+    from Redis are only ever passed to the compiled functions, never compiled, and the
+    markup they insert still runs no handler and no ``<script>``."""
+    sources = ["'self'", *(script_hashes or ())] + (["'unsafe-eval'"] if templates_compile else [])
+    scripts = "'none'" if script_hashes is None else " ".join(sources)
     return "; ".join([*BASE_POLICY, f"script-src {scripts}"])

@@ -42,7 +42,7 @@ def queued_twice_by_stock(line: str, ev: Any) -> bool:
     frozen while its horse raised: the horse's ``Retry`` and, on resume, the worker's
     "terminated unexpectedly" failure each enqueue it). Our workers pushed neither copy.
     Or a sample's "queued while leased" in that double enqueue's window: one of ours holds
-    the lease of one copy while the other waits (CI rehearsal 11); the frozen neighbour's
+    the lease of one copy while the other waits; the frozen neighbour's
     runs and faults show the double enqueue (:func:`frozen_double_enqueues`)."""
     parts = line.split(maxsplit=2)
     if len(parts) < 3:

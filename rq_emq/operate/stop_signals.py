@@ -4,8 +4,8 @@ reaper, ``status --watch``): a stop the loop waits on, set by a handler that tak
 A handler that sets a ``threading.Event`` takes the event's condition lock. A signal runs
 its handler in the main thread between two bytecodes, and if that is inside the loop's own
 ``Event.wait``, where the same thread holds that lock, the handler waits on it for ever:
-the process sleeps on and never exits (1 SIGTERM in 200 hung a loop of short waits; CI
-rehearsal 20 met it in the reaper). Here the handler sets a flag and writes a byte to a
+the process sleeps on and never exits (1 SIGTERM in 200 hung a loop of short waits, and a
+reaper under CI's load hung so). Here the handler sets a flag and writes a byte to a
 pipe, and the wait is a ``select`` on the pipe, which the byte wakes at once.
 """
 

@@ -126,8 +126,8 @@ def r(redis_server: RedisServer | ExternalRedis) -> Iterator[redis.Redis]:
     if isinstance(redis_server, RedisServer):
         # The private server outlives each test: a worker an earlier test SIGKILLed while it
         # waited in BLMOVE may still be blocked there until Redis reads its closed socket,
-        # and would take this test's first job into its moving list (seen once in a CI
-        # rehearsal: a stock rq.Worker then never saw the job). Not on a REDIS_URL server:
+        # and would take this test's first job into its moving list (a stock rq.Worker
+        # then never sees the job). Not on a REDIS_URL server:
         # its other clients are someone else's.
         client.client_kill_filter(_type="normal", skipme=True)
         client.client_kill_filter(_type="pubsub", skipme=True)

@@ -149,7 +149,7 @@ class Processes:
             out += [f"   | {line}" for line in _collapsed(self.log(process).splitlines())[-lines:]]
             live = process.returncode is None and _proc_state(process.pid) not in ("T", "Z", "gone")
             if live and process.args[0] == RQ_BIN:
-                # where each of its threads stands (a worker that went silent: stop 40's note),
+                # where each of its threads stands (what a worker that went silent was doing),
                 # and each rq process under it (a pool's member that outlived the pool's stop)
                 for pid in [process.pid, *(p for p in descendants if RQ_BIN in _cmdline(p))]:
                     if _proc_state(pid) not in ("T", "Z", "gone"):
@@ -163,7 +163,7 @@ class Processes:
             # pid, so the group's id cannot name another group): a dead leader's children
             # (RQ's scheduler process among them) would write to later tests' Redis. Once
             # reaped, the id may be reused by another test's group (pid_max is 32768 here,
-            # and CI's two suites wrap it): never kill by it then (CI rehearsal 14).
+            # and CI's two suites wrap it): never kill by it then.
             if process.returncode is None:
                 try:
                     os.killpg(process.pid, signal.SIGKILL)

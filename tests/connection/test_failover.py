@@ -105,7 +105,7 @@ def test_after_a_failover_the_take_gate_is_on_again_for_the_failback(tmp_path: P
 def test_a_chained_exception_logged_once_counts_as_one_traceback() -> None:
     """RQ logs a run that raised with its whole traceback; when the error was raised while
     handling another (a connection dropped under ``job.perform()``), that is one entry with
-    two ``Traceback`` headers, still one run's traceback (CI, stop 30)."""
+    two ``Traceback`` headers, still one run's traceback."""
     one_run = [
         "09:55:02 Worker w: job j: exception raised while executing (failover_jobs.work)",
         "Traceback (most recent call last):",

@@ -258,7 +258,7 @@ def test_a_stray_copy_of_a_job_that_left_every_queue_is_dropped_never_run_again(
 ) -> None:
     """A push sent again after a lost reply (redis-py resends a transaction after a
     connection error, whether or not Redis ran it: RQ's scheduler moving a due job through
-    a cut connection, CI stop 30's soak) can land after the job already ran: the copy then
+    a cut connection, as the soak's cuts provoke) can land after the job already ran: the copy then
     finds it finished, or failed, or waiting elsewhere (a delayed Retry, its parents, its
     rate limit). RQ writes these statuses only with the job in no queue, and every push
     writes ``queued``: the copy is dropped, and logged, by the pop and by the claim."""
@@ -334,7 +334,7 @@ def test_a_wait_that_ends_a_moment_before_the_takes_deadline_is_not_followed_by_
     r: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Redis counts a wait's timeout in whole milliseconds, rounded down: a wait may end
-    just before the take's deadline (CI rehearsal 19: six BLMOVEs for one idle take)."""
+    just before the take's deadline (one idle take once sent six BLMOVEs)."""
     clock = [1000.0]
     waits: list[float] = []
 

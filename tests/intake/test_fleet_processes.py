@@ -156,8 +156,8 @@ def test_redis_commands_per_job_on_three_queues_stay_within_a_tenth_of_stock_rqs
     print(f"Redis commands per job: {totals}")
     # RQ 2's stock worker sends fewer commands of its own (61 on 2.12, 63 on 2.0), so our
     # fixed cost weighs more there: 69.1 and 71.1 measured (docs/fleet.md)
-    # (and with the idle watch, 71 against 61 on RQ 2.12, 73 against 63 on 2.0, in the CI
-    # rehearsal of 2026-12-03: our fixed cost is the same, theirs lower)
+    # (and with the idle watch, 71 against 61 on RQ 2.12, 73 against 63 on 2.0, in CI: our
+    # fixed cost is the same, theirs lower)
     ratio = 1.1 if int(rq.__version__.split(".")[0]) >= 3 else 1.2
     for n in ours:
         assert totals[f"ours N={n}"] <= ratio * totals["stock"], totals
@@ -327,7 +327,7 @@ def test_a_worker_refused_connections_for_its_waits_still_takes_jobs_within_a_sm
     wait_for(lambda: "polls them every" in procs.log(worker), timeout=30, what="the fallback's one line")
     producer = redis.Redis.from_url(own_server.url)
     # the closes reach the server a moment after the line (on a loaded host, a moment long
-    # enough for a connect to find the limit still full: CI rehearsal 26): a client gets in
+    # enough for a connect to find the limit still full): a client gets in
     # once they have, as a producer retrying its connect would
     wait_for(lambda: _connects(producer), timeout=10, what="a producer's connection accepted")
     jobs = [Queue(q, connection=producer).enqueue("jobs.add", 1, 1) for q in ("c19", "c0")]

@@ -184,7 +184,7 @@ def test_a_due_job_that_rqs_scheduler_enqueues_twice_runs_once(
     r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path, worker_class: str
 ) -> None:
     """RQ's scheduler moves a due job to its queue in one transaction; a connection cut as
-    the reply comes back (the soak's cuts, CI stop 30) makes redis-py send it again, and the
+    the reply comes back (as the soak's cuts do) makes redis-py send it again, and the
     job's id lands in the queue twice. A lease worker drops the copy it finds once the job
     has run (its status finished: lua/lib/lease.lua ``stray_copy``), so the job runs once;
     stock RQ runs it twice."""

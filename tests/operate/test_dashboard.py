@@ -215,7 +215,7 @@ def test_a_guard_added_to_rq_dashboards_blueprint_guards_the_panel_too(redis_url
 
 def test_the_panel_only_reads(own_server: RedisServer) -> None:
     # A server of its own: Redis counts commands server-wide, and a process an earlier test
-    # left behind may still reach the shared one (CI rehearsal 15 counted one EXPIRE)
+    # left behind may still reach the shared one (and add an EXPIRE to the count)
     r = redis.Redis.from_url(own_server.url)
     client = create_app(own_server.url).test_client()
     held_job(r, encode_report(1, {}))

@@ -347,10 +347,10 @@ def test_a_job_silent_past_its_progress_timeout_is_stopped_recovered_and_failed_
             what=f"job {job.id} failed",
         )
     if status(r, job.id) != "failed" and worker.poll() is None:
-        # Where each thread stood and what Redis held: what a hunt needs. (Stop 39 met this
-        # on RQ 2.x in 4 of 8 CI stage runs beside another suite, a SimpleLeaseWorker running
-        # the job on with no stop at all; not since the stop's watchdog poke landed: 0 in 8
-        # stage runs, 0 in 25 runs under three CPU hogs on RQ 2.12. It fails outright now.)
+        # Where each thread stood and what Redis held: what a hunt needs. (Without the stop's
+        # poke of its watchdog, a SimpleLeaseWorker on a host starved by a second suite ran
+        # the job on with no stop at all; with it, 0 in 25 runs under three CPU hogs on RQ
+        # 2.12, so this is a defect and fails outright.)
         evidence = (
             f"{procs.log(worker)[-3000:]}\n--- Redis:\n{_redis_state_of(r, job.id)}\n"
             f"--- the worker's threads:\n{procs.stacks(worker)[-6000:]}"
@@ -359,7 +359,7 @@ def test_a_job_silent_past_its_progress_timeout_is_stopped_recovered_and_failed_
     late_ms = [int(ms) for ms in re.findall(r"past its deadline by (\d+) ms", procs.log(worker))]
     if worker.poll() is not None and late_ms and max(late_ms) >= 50:
         # None of the worker's threads acted by its self-kill's moment (its interrupt, its
-        # self-kill, its lease clock: seen in CI rehearsals on RQ 2.x beside another suite,
+        # self-kill, its lease clock: seen in CI on RQ 2.x beside another suite,
         # threads 3 s late), and its watchdog, a process of its own, ended it after that
         # moment, as the backstop for a starved worker must (the criterion of
         # test_self_fencing.starved_worker_ended_by_its_watchdog). The progress stop this
@@ -368,8 +368,8 @@ def test_a_job_silent_past_its_progress_timeout_is_stopped_recovered_and_failed_
         pytest.skip(f"host stalled past the lease; the watchdog ended the worker:\n{said}")
     assert status(r, job.id) == "failed", procs.log(worker)
     # each attempt's run, where its code began: a horse not yet at the job's first line when
-    # its progress timeout ran out (a fork and start past 800 ms on a loaded host, seen in a
-    # CI rehearsal: [2]) records no run, and is an attempt all the same (the two stops below)
+    # its progress timeout ran out (a fork and start past 800 ms on a loaded host: [2])
+    # records no run, and is an attempt all the same (the two stops below)
     begun = [run["attempt"] for run in runs_of(log)]
     assert begun in ([1, 2], [1], [2]), begun
     assert not any(e["event"] == "end" for e in events(log))

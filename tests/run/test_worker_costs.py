@@ -216,7 +216,7 @@ def test_a_job_costs_one_script_call_and_rqs_transactions(
     """A count: one script call, the take (two under RQ 2.x: the finish keeps its own); the
     run's start (RQ's execution record riding in it) and the outcome (the lease's release
     riding in it) are RQ's own transactions under a WATCH of the job hash; RQ's `rq suspend`
-    check (a third transaction until stop 48) rides in the take's round trip. A forked
+    check rides in the take's round trip, no transaction of its own. A forked
     horse inherits the record held back in the worker's memory, and a SimpleLeaseWorker
     runs the job in the thread that recorded it; a spawned horse re-reads its job and
     inherits nothing, so its worker writes the record in a transaction of its own before
@@ -228,7 +228,7 @@ def test_a_job_costs_one_script_call_and_rqs_transactions(
         return (burst_commands(r, procs, worker_class, jobs, only=only) - fixed) / jobs
 
     # a periodic call (the sweep, its election) may fall due in a burst a loaded host slowed
-    # (3.05 script calls a job on RQ 2.12 in a CI rehearsal: one call in 20 jobs): two calls
+    # (3.05 script calls a job on RQ 2.12 on a loaded CI host: one call in 20 jobs): two calls
     # of slack in all, where one more call a job would add 20
     # under RQ 2.x the finish keeps its script call (compat.SUCCESS_LOOP_RETRIES_WHOLE)
     scripts = 1 if compat.SUCCESS_LOOP_RETRIES_WHOLE else 2
@@ -254,7 +254,7 @@ def test_redis_commands_per_job_are_no_more_than_stock_rqs(
         per_job[worker_class] = (burst_commands(r, procs, worker_class, jobs) - fixed) / jobs
     rq_3 = int(rq.__version__.split(".")[0]) >= 3
     # the lock manager's and sweeper's ticks; RQ 2's extras (59.6 against 56.0 on RQ 2.12 in
-    # the CI rehearsal of 2026-12-03, once the take read the old run's lock: issue 33)
+    # CI, with the take reading the old run's lock: issue 33)
     margin = 1.0 if rq_3 else 4.0
     assert per_job[ours] <= per_job[stock] + margin, per_job
 

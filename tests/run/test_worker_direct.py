@@ -105,7 +105,7 @@ def test_unsubscribing_as_the_pubsub_thread_closes_its_connection_raises_nothing
 ) -> None:
     """Told to stop, the thread closes the pubsub's connection as its last step; a reply
     it was already reading (the SUBSCRIBE's, late on a loaded host) lets it close it under
-    the UNSUBSCRIBE being sent, which raises (CI rehearsal 17: ``Bad file descriptor``).
+    the UNSUBSCRIBE being sent, which raises (``Bad file descriptor``).
     The subscription ends with the connection: the worker's stop goes on."""
     worker.subscribe()
     thread, pubsub = worker.pubsub_thread, worker.pubsub
@@ -241,7 +241,7 @@ def test_a_job_whose_lease_is_lost_before_its_run_begins_runs_no_failure_callbac
 ) -> None:
     """The run never began (another holder has the job by then, as after a failover): RQ's
     failure path, which the interruption enters, must not run the job's failure callback,
-    nor fail the job (CI rehearsal, RQ 2.12: a Sentinel failover trial's spurious callback)."""
+    nor fail the job (on RQ 2.12 a Sentinel failover trial otherwise met a spurious callback)."""
     log = tmp_path / "callbacks.log"
     queue = Queue("q", connection=r)
     on_failure = Callback("jobs.on_failure_record")
@@ -280,10 +280,10 @@ def test_a_stop_whose_signal_a_wait_swallowed_still_ends_the_idle_wait(
 def test_a_stop_lost_as_the_worker_forks_its_next_horse_never_starts_the_idle_wait(
     worker: LeaseWorker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """CI rehearsal 17: a pool's SIGINT reached a member as it forked its spare horse,
-    RQ's handler ran in logging's at-fork hook, where Python ignores exceptions, and the
-    member then waited out RQ's dequeue timeout. The flag the handler set first is read
-    before the wait begins."""
+    """A pool's SIGINT may reach a member as it forks its spare horse: RQ's handler then
+    runs in logging's at-fork hook, where Python ignores exceptions, and the member would
+    wait out RQ's dequeue timeout. The flag the handler set first is read before the wait
+    begins."""
     from rq_emq import compat
 
     def fork_while_told_to_stop() -> None:

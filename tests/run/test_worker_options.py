@@ -322,8 +322,8 @@ def _run_order(
     procs: Processes, redis_url: str, worker_class: str, args: tuple[str, ...], log: str
 ) -> list[str]:
     # an order of takes needs no recovery: under FAST's 800 ms lease a starved host made the
-    # worker stop a run on its lease clock, and the sweep's rerun came out of order (CI
-    # rehearsal, RQ 2.12 beside the 2.0 suite): a lease far longer than the run instead
+    # worker stop a run on its lease clock, and the sweep's rerun came out of order (RQ
+    # 2.12's suite beside another on 2 cores): a lease far longer than the run instead
     worker = procs.worker(redis_url, "q1", "q2", worker_class=worker_class, burst=True, args=args, **STEADY)
     assert worker.wait(timeout=120) == 0, procs.log(worker)
     order = tags(log)

@@ -117,7 +117,7 @@ def test_a_lease_whose_clock_ran_out_is_reported_lost_once_whoever_sees_it_first
 ) -> None:
     """The clock thread, the tick, the horse's reaper and the run's end may each be the
     first to see a local lease clock run out (a worker resumed from SIGSTOP reaps a horse
-    its watchdog ended before its clock thread looks: CI stop 30). Each lost lease is
+    its watchdog ended before its clock thread looks). Each lost lease is
     reported once, and the clock thread stops only a run still going."""
     stopped: list[Lease] = []
     manager = LockManager(r, 1000, 100, on_lost=stopped.append, on_expired=stopped.append, name="lm")

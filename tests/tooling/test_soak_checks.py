@@ -189,7 +189,7 @@ def test_a_stray_copy_that_one_of_ours_dropped_is_rqs_and_one_that_ours_ran_fail
     tmp_path: Any,
 ) -> None:
     """RQ's own clients push a job again after a lost reply (its scheduler through a cut
-    connection, its fan-in dependents race: CI stop 30, a rerun of seed 2): the sample that
+    connection, its fan-in dependents race, both seen in short soaks): the sample that
     saw the copy is counted apart when one of ours logged dropping it (read from the
     worker's log); a copy that one of ours ran is a duplicate; a stock neighbour's run of
     it is stock RQ's, unless one of our scripts had pushed the job since its last run."""
@@ -514,7 +514,7 @@ def test_a_recovery_while_another_worker_was_hit_too_is_held_to_the_double_failu
 
 
 def test_a_recovery_after_every_worker_was_hit_at_once_is_bounded_from_the_first_ones_return() -> None:
-    """Nobody sweeps while every worker is stopped, cut off or killed at once (CI stop 30:
+    """Nobody sweeps while every worker is stopped, cut off or killed at once (in one soak:
     the victim partitioned, then the other three stopped until 5.7-6.6 s after it, the job
     back 7.0 s after its fault): the bound counts from the end of that outage, hold + a line
     wait + 2 sweeps; one worker left free keeps the bound counted from the fault."""
@@ -1299,7 +1299,7 @@ def test_a_copy_queued_while_ours_holds_the_other_in_a_frozen_neighbours_double_
     None
 ):
     """The same double enqueue, sampled between its two takes: ours holds the lease of one
-    copy while the other still waits in the queue (CI rehearsal 11). The sample is stock
+    copy while the other still waits in the queue. The sample is stock
     RQ's within the double enqueue's window; with no freeze over the raise, or long after
     the resume, a job queued while leased is ours and fails the soak."""
     freeze = Fault("stop_stock", 2.0, "s", OTHER_WORKER, [OTHER_HORSE], "j", None, ended=4.0)
@@ -1332,7 +1332,7 @@ def test_a_copy_queued_while_ours_holds_the_other_in_a_frozen_neighbours_double_
 
 def test_a_failure_whose_result_waits_on_a_live_outbox_claim_is_pending_not_wrong() -> None:
     """The sweep failed the job at max attempts and a drainer claimed its outbox entry,
-    then the soak killed or froze that drainer (CI rehearsal 13): RQ's Result waits for
+    then the soak killed or froze that drainer: RQ's Result waits for
     the claim to lapse (it outlasts the failure callback's timeout), past the drain. While
     the claim lives that is pending, counted apart; with no live claim it fails the soak."""
     stalled = {"status": "failed", "attempts": "5", "failure": "stalled on attempt 5 of 5", "reason": ""}

@@ -131,7 +131,7 @@ def test_every_relative_link_resolves(page: Path) -> None:
 #: How a development diary names its entries: a numbered CI run or a numbered stop of the
 #: work, and a stop's note. (A warm or cold stop, or RQ's stop-job command, is never followed
 #: by a bare number.)
-DIARY = re.compile(r"\b(rehearsal|stop \d+('s)?( note)?)\b", re.IGNORECASE)
+DIARY = re.compile(r"\b(rehearsals?|stop \d+('s)?( note)?)\b", re.IGNORECASE)
 #: Where the docs and the code (its comments and docstrings) live. CHANGELOG.md, the
 #: project's history, is not read; nor is .ci/ (CI's script).
 CODE_DIRS = ("rq_emq", "tests", "soak", "benchmarks", "rqsuite", "mutations", "lua", "examples")

@@ -47,7 +47,6 @@ from __future__ import annotations
 import atexit
 import importlib
 import inspect
-import logging
 import os
 import threading
 from collections import deque
@@ -56,7 +55,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Literal
 
-logger = logging.getLogger("rq_emq.events")
+from . import reporter
+
+logger = reporter.PathLogger("rq_emq.events")  # code the lock manager's threads run
 
 EventKind = Literal["marked", "recovered", "failed", "lease_lost", "crashed", "no_progress", "reported"]
 KINDS: tuple[EventKind, ...] = (

@@ -11,12 +11,13 @@ operator can act on, not one per job (issue 33, rule 4: bad data never wedges a 
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Sequence
 from typing import Any
 
-logger = logging.getLogger("rq_emq.lease")
+from . import reporter
+
+logger = reporter.PathLogger("rq_emq.lease")  # code the lock manager's threads run
 
 _logged: set[tuple[str, str]] = set()
 _lock = threading.Lock()

@@ -4,6 +4,7 @@ the lock manager's round trip, and never repeated needlessly.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from typing import Any
@@ -12,6 +13,7 @@ from redis import Redis
 from redis.client import Pipeline
 from rq.job import Job
 
+from .. import reporter
 from ..settings import LeaseSettings
 from .lease import Lease
 
@@ -43,6 +45,23 @@ class HeartbeatMixin:
     _checking_suspension = False
     #: The suspension check's transaction carries a beat (none within a second of the last).
     _beat_riding = False
+
+    #: RQ's logger of this worker (RQ's ``__init__`` sets ``self.log``), read through :attr:`log`.
+    _rq_log: Any = logging.getLogger("rq.worker")
+
+    @property
+    def log(self) -> Any:
+        """RQ's logger of this worker; on the lock manager's threads, its
+        :class:`rq_emq.reporter.PathLogger`: RQ's methods they run (the worker heartbeat
+        that rides with each renewal, which logs a DEBUG line; a horse's kill) hand their
+        lines to the reporter thread instead of calling a handler."""
+        if reporter.on_renewal_thread():
+            return reporter.path_logger(self._rq_log)
+        return self._rq_log
+
+    @log.setter
+    def log(self, value: Any) -> None:
+        self._rq_log = value
 
     def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
         """RQ's worker heartbeat. RQ's loop sends one on its own three times per job (before

@@ -9,11 +9,14 @@ through ``on_tick`` (the worker's own heartbeat) and ``lease_writes`` (RQ's writ
 one lease's run, its execution heartbeat: packed into ``renew_executions`` calls that
 apply them only while that lease is still held, so a late tick never re-creates what a
 recovery or the finish removed).
+
+The tick's thread and the lease clock's run nothing that can wait on the application: no
+log handler (what they log goes to the reporter thread, :mod:`rq_emq.reporter`) and no
+event hook (:mod:`rq_emq.events`). Callbacks given here run on them, and keep to that.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import threading
 import time
@@ -24,14 +27,15 @@ from redis import Redis
 from redis.client import Pipeline
 from rq.utils import now, utcformat
 
-from .. import events, malformed, scripts
+from .. import events, malformed, reporter, scripts
 from ..connection.blips import BLIPS
 from ..keys import QueueKeys
 from .background import BackgroundLoop, Stopping
 from .held import Lease as Lease  # re-exported: where callers have always found it
 from .held import new_token as new_token
 
-logger = logging.getLogger("rq_emq.lease")
+#: What the lock manager's threads log goes to the reporter thread (rq_emq.reporter)
+logger = reporter.PathLogger("rq_emq.lease")
 
 #: How often a renewal also stamps RQ's ``last_heartbeat`` on the job hash (seconds), as
 #: stock RQ's heartbeat does (``job_monitoring_interval``). Not every tick: RQ WATCHes the
@@ -88,6 +92,9 @@ class LockManager(BackgroundLoop):
         self._job_heartbeat_at = -math.inf  # monotonic time of the last tick that stamped jobs
 
     def start(self) -> None:
+        # the reporter thread started here, not by a renewal thread's first line
+        reporter.start()
+        reporter.keep_libraries_off()
         super().start()
         self._clock.start()
 
@@ -168,6 +175,7 @@ class LockManager(BackgroundLoop):
 
     # -- the timer -----------------------------------------------------------------------
     def loop(self, stop: Stopping) -> None:
+        reporter.mark_renewal_thread()  # nothing on this thread calls a log handler
         interval = self.renew_interval_ms / 1000.0
         down = False  # Redis went away: said once, not a traceback per tick (a failover)
         serve_first = getattr(self.client.connection_pool, "serve_first", None)
@@ -337,6 +345,7 @@ class _LeaseClock(BackgroundLoop):
         self.interval_s = interval_s
 
     def loop(self, stop: Stopping) -> None:
+        reporter.mark_renewal_thread()  # a stop is never held up by a log handler either
         while not stop.wait(self.interval_s):
             try:
                 self.manager.check_expiry()

@@ -35,7 +35,6 @@ instead (:mod:`rq_emq.intake.wake`), as it says at start.
 
 from __future__ import annotations
 
-import logging
 import random
 import secrets
 import threading
@@ -46,11 +45,11 @@ from typing import Any
 from redis import Redis
 from redis.exceptions import ResponseError
 
-from .. import scripts
+from .. import reporter, scripts
 from ..hold.held import new_token
 from ..keys import QueueKeys, sweeper_election_key, wake_key, watch_key
 
-logger = logging.getLogger("rq_emq.lease")
+logger = reporter.PathLogger("rq_emq.lease")  # code the lock manager's threads run
 
 
 class _All(frozenset[str]):

@@ -26,7 +26,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq.job import Job
 from rq.queue import Queue
 
-from .. import compat, events, scripts
+from .. import compat, events, reporter, scripts
 from ..connection import budget, failover
 from ..connection.blips import BLIPS, wait_for_redis
 from ..fence import fencing
@@ -48,7 +48,7 @@ from .run_guard import RunGuard
 from .startup import check_redis, worker_settings
 from .worker_check import check_worker_class
 
-logger = logging.getLogger("rq_emq.lease")
+logger = reporter.PathLogger("rq_emq.lease")  # code the lock manager's threads run
 
 
 class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
@@ -69,7 +69,6 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
     connection: Redis
     name: str
     queues: list[Queue]
-    log: logging.Logger
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         names = LeaseSettings.names()
@@ -267,7 +266,8 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
     def _on_tick(self, pipe: Pipeline, leases: list[Lease]) -> None:
         """Each renewal tick, in the lock manager's thread: a watchdog that died mid-run is
         replaced (a fork and exec, once per death; never raises, so the renewal goes out
-        whatever becomes of it), then RQ's heartbeats ride with the renewal."""
+        whatever becomes of it), then RQ's heartbeats ride with the renewal (RQ's log line
+        about it goes to the reporter thread: ``HeartbeatMixin.log``)."""
         if leases:
             self._replace_dead_watchdog()
         idle_watch = self._taker.watch if self._taker is not None else None
@@ -297,9 +297,11 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
             if self._rq_lines is not None:
                 self._rq_logger().removeFilter(self._rq_lines)
                 self._rq_lines = None
-            # the hooks' thread is a daemon: a short, bounded chance for the events still
-            # queued (a pool member ends with os._exit, which runs no atexit handler)
+            # the hooks' and the reporter's threads are daemons: a short, bounded chance for
+            # the events and log lines still queued (a pool member ends with os._exit, which
+            # runs no atexit handler)
             events.drain_at_exit()
+            reporter.drain_at_exit()
         super().teardown()  # type: ignore[misc]
 
     _lender: budget.WorkConnectionLender | None = None

@@ -24,13 +24,14 @@ from typing import Any
 
 from rq.job import Job
 
+from .. import reporter
 from ..hold.held import Lease
 from .horse_fence import HorseDeadline
 from .job_lease import lease_clock
 from .process_tree import end_session, kill_tree
 from .watchdog import Watchdog
 
-logger = logging.getLogger("rq_emq.lease")
+logger = reporter.PathLogger("rq_emq.lease")  # code the lock manager's threads run
 
 
 class RunGuard:
@@ -284,7 +285,11 @@ class SimpleRunGuard:
             self._horse_deadline.settle()
 
     def _end_this_run(self, job_id: str, why: str) -> None:
-        """The self-kill: this process and its descendants (the job's own processes)."""
+        """The self-kill: this process and its descendants (the job's own processes). The
+        lock manager's lines still queued (the lease lost) get as long as the watchdog's own
+        check interval, which would end the run that much later anyway."""
+        me: Any = self
+        reporter.flush(me.lease_settings.lease_check_interval_s)
         logger.critical(
             "job %s did not %s; ending the worker process",
             job_id,

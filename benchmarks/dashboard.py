@@ -63,7 +63,7 @@ from rq_emq.settings import LeaseSettings
 #: The measured leases never lapse while the pages are read.
 LEASE_MS = 3_600_000
 #: The sweeps of a history: a short lease, a short grace between the mark and the recovery.
-SWEEP = LeaseSettings(lease_ms=1_000, renew_interval_ms=10, sweep_interval_ms=10)
+SWEEP = LeaseSettings(lease_ms=1_000, renew_interval_ms=10, sweep_interval_ms=16)
 #: Jobs a dead worker left stalled, per queue, before the measured ones: two events each
 #: (marked, then recovered or failed), so the stream is past its cap of about 1,000.
 HISTORY = 600

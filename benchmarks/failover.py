@@ -48,7 +48,7 @@ HERE = Path(__file__).resolve().parent
 RQ_BIN = str(Path(sys.executable).parent / "rq")
 CLASSES = {"ours": "rq_emq.LeaseWorker", "simple": "rq_emq.SimpleLeaseWorker", "stock": "rq.Worker"}
 #: The lease the issue's measurement used (a short one makes the failover window matter).
-LEASE_ENV = {"RQ_EMQ_LEASE_MS": "2000", "RQ_EMQ_RENEW_INTERVAL_MS": "400", "RQ_EMQ_SWEEP_INTERVAL_MS": "500"}
+LEASE_ENV = {"RQ_EMQ_LEASE_MS": "2000", "RQ_EMQ_RENEW_INTERVAL_MS": "400", "RQ_EMQ_SWEEP_INTERVAL_MS": "625"}
 #: Lines a worker logs for every job it runs: not counted as failover noise.
 #: When the old primary's clients are counted, after Sentinel names the new one...
 PROBE_S = 1.5

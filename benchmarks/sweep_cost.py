@@ -63,7 +63,7 @@ def slowlog_usec(r: redis.Redis, command: bytes) -> tuple[int, int, int]:
 
 def measure_ours(r: redis.Redis, in_flight: int, stalled: int) -> tuple[float, float, int]:
     fill(r, in_flight, stalled)
-    sweeper = Sweeper(r, ["bench"], LeaseSettings(sweep_interval_ms=10, renew_interval_ms=10, lease_ms=1000))
+    sweeper = Sweeper(r, ["bench"], LeaseSettings(sweep_interval_ms=16, renew_interval_ms=10, lease_ms=1000))
     scripts.load_all(r)
     r.slowlog_reset()
     sweeper.sweep("bench", mode="force")  # marks

@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 SETTINGS = {
     "RQ_EMQ_LEASE_MS": "2000",
     "RQ_EMQ_RENEW_INTERVAL_MS": "500",
-    "RQ_EMQ_SWEEP_INTERVAL_MS": "500",
+    "RQ_EMQ_SWEEP_INTERVAL_MS": "800",
     "RQ_EMQ_STOP_ON_LEASE_LOST": "false",
 }
 WORK_S = 3.0  # the job's work before its writes

@@ -553,14 +553,6 @@ CATALOG: list[Mutation] = [
         fast=False,
     ),
     _m(
-        "grace_ignores_renew_interval",
-        "rq_emq/recover/sweep.py",
-        "return max(self.window_ms, self.settings.renew_interval_ms * 5 // 4)",
-        "return self.window_ms",
-        [f"{SWEEP}::test_a_mark_stands_at_least_one_renew_interval_when_sweeps_come_faster"],
-        "after a Redis stall, a live holder that renews slower than sweeps run loses its job",
-    ),
-    _m(
         "grace_four_times_longer",
         "rq_emq/recover/sweep.py",
         "return max(self.window_ms, self.settings.renew_interval_ms * 5 // 4)",
@@ -850,6 +842,18 @@ CATALOG: list[Mutation] = [
         "if False:",
         [f"{SETTINGS_T}::test_bad_settings_name_the_setting"],
         "a lease lapses between renewals and every running job is recovered",
+    ),
+    _m(
+        "renew_interval_may_outgrow_the_sweep_interval",
+        "rq_emq/settings.py",
+        "if self.renew_interval_ms * 25 > self.sweep_interval_ms * 16:",
+        "if False:",
+        [
+            f"{SETTINGS_T}::test_a_renew_interval_past_0_64_sweep_intervals_is_refused_naming_both",
+            f"{SETTINGS_T}::test_the_intervals_set_are_refused_only_for_their_own_relations",
+        ],
+        "the grace is then the renew interval's, and a dead worker's job comes back later than "
+        "lease + 2 sweep intervals",
     ),
     # -- the soak's verdict -------------------------------------------------------------------------
     _m(

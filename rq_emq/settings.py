@@ -29,6 +29,10 @@ MAX_ATTEMPTS_LIMIT = 1000
 #: interval set alone still leaves room for the lease that follows it.
 MAX_RENEW_INTERVAL_MS = MAX_INTERVAL_MS // 10
 
+#: Lower bound of the sweep interval: the shortest that keeps the shortest renew interval
+#: (10 ms) within 0.64 sweep intervals (see :class:`LeaseSettings`).
+MIN_SWEEP_INTERVAL_MS = 16
+
 #: The value of an interval setting left unset: it follows the others (see
 #: :meth:`LeaseSettings.__post_init__`).
 FOLLOW = 0
@@ -57,13 +61,14 @@ class LeaseSettings:
     #: How long a lease lives without renewal (milliseconds). Unset: 30000, or 10 x an
     #: explicit renew interval if that is longer.
     lease_ms: int = FOLLOW
-    #: How often the lock manager renews every lease the process holds (milliseconds). At
-    #: most 0.64 x sweep_interval_ms keeps the recovery bound at lease + 2 sweep intervals
-    #: (the grace is the longer of 0.8 sweep interval and 1.25 renew intervals). Unset:
-    #: lease / 10, at most 0.6 x an explicit sweep interval, and at least 10.
+    #: How often the lock manager renews every lease the process holds (milliseconds).
+    #: Shorter than the lease, and at most 0.64 x sweep_interval_ms (both checked), which
+    #: keeps the recovery bound at lease + 2 sweep intervals (the grace is the longer of
+    #: 0.8 sweep interval and 1.25 renew intervals). Unset: lease / 10, at most 0.6 x an
+    #: explicit sweep interval, and at least 10.
     renew_interval_ms: int = FOLLOW
-    #: At most one sweep per queue per this interval, fleet-wide (milliseconds). Unset:
-    #: lease / 6, and at least 5/3 x the renew interval (so renew <= 0.6 x sweep) and 16.
+    #: At most one sweep per queue per this interval, fleet-wide (milliseconds), at least
+    #: 16. Unset: lease / 6, and at least 5/3 x the renew interval (so renew <= 0.6 x sweep).
     sweep_interval_ms: int = FOLLOW
     #: Leased jobs a single sweep call looks at before it yields (bounds script run time).
     sweep_batch: int = 100
@@ -111,6 +116,15 @@ class LeaseSettings:
                 f"shorter than lease_ms ({ENV_PREFIX}LEASE_MS) = {self.lease_ms}: a lease would lapse "
                 "between renewals"
             )
+        if self.renew_interval_ms * 25 > self.sweep_interval_ms * 16:  # renew > 0.64 x sweep, in integers
+            # the sweep's grace is the longer of 0.8 sweep interval and 1.25 renew intervals:
+            # past 0.64, the renew interval sets it and recovery outlasts lease + 2 sweeps
+            raise SettingsError(
+                f"renew_interval_ms ({ENV_PREFIX}RENEW_INTERVAL_MS) = {self.renew_interval_ms} must be at "
+                f"most 0.64 x sweep_interval_ms ({ENV_PREFIX}SWEEP_INTERVAL_MS) = {self.sweep_interval_ms} "
+                f"({self.sweep_interval_ms * 16 // 25}): a dead worker's job would come back later than "
+                "lease_ms + 2 x sweep_interval_ms"
+            )
         _require_hooks(self.event_hooks)
         if self.log_format not in LOG_FORMATS:
             raise SettingsError(
@@ -142,7 +156,9 @@ class LeaseSettings:
             renew = max(renew, 10)
             object.__setattr__(self, "renew_interval_ms", renew)
         if sweep is None:
-            object.__setattr__(self, "sweep_interval_ms", max(lease // 6, -(-renew * 5 // 3), 16))
+            object.__setattr__(
+                self, "sweep_interval_ms", max(lease // 6, -(-renew * 5 // 3), MIN_SWEEP_INTERVAL_MS)
+            )
 
     @property
     def registry_grace_ms(self) -> int:
@@ -264,7 +280,7 @@ UNUSED_SETTINGS = ("idle_poll_ms",)
 _BOUNDS = (
     ("lease_ms", 100, MAX_INTERVAL_MS),
     ("renew_interval_ms", 10, MAX_RENEW_INTERVAL_MS),
-    ("sweep_interval_ms", 10, MAX_INTERVAL_MS),
+    ("sweep_interval_ms", MIN_SWEEP_INTERVAL_MS, MAX_INTERVAL_MS),
     ("sweep_batch", 1, 10_000),
     ("max_attempts", 1, MAX_ATTEMPTS_LIMIT),
     ("idle_poll_ms", 10, 60_000),

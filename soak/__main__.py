@@ -87,6 +87,8 @@ def parse(argv: list[str] | None) -> tuple[Config, bool, bool, Path | None, floa
         p.error("--bound-slack must be zero or more")
     if a.renew_ms >= a.lease_ms:
         p.error("--renew-ms must be shorter than --lease-ms")
+    if a.renew_ms * 25 > a.sweep_ms * 16:  # the workers' own check (rq_emq.settings)
+        p.error("--renew-ms must be at most 0.64 x --sweep-ms")
     if a.keep is not None and a.keep.exists() and any(a.keep.iterdir()):
         # the side-effect log appends: an earlier run's lines would be judged with this run's jobs
         p.error(f"--keep: {a.keep} is not empty (an earlier run's files would mix with this run's)")

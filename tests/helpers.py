@@ -18,7 +18,8 @@ from rq_emq.settings import LeaseSettings
 # 800 ms (trusted locally for about 720 ms past a renewal sent every 100 ms): at 400 ms a
 # worker beside two CPU burners and three other test processes went 452 ms without a
 # renewal landing, and its watchdog rightly ended the run (.ci/stress); twice the room.
-FAST = {"RQ_EMQ_LEASE_MS": "800", "RQ_EMQ_RENEW_INTERVAL_MS": "100", "RQ_EMQ_SWEEP_INTERVAL_MS": "100"}
+# The sweep interval is the shortest the renew interval allows (renew <= 0.64 sweep).
+FAST = {"RQ_EMQ_LEASE_MS": "800", "RQ_EMQ_RENEW_INTERVAL_MS": "100", "RQ_EMQ_SWEEP_INTERVAL_MS": "157"}
 #: For tests of RQ's own behaviour that need no recovery (an order of takes, a job timeout,
 #: a stop command): a lease far longer than any run, so a starved host never makes a
 #: worker stop a run on its lease clock and the sweep run it again.

@@ -15,7 +15,9 @@ from rq_emq.keys import QueueKeys
 from rq_emq.recover.sweep import Sweeper
 from rq_emq.settings import LeaseSettings
 
-SETTINGS = LeaseSettings(lease_ms=1_000, renew_interval_ms=200, sweep_interval_ms=100, sweep_batch=50)
+#: the sweep interval the shortest a 200 ms renew interval allows (0.64 sweep intervals at
+#: most): a round every 0.25 s, and a grace of 1.25 renew intervals (250 ms)
+SETTINGS = LeaseSettings(lease_ms=1_000, renew_interval_ms=200, sweep_interval_ms=313, sweep_batch=50)
 Q = QueueKeys("q")
 
 

@@ -21,7 +21,7 @@ from soak.proxy import TcpProxy
 pytestmark = pytest.mark.slow
 
 # A lease long enough that the blip never lets it lapse: what is tested is the blip alone.
-STEADY = {"RQ_EMQ_LEASE_MS": "5000", "RQ_EMQ_RENEW_INTERVAL_MS": "200", "RQ_EMQ_SWEEP_INTERVAL_MS": "250"}
+STEADY = {"RQ_EMQ_LEASE_MS": "5000", "RQ_EMQ_RENEW_INTERVAL_MS": "200", "RQ_EMQ_SWEEP_INTERVAL_MS": "313"}
 
 
 @pytest.fixture

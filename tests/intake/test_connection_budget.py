@@ -28,7 +28,7 @@ ELECTION = sweeper_election_key(list(QUEUES))
 #: Nothing recovers or renews between the steps of these tests.
 QUIET = {"RQ_EMQ_LEASE_MS": "600000", "RQ_EMQ_SWEEP_INTERVAL_MS": "60000"}
 #: A watch that lapses within a second and a half, and a sweeper that looks as often.
-SHORT = {"RQ_EMQ_LEASE_MS": "1500", "RQ_EMQ_RENEW_INTERVAL_MS": "200", "RQ_EMQ_SWEEP_INTERVAL_MS": "200"}
+SHORT = {"RQ_EMQ_LEASE_MS": "1500", "RQ_EMQ_RENEW_INTERVAL_MS": "200", "RQ_EMQ_SWEEP_INTERVAL_MS": "313"}
 
 
 def clients_besides(r: redis.Redis, before: set[str]) -> int:

@@ -28,7 +28,7 @@ from rq_emq.settings import LeaseSettings
 pytestmark = pytest.mark.slow
 
 QUEUE = "mixed"
-SETTINGS = LeaseSettings(lease_ms=400, renew_interval_ms=100, sweep_interval_ms=100)
+SETTINGS = LeaseSettings(lease_ms=400, renew_interval_ms=100, sweep_interval_ms=157)
 
 
 def recovery_bound_s() -> float:

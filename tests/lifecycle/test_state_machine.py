@@ -49,10 +49,11 @@ from rq_emq.recover.sweep import Sweeper
 from rq_emq.settings import LeaseSettings
 
 MAX_ATTEMPTS = 3
-# A renew interval far above the sweep interval: the grace is the renew interval's (1.25 s
-# of Redis time), which no step of this test comes near, so only the model ages marks.
+# A grace of 1.25 s of Redis time (1.25 renew intervals, 0.8 of the shortest sweep interval
+# that renew interval allows), which no step of this test comes near, so only the model
+# ages marks; its sweeps are forced, so the sweep interval's rate limit plays no part.
 SETTINGS = LeaseSettings(
-    lease_ms=60_000, renew_interval_ms=1_000, sweep_interval_ms=10, max_attempts=MAX_ATTEMPTS
+    lease_ms=60_000, renew_interval_ms=1_000, sweep_interval_ms=1_563, max_attempts=MAX_ATTEMPTS
 )
 Q = QueueKeys("q")
 HOLDERS = ["h1", "h2"]

@@ -54,7 +54,7 @@ from rq_emq.keys import QueueKeys, job_key
 from rq_emq.recover.sweep import Sweeper
 from rq_emq.settings import LeaseSettings
 
-SETTINGS = LeaseSettings(lease_ms=60_000, renew_interval_ms=10, sweep_interval_ms=10, max_attempts=3)
+SETTINGS = LeaseSettings(lease_ms=60_000, renew_interval_ms=10, sweep_interval_ms=16, max_attempts=3)
 Q = QueueKeys("q")
 HOLDERS = ["h1", "h2"]
 MAX_JOBS = 8

@@ -31,8 +31,9 @@ from rq_emq.settings import LeaseSettings
 
 Q = QueueKeys("q")
 RQ_EMQ = str(Path(RQ_BIN).parent / "rq-emq")
-#: a renew interval short enough that a sweep's grace (1.25 renew intervals) passes quickly
-QUICK_GRACE = {"RQ_EMQ_RENEW_INTERVAL_MS": "100", "RQ_EMQ_SWEEP_INTERVAL_MS": "100"}
+#: a renew interval short enough that a sweep's grace (1.25 renew intervals) passes quickly,
+#: and the shortest sweep interval it allows (renew <= 0.64 sweep)
+QUICK_GRACE = {"RQ_EMQ_RENEW_INTERVAL_MS": "100", "RQ_EMQ_SWEEP_INTERVAL_MS": "157"}
 
 
 def cli(url: str, *args: str, env: dict[str, str] | None = None) -> Result:

@@ -39,7 +39,7 @@ Q = QueueKeys("default")
 SLOW_LEASE = {
     "RQ_EMQ_LEASE_MS": "4000",
     "RQ_EMQ_RENEW_INTERVAL_MS": "1000",
-    "RQ_EMQ_SWEEP_INTERVAL_MS": "1000",
+    "RQ_EMQ_SWEEP_INTERVAL_MS": "1563",
 }
 LEASE_S = int(SLOW_LEASE["RQ_EMQ_LEASE_MS"]) / 1000
 #: The promised bound, "within a second", as a ratio of the settings: a quarter lease.

@@ -139,7 +139,7 @@ def _paused_and_marked(
     _signal(signal.SIGSTOP, worker.pid, horse)
     wait_for(lambda: not r.exists(Q.lock(job.id)), timeout=3, what="the lock to lapse")
     sweeper = Sweeper(
-        r, ["default"], LeaseSettings(lease_ms=400, renew_interval_ms=100, sweep_interval_ms=100)
+        r, ["default"], LeaseSettings(lease_ms=400, renew_interval_ms=100, sweep_interval_ms=157)
     )
     assert sweeper.sweep("default", mode="force").marked == [job.id]
     return job, worker, horse, sweeper
@@ -161,7 +161,7 @@ def test_a_worker_paused_with_its_horse_past_the_local_deadline_stops_the_job_on
     _signal(signal.SIGSTOP, worker.pid, horse)
     wait_for(lambda: not r.exists(Q.lock(job.id)), timeout=5, what="the lock to lapse")
     sweeper = Sweeper(
-        r, ["default"], LeaseSettings(lease_ms=400, renew_interval_ms=100, sweep_interval_ms=100)
+        r, ["default"], LeaseSettings(lease_ms=400, renew_interval_ms=100, sweep_interval_ms=157)
     )
     assert sweeper.sweep("default", mode="force").marked == [job.id]
     resumed_at = time.monotonic()

@@ -412,7 +412,7 @@ def test_leased_and_stalled_registries_follow_the_lease_state(
     os.killpg(worker.pid, signal.SIGKILL)
     worker.wait(timeout=10)
     wait_for(lambda: not r.exists(Q.lock(job.id)), timeout=10, what="the lease to lapse")
-    settings = LeaseSettings(lease_ms=400, renew_interval_ms=100, sweep_interval_ms=100)
+    settings = LeaseSettings(lease_ms=400, renew_interval_ms=100, sweep_interval_ms=157)
     sweeper = Sweeper(r, ["default"], settings)
     assert sweeper.sweep("default", mode="force").marked == [job.id]
     assert stalled.get_job_ids() == [job.id] and job in stalled and len(stalled) == 1

@@ -314,18 +314,19 @@ def test_a_tick_racing_the_finish_recreates_none_of_rqs_execution_records(r: red
 
 def test_a_mark_stands_at_least_one_renew_interval_when_sweeps_come_faster(r: redis.Redis) -> None:
     """After a Redis stall lets every lease lapse at once, a live holder gets one renew
-    interval to come back, however often the sweep runs."""
+    interval to come back, however often the sweep runs: at the shortest sweep interval
+    its renew interval allows, and rounds forced faster still (``rq-emq sweep``)."""
     (job_id,) = stall(r)
-    s = sweeper(r, lease_ms=5_000, renew_interval_ms=1_000, sweep_interval_ms=100)
+    s = sweeper(r, lease_ms=5_000, renew_interval_ms=1_000, sweep_interval_ms=1_563)
     assert s.grace_ms >= 1_000
-    assert s.sweep("q").marked == [job_id]
-    for _ in range(3):  # rounds 0.3 s apart (three sweep intervals), inside the renew interval
+    assert s.sweep("q", mode="force").marked == [job_id]
+    for _ in range(3):  # rounds 0.3 s apart, inside the renew interval
         time.sleep(0.3)
-        report = s.sweep("q")
+        report = s.sweep("q", mode="force")
         assert report.requeued == [] and report.failed == []
     assert r.zscore(Q.stalled, job_id) is not None
     time.sleep(s.grace_ms / 1000 - 0.9 + 0.05)
-    assert s.sweep("q").requeued == [job_id]
+    assert s.sweep("q", mode="force").requeued == [job_id]
 
 
 def test_a_marked_job_whose_lock_is_back_is_unmarked_not_recovered(r: redis.Redis) -> None:

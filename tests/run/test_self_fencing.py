@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 
 # lease 1 s, renewals every 200 ms: the local deadline is 800 ms past a renewal's send,
 # the sweep recovers no sooner than 1 s + 250 ms grace past it
-LEASE = {"RQ_EMQ_LEASE_MS": "1000", "RQ_EMQ_RENEW_INTERVAL_MS": "200", "RQ_EMQ_SWEEP_INTERVAL_MS": "250"}
+LEASE = {"RQ_EMQ_LEASE_MS": "1000", "RQ_EMQ_RENEW_INTERVAL_MS": "200", "RQ_EMQ_SWEEP_INTERVAL_MS": "313"}
 RUN_S = 4.0
 #: a rerun after a recovery only has to finish
 LATER_S = 0.3

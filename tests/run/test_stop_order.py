@@ -43,10 +43,11 @@ PATIENT = {"RQ_EMQ_LEASE_MS": "40000", "RQ_EMQ_RENEW_INTERVAL_MS": "8000"}
 #: 3/8 of PATIENT's self-kill delay: 5 s of room for a loaded host
 CLEANUP_S = 3.0
 #: a short lease, so that the sweep recovers a self-killed run's job within seconds
-BRIEF = {"RQ_EMQ_LEASE_MS": "2000", "RQ_EMQ_RENEW_INTERVAL_MS": "400", "RQ_EMQ_SWEEP_INTERVAL_MS": "250"}
-BRIEF_SETTINGS = LeaseSettings(lease_ms=2000, renew_interval_ms=400, sweep_interval_ms=250)
-#: the second worker: takes a handed-back job at once, and sweeps every 250 ms
-TAKER = {"RQ_EMQ_LEASE_MS": "5000", "RQ_EMQ_RENEW_INTERVAL_MS": "500", "RQ_EMQ_SWEEP_INTERVAL_MS": "250"}
+BRIEF = {"RQ_EMQ_LEASE_MS": "2000", "RQ_EMQ_RENEW_INTERVAL_MS": "400", "RQ_EMQ_SWEEP_INTERVAL_MS": "625"}
+BRIEF_SETTINGS = LeaseSettings(lease_ms=2000, renew_interval_ms=400, sweep_interval_ms=625)
+#: the second worker: takes a handed-back job at once, and sweeps every 782 ms (the shortest
+#: sweep interval its renew interval allows)
+TAKER = {"RQ_EMQ_LEASE_MS": "5000", "RQ_EMQ_RENEW_INTERVAL_MS": "500", "RQ_EMQ_SWEEP_INTERVAL_MS": "782"}
 #: the first run would go on this long: only the stop ends it
 RUN_S = 60.0
 #: a later run only has to finish

@@ -30,7 +30,7 @@ TEXT_LINE = r"^\d\d:\d\d:\d\d (?P<level>[A-Z]+) Worker (?P<worker>[\w.-]+): (?P<
 SLOW_LEASE = {
     "RQ_EMQ_LEASE_MS": "4000",
     "RQ_EMQ_RENEW_INTERVAL_MS": "1000",
-    "RQ_EMQ_SWEEP_INTERVAL_MS": "1000",
+    "RQ_EMQ_SWEEP_INTERVAL_MS": "1563",
 }
 
 

@@ -1,5 +1,6 @@
 """Where a real ``rq worker`` reads its settings: RQ's ``-c`` settings module too, with the
-same checks and one-line refusals as the environment; the environment wins over it;
+same checks and one-line refusals as the environment (a single value, or two intervals out
+of their relation); the environment wins over it;
 misspelled names and hooks that cannot take an event are caught at startup; a progress
 timeout shorter than the worker can check is held to what it can.
 
@@ -47,6 +48,27 @@ def test_a_bad_value_in_the_c_module_stops_the_worker_in_one_line(
     assert worker.wait(timeout=30) == 1
     line = one_line(procs.log(worker))
     assert line.startswith("rq-emq: invalid setting: lease_ms (RQ_EMQ_LEASE_MS) " + rule), line
+
+
+def test_a_renew_interval_past_0_64_sweep_intervals_stops_the_worker_in_one_line_naming_both(
+    r: redis.Redis, redis_url: str, procs: Processes
+) -> None:
+    job = Queue(connection=r).enqueue("jobs.noop")
+    worker = procs.worker(
+        redis_url,
+        burst=True,
+        RQ_EMQ_LEASE_MS="2000",
+        RQ_EMQ_RENEW_INTERVAL_MS="1000",
+        RQ_EMQ_SWEEP_INTERVAL_MS="100",
+    )
+    assert worker.wait(timeout=30) == 1
+    assert "Traceback" not in procs.log(worker), procs.log(worker)
+    assert one_line(procs.log(worker)) == (
+        "rq-emq: invalid setting: renew_interval_ms (RQ_EMQ_RENEW_INTERVAL_MS) = 1000 must be at most "
+        "0.64 x sweep_interval_ms (RQ_EMQ_SWEEP_INTERVAL_MS) = 100 (64): a dead worker's job would come "
+        "back later than lease_ms + 2 x sweep_interval_ms"
+    )
+    assert r.llen("rq:queue:default") == 1 and job.get_status(refresh=True) == "queued"  # nothing taken
 
 
 def lease_left_ms(r: redis.Redis, job_id: str) -> int:

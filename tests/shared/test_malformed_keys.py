@@ -140,7 +140,7 @@ def test_rq_emq_sweep_exits_0_when_it_did_its_work_and_reports_the_problem(
 ) -> None:
     (job_id,) = stall(r)
     r.hset(Q.stats, "marked", "abc")
-    env = {"RQ_EMQ_LEASE_MS": "1000", "RQ_EMQ_RENEW_INTERVAL_MS": "200", "RQ_EMQ_SWEEP_INTERVAL_MS": "100"}
+    env = {"RQ_EMQ_LEASE_MS": "1000", "RQ_EMQ_RENEW_INTERVAL_MS": "200", "RQ_EMQ_SWEEP_INTERVAL_MS": "313"}
     first = CliRunner().invoke(main, ["sweep", "q", "--url", redis_url, "--json"], env=env)
     assert first.exit_code == 0, first.output
     (queue,) = json.loads(first.output)["queues"]

@@ -110,7 +110,7 @@ def test_the_max_attempts_helper_builds_meta_and_rejects_nonsense() -> None:
 RANGES = [
     ("lease_ms", 100, 2_000, 86_400_000),
     ("renew_interval_ms", 10, 1_000, 8_640_000),
-    ("sweep_interval_ms", 10, 2_000, 86_400_000),
+    ("sweep_interval_ms", 16, 2_000, 86_400_000),
     ("sweep_batch", 1, 100, 10_000),
     ("max_attempts", 1, 5, 1000),
     ("idle_poll_ms", 10, 500, 60_000),
@@ -128,8 +128,7 @@ def test_a_shutdown_timeout_is_0_or_from_a_second_to_a_day(value: int) -> None:
 
 def assert_recovery_bound_holds(s: LeaseSettings) -> None:
     assert 10 <= s.renew_interval_ms < s.lease_ms
-    if s.sweep_interval_ms >= 16:  # below, the renew interval's own floor of 10 ms wins
-        assert s.renew_interval_ms <= 0.64 * s.sweep_interval_ms
+    assert s.renew_interval_ms <= 0.64 * s.sweep_interval_ms
 
 
 @pytest.mark.parametrize(("name", "value"), [(n, v) for n, *values in RANGES for v in values])
@@ -157,6 +156,51 @@ def test_any_single_setting_gives_valid_settings(setting: tuple[str, int]) -> No
     assert_recovery_bound_holds(s)
 
 
+def test_a_renew_interval_past_0_64_sweep_intervals_is_refused_naming_both() -> None:
+    """The sweep's grace is the longer of 0.8 sweep interval and 1.25 renew intervals: past
+    0.64 sweep intervals the renew interval sets it, and a dead worker's job comes back
+    later than lease + 2 sweep intervals, the bound the docs promise."""
+    with pytest.raises(SettingsError) as refused:
+        LeaseSettings(lease_ms=2_000, renew_interval_ms=1_000, sweep_interval_ms=100)
+    assert str(refused.value) == (
+        "renew_interval_ms (RQ_EMQ_RENEW_INTERVAL_MS) = 1000 must be at most 0.64 x sweep_interval_ms "
+        "(RQ_EMQ_SWEEP_INTERVAL_MS) = 100 (64): a dead worker's job would come back later than "
+        "lease_ms + 2 x sweep_interval_ms"
+    )
+    environ = {"RQ_EMQ_RENEW_INTERVAL_MS": "65", "RQ_EMQ_SWEEP_INTERVAL_MS": "100"}
+    with pytest.raises(SettingsError, match="RQ_EMQ_RENEW_INTERVAL_MS.*RQ_EMQ_SWEEP_INTERVAL_MS"):
+        LeaseSettings.resolve(environ=environ)
+    environ["RQ_EMQ_RENEW_INTERVAL_MS"] = "64"  # exactly 0.64 sweep intervals: the grace is 0.8 sweep
+    assert LeaseSettings.resolve(environ=environ).renew_interval_ms == 64
+
+
+#: An interval setting as a user gives it: unset (it follows the others), or any value in
+#: its bounds, its bounds and the relations' edges likelier than the rest.
+def interval(low: int, high: int) -> st.SearchStrategy[int | None]:
+    return st.none() | st.sampled_from([low, high]) | st.integers(low, high) | st.integers(low, 5_000)
+
+
+@given(interval(100, 86_400_000), interval(10, 8_640_000), interval(16, 86_400_000))
+@settings(max_examples=1000, deadline=None)
+def test_the_intervals_set_are_refused_only_for_their_own_relations(
+    lease: int | None, renew: int | None, sweep: int | None
+) -> None:
+    """Whichever intervals are set (none, one, two or all three), the ones left unset
+    follow them into settings that keep every relation: the settings are refused only
+    when the values set, between themselves, break one."""
+    given_values = {"lease_ms": lease, "renew_interval_ms": renew, "sweep_interval_ms": sweep}
+    broken = (lease is not None and renew is not None and renew >= lease) or (
+        renew is not None and sweep is not None and renew * 25 > sweep * 16
+    )
+    if broken:
+        with pytest.raises(SettingsError, match="renew_interval_ms"):
+            LeaseSettings.resolve(given_values, environ={})
+        return
+    s = LeaseSettings.resolve(given_values, environ={})
+    assert all(getattr(s, name) == value for name, value in given_values.items() if value is not None)
+    assert_recovery_bound_holds(s)
+
+
 def test_intervals_follow_the_lease() -> None:
     s = LeaseSettings.resolve(environ={"RQ_EMQ_LEASE_MS": "2000"})
     assert (s.lease_ms, s.renew_interval_ms, s.sweep_interval_ms) == (2_000, 200, 334)
@@ -170,7 +214,7 @@ def test_intervals_follow_the_lease() -> None:
 
 @pytest.mark.parametrize(
     ("lease_ms", "renew_ms", "sweep_ms"),
-    [(30_000, 3_000, 5_000), (1_000, 200, 250), (400, 100, 100), (2_000, 1_000, 5_000), (100, 10, 10)],
+    [(30_000, 3_000, 5_000), (1_000, 200, 313), (400, 100, 157), (2_000, 1_000, 5_000), (100, 10, 16)],
 )
 def test_the_local_lease_clock_stops_a_job_before_any_sweep_may_recover_it(
     lease_ms: int, renew_ms: int, sweep_ms: int

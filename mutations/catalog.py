@@ -53,6 +53,7 @@ FAILOVER = "tests/connection/test_failover.py"
 HANDBACK = "tests/run/test_connection_handback.py"
 WATCHED = "tests/fence/test_watched_commit.py"
 SUSPENSION = "tests/run/test_suspension.py"
+EVICTION = "tests/run/test_eviction_policy.py"
 
 
 @dataclass(frozen=True)
@@ -1912,6 +1913,14 @@ CATALOG: list[Mutation] = [
         "        if True:",
         [f"{SETTINGS_T}::test_a_progress_timeout_shorter_than_two_renew_intervals_is_held_to_them"],
         "a job asking for less than the worker can check is stopped by whichever renewal it falls on",
+    ),
+    _m(
+        "evicting_redis_unsaid",
+        "rq_emq/run/startup.py",
+        "    warn_if_evicting(info, where)",
+        "    pass",
+        [f"{EVICTION}::test_the_check_reads_the_policy_from_its_one_info_without_config"],
+        "a worker on an allkeys-lru Redis starts silently, and evicted jobs read as lost leases",
     ),
     # -- logs an operator can read (issue 34, item 4) -------------------------------------------
     _m(

@@ -10,6 +10,10 @@ A worker that cannot start says why in one line and exits non-zero. RQ's ``rq wo
 logs any ``Exception`` from the worker with its traceback (RQ 3) or lets it escape
 (RQ 2), so the refusal is a :class:`StartupError`, a ``SystemExit`` whose message is that
 line: Python prints it, alone, and exits with status 1.
+
+Of its Redis, a worker checks that it answers and is recent enough, and warns (one line,
+and starts anyway) when the server may evict keys: an evicted lease lock or job reads as a
+lost lease. All of it from one ``INFO``, the round trip the start makes anyway.
 """
 
 from __future__ import annotations
@@ -135,16 +139,51 @@ def _warn_misspelled(environ: Mapping[str, str], module: Mapping[str, Any]) -> N
 
 
 def check_redis(connection: Redis) -> None:
-    """Refuse a Redis this worker cannot reach, or one older than :data:`OLDEST_REDIS`.
-    A server that will not say its version (INFO denied) is given the benefit of the doubt."""
+    """Refuse a Redis this worker cannot reach, or one older than :data:`OLDEST_REDIS`, and
+    warn about one that may evict keys (:func:`warn_if_evicting`).
+
+    One ``INFO`` of the default sections (server and memory among them) answers both: the
+    eviction check costs no round trip of its own, and ``+info`` is in the least-privilege
+    ACL (docs/operating.md) where ``CONFIG GET`` is not. A server that will not say its
+    version (INFO denied) is given the benefit of the doubt."""
     where = _address(connection)
     try:
-        info = connection.info("server")
+        info = connection.info()
     except (RedisConnectionError, RedisTimeoutError) as error:
         raise StartupError(f"cannot reach Redis at {where}: {error}") from error
     except ResponseError as error:
         logger.warning("Redis at %s does not tell its version (%s); assuming 6.2 or later", where, error)
         return
+    _check_version(info, where)
+    warn_if_evicting(info, where)
+
+
+#: The one ``maxmemory-policy`` under which Redis never deletes a key to make room.
+NO_EVICTION = "noeviction"
+
+
+def warn_if_evicting(info: Mapping[str, Any], where: str) -> None:
+    """One warning line if ``info`` (a parsed ``INFO`` with its memory section) names a
+    ``maxmemory-policy`` other than ``noeviction``. Under ``allkeys-*`` a full Redis may
+    evict any key, under ``volatile-*`` any key with a TTL, which every lease lock has: an
+    evicted job hash or lock reads as a lost lease, and an evicted job is gone. Nothing is
+    said of a server that does not show the field (an old one, or a managed one hiding it)."""
+    policy = info.get("maxmemory_policy")
+    if isinstance(policy, bytes):
+        policy = policy.decode(errors="replace")
+    if not isinstance(policy, str) or not policy or policy == NO_EVICTION:
+        return
+    logger.warning(
+        "Redis at %s may evict keys when full (maxmemory-policy %s): an evicted job or lease lock "
+        "reads as a lost lease, its run cut short, and an evicted job is left nowhere; set "
+        "maxmemory-policy %s (docs/operating.md)",
+        where,
+        policy,
+        NO_EVICTION,
+    )
+
+
+def _check_version(info: Mapping[str, Any], where: str) -> None:
     version = str(info.get("redis_version", ""))
     if not parse_version(version):
         logger.warning("Redis at %s gives no readable version (%r); assuming 6.2 or later", where, version)

@@ -39,6 +39,7 @@ FORK_AHEAD = "tests/run/test_fork_ahead.py"
 JOB_LEASE = "tests/run/test_job_lease.py"
 REPORTS = "tests/hold/test_reports.py"
 DASHBOARD = "tests/operate/test_dashboard.py"
+GUARD = "tests/operate/test_dashboard_guard.py"
 SWEEP_RECORD = "tests/recover/test_record.py"
 EVENTS = "tests/shared/test_events.py"
 STOP_ORDER = "tests/run/test_stop_order.py"
@@ -1759,7 +1760,7 @@ CATALOG: list[Mutation] = [
     _m(
         "panel_policy_allows_inline_handlers",
         "rq_emq/operate/dashboard/csp.py",
-        '"\'none\'" if script_hashes is None else " ".join(["\'self\'", *script_hashes])',
+        '"\'none\'" if script_hashes is None else " ".join(sources)',
         "\"'self' 'unsafe-inline'\"",
         [f"{DASHBOARD}::test_the_page_lets_run_only_its_own_inline_scripts_and_the_fragment_none"],
         "an escape missed anywhere on the panel runs the attacker's handler",
@@ -1771,6 +1772,47 @@ CATALOG: list[Mutation] = [
         '"--bind", "-b", default="0.0.0.0"',
         [f"{DASHBOARD}::test_the_dashboard_listens_on_loopback_unless_told_otherwise"],
         "rq-dashboard's unauthenticated write actions are open to the network by default",
+    ),
+    # -- the dashboard's guard (rq_emq/operate/dashboard/guard.py) ----------------------------
+    _m(
+        "guard_takes_another_origin_for_its_own",
+        "rq_emq/operate/dashboard/guard.py",
+        'return parts.scheme in ("http", "https") and parts.netloc.lower() == req.host.lower()',
+        'return parts.scheme in ("http", "https")',
+        [f"{GUARD}::test_no_action_takes_effect_from_another_sites_page"],
+        "another site's page, in a browser that sends no fetch metadata, deletes jobs (CSRF)",
+    ),
+    _m(
+        "guard_takes_same_site_for_same_origin",
+        "rq_emq/operate/dashboard/guard.py",
+        'return site == "same-origin"',
+        'return site in ("same-origin", "same-site")',
+        [f"{GUARD}::test_no_action_takes_effect_from_another_sites_page"],
+        "a page on another port of the same host drives the dashboard's actions",
+    ),
+    _m(
+        "guard_lets_an_action_take_a_get",
+        "rq_emq/operate/dashboard/guard.py",
+        'if request.method != "POST":',
+        'if request.method not in ("POST", "GET"):',
+        [f"{GUARD}::test_an_action_answers_a_get_with_405_even_where_rq_dashboard_takes_one"],
+        "an <img> on any page requeues every failed job through rq-dashboard's GET",
+    ),
+    _m(
+        "guard_answers_any_host_name",
+        "rq_emq/operate/dashboard/guard.py",
+        'if "*" not in allowed and not _host_allowed(_name(request.host), allowed):',
+        'if "*" in allowed and not _host_allowed(_name(request.host), allowed):',
+        [f"{GUARD}::test_a_host_name_it_was_not_given_is_refused"],
+        "a DNS-rebinding page reads and drives the dashboard",
+    ),
+    _m(
+        "rq_dashboards_pages_without_a_policy",
+        "rq_emq/operate/dashboard/guard.py",
+        'response.headers["Content-Security-Policy"] = policy(scripts, templates_compile=True)',
+        "pass",
+        [f"{GUARD}::test_every_page_runs_only_its_own_scripts_and_is_never_framed"],
+        "a queue name or exception text runs its markup's script on rq-dashboard's pages",
     ),
     # -- the record the dashboard reads (lua/lib/record.lua) -----------------------------------
     _m(

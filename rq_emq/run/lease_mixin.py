@@ -458,7 +458,7 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
         self._tell_run_stopping()
         # RQ sets its flag only when a job runs, and else raises StopRequested into whatever
         # the main thread runs; set here too, a raise that a handler caught, or that Python
-        # ignored (an at-fork hook ran the handler: CI rehearsal 17), is still read (the
+        # ignored (a stop that lands in an at-fork hook, as a pool member forks), is still read (the
         # idle waits: rq_emq/intake/take.py; the wait loop: rq_emq/run/dequeue.py)
         me: Any = self
         me._stop_requested = True

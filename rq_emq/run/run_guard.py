@@ -263,8 +263,8 @@ class SimpleRunGuard:
         if self._horse_deadline is not None and lease is not None and job_id == self._watched_job_id:
             self._horse_deadline.set(self._run_deadline(lease))
             # The watchdog sleeps until the deadline it last read, up to a lease away: told
-            # nothing, it ended a run that ignored its stop seconds late (4.7 s in a CI
-            # rehearsal, RQ 2.12). A stop is rare; its poke costs a signal.
+            # nothing, it ended a run that ignored its stop seconds late (4.7 s on a loaded host
+            # under RQ 2.12). A stop is rare; its poke costs a signal.
             if self._watchdog is not None:
                 self._watchdog.poke()
         timer = threading.Timer(delay, self._exit_if_still_running, args=(job_id, self._run_serial, why))

@@ -378,7 +378,7 @@ def test_a_horse_that_dies_after_its_worker_stopped_trusting_the_lease_is_left_t
     lives on in Redis for the lease's margin. RQ's failure of that horse's job got
     through the fence then: a job our own fence stopped, failed (seen on RQ 2.12 in CI:
     a job that never ran, failed). The job stays leased, for the sweep to recover, and
-    the lost lease is reported once, as the clock thread would have (CI stop 30: a
+    the lost lease is reported once, as the clock thread would have (a
     worker resumed from SIGSTOP reaped its watchdog-killed horse first, and no
     ``lease_lost`` reached the application). The log says what ended the run, the lease
     clock and how old the last renewal was, not a guess at a signal's sender (issue 33:
@@ -416,7 +416,7 @@ def test_a_horse_ended_at_its_deadline_is_no_crash_though_a_late_renewal_landed_
     renewal that was in flight lands after the kill: the worker trusts the lease again as
     it reaps the horse. The death is still the lease clock's stop, read from who ended
     the run (the shared deadline memory), not from the lease as it stands: no crash is
-    counted and the OOM killer is not blamed (a CI rehearsal read it as a crash), and the
+    counted and the OOM killer is not blamed (a renewal landing late once read it as a crash), and the
     sweep recovers the job. The horse here ends itself through its fence's own check."""
     queue = Queue("q", connection=r)
     worker = LeaseWorker([queue], connection=r, lease_ms=5_000)

@@ -183,7 +183,7 @@ def test_a_worker_paused_with_its_horse_past_the_local_deadline_stops_the_job_on
     assert spans[horse][1] < second_start
     # the worker says it stopped trusting the lease: on its own clock as it resumed, or, when
     # the watchdog (never frozen) had already ended the frozen horse at its deadline, as it
-    # reaped that horse (CI rehearsal 15)
+    # reaped that horse
     said = procs.log(worker)
     assert "local lease clock ran out" in said or "after this worker stopped trusting its lease" in said, said
     assert r.zcard("rq:failed:default") == 0 and len(Job.fetch(job.id, connection=r).results()) == 1

@@ -117,7 +117,7 @@ def test_a_worker_cut_off_from_redis_stops_its_run_before_the_job_runs_elsewhere
 
 def starved_worker_ended_by_its_watchdog(text: str, worker_pid: int) -> bool:
     """A SimpleLeaseWorker's run is its own process: when none of its threads got the CPU
-    past its local lease deadline (two suites side by side on 2 cores, CI rehearsal 25),
+    past its local lease deadline (two suites side by side on 2 cores),
     its watchdog, a process of its own, ends the whole worker one check interval after the
     moment of its self-kill, and no thread of it lived to log the clock running out. That
     is the designed backstop, and it counts only when the watchdog itself woke late, which
@@ -192,7 +192,7 @@ def test_a_simple_workers_job_that_cannot_be_interrupted_ends_its_process_before
     time.sleep(0.3)
     proxy.cut("reset")
     # its run guard or its watchdog ends it about a lease after the cut; 6 leases of slack
-    # for a loaded host (3 were too few beside two suites: CI rehearsal, RQ 2.12). That it
+    # for a loaded host (3 were too few beside two suites under RQ 2.12). That it
     # ended before the recovery is what the no-overlap check below proves.
     wait_for(lambda: cut_off.poll() is not None, timeout=6, what="the worker to end itself")
     assert cut_off.returncode == -signal.SIGKILL

@@ -172,7 +172,7 @@ def test_a_simple_worker_frozen_after_a_stop_is_ended_by_its_watchdog_at_the_sel
 ) -> None:
     """The lease found lost, the interrupt swallowed, then the worker frozen before its own
     self-kill: the watchdog ends it a check interval after the self-kill's moment, not at
-    the deadline it read before the stop, a lease away (4.7 s late in a CI rehearsal)."""
+    the deadline it read before the stop, a lease away (4.7 s late on a loaded host)."""
     log = str(tmp_path / "runs.log")
     job = Queue(connection=r).enqueue("jobs.swallowing_run", log, RUN_S, job_timeout=120)
     worker = procs.worker(redis_url, worker_class="rq_emq.SimpleLeaseWorker", **WATCHFUL)

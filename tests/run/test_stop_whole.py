@@ -88,7 +88,7 @@ def _assert_no_overlap(log: str, first_pid: int) -> float:
 def _recovered_elsewhere(r: redis.Redis, procs: Processes, redis_url: str, log: str, job_id: str) -> None:
     # a healthy worker: its sweep recovers the job (when the first, 1 s lease lapses), then
     # runs it under a lease five times as long, so that the rerun is not self-fenced in turn
-    # on a starved host (CI rehearsal 17: a watchdog woke 0.6 s late, and the rerun's 1 s
+    # on a starved host (a watchdog that woke 0.6 s late let the rerun's 1 s
     # lease lapsed on each of its two attempts)
     procs.worker(redis_url, **RECOVERER)
     wait_for(lambda: len(run_spans(log)) >= 2, timeout=20, what="a second run")
@@ -144,7 +144,7 @@ def test_a_killed_workers_run_ends_with_its_child_processes(
     job_id = _enqueue_with_child(r, log, how)
     # a lease five times the others': the run must still be going when the test kills its
     # worker (a starved host self-fenced the first run under the 1 s lease before the
-    # kill, CI rehearsal 35), and the end it checks comes at once, not at the lease's end
+    # kill), and the end it checks comes at once, not at the lease's end
     killed = procs.worker(redis_url, worker_class=worker_class, **RECOVERER)
     first, child = _first_run(log)
     os.kill(killed.pid, signal.SIGKILL)  # the worker alone, as the OOM killer would
@@ -212,8 +212,8 @@ def test_rqs_stop_command_ends_the_jobs_child_processes(
     send_stop_job_command(r, job_id)
     wait_for(lambda: status(r, job_id) == "stopped", timeout=10, what="the job to be stopped")
     # the kill of the whole tree is sent before RQ writes the stop; a SIGKILLed process is
-    # gone once the kernel next schedules it, which a loaded host may delay (CI rehearsal
-    # 26: the child still running as the status landed): within a lease, long before any
+    # gone once the kernel next schedules it, which a loaded host may delay (the child
+    # still running as the status landed): within a lease, long before any
     # recovery could run the job again
     wait_for(
         lambda: not pid_alive(child) and not pid_alive(first),

@@ -87,3 +87,10 @@ __all__ = [
     "subscribe",
     "unsubscribe",
 ]
+
+# RQ's ``worker-pool`` command imports this package for its ``-w`` option: its own process
+# then says once for the pool what each member would say of the settings (and writes JSON
+# in JSON mode). In any other process this does nothing.
+from .run import startup as _startup  # noqa: E402
+
+_startup.under_rq_worker_pool()

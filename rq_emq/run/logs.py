@@ -14,6 +14,12 @@ message (``12:00:01 WARNING Worker w1: job ...``), or one JSON object per line
 the root logger, ``logging.basicConfig``, RQ's ``DICT_CONFIG``, or on ``rq_emq``), it is
 left alone: our lines go where the application sends them, once. Nothing is touched in a
 process that only imports rq_emq (a producer).
+
+In JSON mode the whole stream is JSON, not only our lines (:func:`write_json`): RQ's own
+handlers (``setup_loghandlers``'s, on ``rq.worker``, ``rq.job``, ``rq.scheduler``,
+``rq.worker_pool``), Python's last-resort handler (a line logged before any handler
+exists, or in a spawned horse RQ gives none) and Python's warnings write one object per
+line too.
 """
 
 from __future__ import annotations
@@ -32,6 +38,10 @@ JSON_EXTRAS = ("job_id", "queue")
 #: The handlers :func:`setup` attached in this process (replaced by a later setup: a
 #: worker built again in one process, as RQ's own tests and a pool's members do).
 _attached: list[logging.Handler] = []
+
+#: The name of the worker this process runs (:func:`setup`): the ``worker`` of a JSON line
+#: whose record does not carry one (RQ's lines, which name it in their message only).
+_worker: str | None = None
 
 
 class WorkerName(logging.Filter):
@@ -57,7 +67,7 @@ class JsonFormatter(logging.Formatter):
             "time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
-            "worker": getattr(record, "worker", None),
+            "worker": getattr(record, "worker", None) or _worker,
             "message": record.getMessage(),
         }
         for key in JSON_EXTRAS:
@@ -109,6 +119,8 @@ def setup(
 ) -> bool:
     """Give the ``rq_emq`` logger RQ's streams, level and format, naming ``worker``, unless
     the application's logging already handles it; whether it did."""
+    global _worker
+    _worker = worker
     logger = logging.getLogger(LOGGER)
     for handler in _attached:
         logger.removeHandler(handler)
@@ -131,6 +143,56 @@ def setup(
     logger.propagate = False
     logger.setLevel(level_of(logging_level))
     return True
+
+
+#: RQ's own ``ColorizingStreamHandler.format`` while :func:`write_json` replaces it (None:
+#: RQ's format is in place).
+_rq_format: Any = None
+
+
+def write_json(on: bool) -> None:
+    """Make every line this process writes to its log stream one JSON object (``on``), or
+    give the lines back their own formats. A worker turns it on as it is built, in JSON
+    mode, before its first line; so does ``rq worker-pool``'s own process for its lines and
+    its members' (:func:`rq_emq.run.startup.under_rq_worker_pool`).
+
+    - RQ's handlers: every release RQ supports makes them in ``rq.logutils.setup_loghandlers``,
+      one ``ColorizingStreamHandler`` per stream, for ``rq.worker`` (the CLI, before the
+      worker exists), ``rq.job`` (the worker's bootstrap, after ours), ``rq.scheduler`` and
+      ``rq.worker_pool``. The class's ``format`` is replaced, so that a handler made later
+      in this process, or in a process forked from it (the horse, the scheduler, a pool's
+      member), writes JSON too; a record keeps its traceback as ``exception``.
+    - Python's last-resort handler, which writes what a logger with no handler logs: a
+      warning logged as the worker is built (a misspelled setting), a spawned horse's lines.
+    - Python's warnings, which go to stderr as text unless logging takes them.
+
+    An application's own handlers keep their formats."""
+    global _rq_format
+    from rq.logutils import ColorizingStreamHandler
+
+    if on and _rq_format is None:
+        _rq_format = vars(ColorizingStreamHandler).get("format", _inherited)
+        ColorizingStreamHandler.format = _format_as_json  # type: ignore[method-assign]
+        if logging.lastResort is not None:
+            logging.lastResort.setFormatter(_JSON)
+        logging.captureWarnings(True)
+    elif not on and _rq_format is not None:
+        if _rq_format is _inherited:
+            del ColorizingStreamHandler.format
+        else:
+            ColorizingStreamHandler.format = _rq_format  # type: ignore[method-assign]
+        _rq_format = None
+        if logging.lastResort is not None:
+            logging.lastResort.setFormatter(None)  # type: ignore[arg-type]
+        logging.captureWarnings(False)
+
+
+_JSON = JsonFormatter()
+_inherited = object()  # RQ's handler class defined no format of its own
+
+
+def _format_as_json(handler: logging.Handler, record: logging.LogRecord) -> str:
+    return _JSON.format(record)
 
 
 class RqLines(logging.Filter):

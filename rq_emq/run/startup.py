@@ -4,7 +4,10 @@ The settings come from the worker's keywords, the environment, the ``RQ_EMQ_*`` 
 the settings module RQ's CLI was given (``rq worker -c mysettings``, or ``RQ_CONFIG``:
 the worker is built inside RQ's ``worker`` command, whose parsed options click keeps)
 and the class attributes (:meth:`rq_emq.settings.LeaseSettings.resolve`). A name that
-looks like a misspelled setting is warned about, once per process.
+looks like a misspelled setting, or a setting that no longer changes anything, is warned
+about once per process; under ``rq worker-pool`` once for the pool, by its own process
+(:func:`under_rq_worker_pool`), its members quiet. In JSON mode the worker's process
+writes JSON from its first line (:func:`rq_emq.run.logs.write_json`).
 
 A worker that cannot start says why in one line and exits non-zero. RQ's ``rq worker``
 logs any ``Exception`` from the worker with its traceback (RQ 3) or lets it escape
@@ -37,6 +40,7 @@ from ..settings import (
     misspelled,
     module_settings,
 )
+from . import logs
 
 logger = logging.getLogger("rq_emq.startup")
 
@@ -54,6 +58,10 @@ class StartupError(SystemExit):
 #: The settings module's name, handed to a SpawnWorker's horse (a new interpreter, outside
 #: RQ's CLI) so that it reads the same settings as its worker.
 ENV_CONFIG = "RQ_EMQ_HORSE_CONFIG"
+
+#: Set by ``rq worker-pool``'s own process for its members: the environment and the
+#: settings module were checked there, and what they warrant was said once, for the pool.
+ENV_POOL_CHECKED = "RQ_EMQ_POOL_CHECKED"
 
 #: Misspelled names already warned about in this process (a pool's worker, a rebuilt one).
 _warned: set[str] = set()
@@ -73,23 +81,45 @@ def worker_settings(
     # a SpawnWorker's horse (told its worker's module) builds the worker again: the
     # worker has warned already, and a line per job would drown the log
     warn = ENV_CONFIG not in os.environ
-    if warn:
-        _warn_misspelled(environ, module)
+    # a pool's member: its pool warned of what the environment and the module hold
+    by_pool = ENV_POOL_CHECKED in os.environ
     try:
         settings = LeaseSettings.resolve(overrides, defaults, environ, module)
     except SettingsError as error:
+        if warn and not by_pool:
+            _warn_misspelled(environ, module)  # a misspelled name may be why a value is wrong
         raise StartupError(f"invalid setting: {error}") from error
-    for name in UNUSED_SETTINGS if warn else ():
-        variable = ENV_PREFIX + name.upper()
-        if (
-            any(given.get(name) is not None for given in (overrides, defaults))
-            or environ.get(variable, "").strip()
-            or module.get(variable) is not None
-        ):
-            # still accepted so that a configuration setting it keeps starting, but whoever
-            # tunes it should know it changes nothing
-            logger.warning("%s (%s) is no longer used and changes nothing; it can be removed", name, variable)
+    logs.write_json(settings.log_format == "json")  # before this worker's first line
+    if warn and not by_pool:
+        _warn_misspelled(environ, module)
+    if warn:
+        _warn_unused(overrides, defaults, {} if by_pool else environ, {} if by_pool else module)
     return settings
+
+
+def under_rq_worker_pool() -> None:
+    """In ``rq worker-pool``'s own process (RQ's CLI imports rq_emq for its ``-w`` option,
+    inside that command): say once, for the pool, what its members would each say of the
+    environment and the settings module (misspelled names, settings no longer used), tell
+    the members so (:data:`ENV_POOL_CHECKED`), and in JSON mode write the pool's own lines
+    as JSON (a member turns it on again as it is built). Anywhere else it does nothing: a
+    process that only imports rq_emq is left alone. Settings the members will refuse are
+    theirs to name, each in its own line."""
+    context = click.get_current_context(silent=True)
+    if context is None or context.command.name != "worker-pool" or not _is_rq_cli(context.find_root()):
+        return
+    try:
+        module = cli_settings()
+        settings: LeaseSettings | None = LeaseSettings.resolve({}, {}, os.environ, module)
+    except StartupError:
+        return
+    except SettingsError:
+        settings = None
+    if settings is not None:
+        logs.write_json(settings.log_format == "json")
+    _warn_misspelled(os.environ, module)
+    _warn_unused({}, {}, os.environ, module)
+    os.environ[ENV_POOL_CHECKED] = "1"
 
 
 def settings_module_name() -> str | None:
@@ -128,9 +158,27 @@ def cli_settings() -> dict[str, Any]:
         raise StartupError(f"cannot import settings module {name!r} (-c/--config): {error}") from error
 
 
+def _warn_unused(
+    overrides: Mapping[str, Any],
+    defaults: Mapping[str, Any],
+    environ: Mapping[str, str],
+    module: Mapping[str, Any],
+) -> None:
+    for name in UNUSED_SETTINGS:
+        variable = ENV_PREFIX + name.upper()
+        if (
+            any(given.get(name) is not None for given in (overrides, defaults))
+            or environ.get(variable, "").strip()
+            or module.get(variable) is not None
+        ):
+            # still accepted so that a configuration setting it keeps starting, but whoever
+            # tunes it should know it changes nothing
+            logger.warning("%s (%s) is no longer used and changes nothing; it can be removed", name, variable)
+
+
 def _warn_misspelled(environ: Mapping[str, str], module: Mapping[str, Any]) -> None:
     for source, names in (("environment variable", environ), ("settings module name", module)):
-        for name, closest in misspelled(names):
+        for name, closest in misspelled(n for n in names if n != ENV_POOL_CHECKED):
             if name not in _warned:
                 _warned.add(name)
                 logger.warning(

@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 import redis
 from helpers import STEADY, wait_status
-from procs import Processes, wait_for
+from procs import RQ_BIN, Processes, wait_for
 from rq import Queue
 
 import rq_emq
+from rq_emq.compat import RQ_MAJOR
 from rq_emq.keys import sweeper_election_key
 
 pytestmark = pytest.mark.slow
@@ -102,6 +103,74 @@ def test_json_lines_parse_and_carry_the_worker_job_and_queue(
     assert crash["level"] == "WARNING" and crash["worker"] == "w-json" and crash["logger"] == "rq_emq.lease"
     assert crash["job_id"] == job.id and crash["queue"] == "logs-json"
     assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00$", crash["time"]), crash
+
+
+#: What click prints as it parses RQ 2.0's command line, before any code of a worker runs:
+#: RQ 2.0 declares some options twice (a Python warning, then its source line).
+CLICK_WARNING = re.compile(r"UserWarning: The parameter \S+ is used more than once")
+
+
+def json_entries(log: str) -> list[dict[str, object]]:
+    """Each non-empty line of ``log`` as its JSON object (fails naming the first that is not)."""
+    entries = []
+    lines = log.splitlines()
+    for before, line in zip(["", *lines], lines, strict=False):
+        if CLICK_WARNING.search(line) or CLICK_WARNING.search(before):
+            continue
+        if line.strip():
+            try:
+                entries.append(json.loads(line))
+            except ValueError:
+                pytest.fail(f"not a JSON line: {line!r}\nin:\n{log}")
+    return entries
+
+
+def test_in_json_mode_every_line_of_a_worker_is_json_rqs_own_included(
+    r: redis.Redis, redis_url: str, procs: Processes
+) -> None:
+    queue = Queue("logs-all-json", connection=r)
+    ok, failing = queue.enqueue("jobs.add", 1, 2), queue.enqueue("jobs.fail", "boom")
+    worker = procs.worker(
+        redis_url,
+        "logs-all-json",
+        burst=True,
+        name="w-all-json",
+        args=("--with-scheduler",),
+        RQ_EMQ_LOG_FORMAT="json",
+        RQ_EMQ_LEASEMS="5000",  # warned about as the worker is built, before any handler exists
+    )
+    assert worker.wait(timeout=30) == 0, procs.log(worker)
+    entries = json_entries(procs.log(worker))
+    loggers = {entry["logger"] for entry in entries}
+    assert {"rq.worker", "rq_emq.startup"} | ({"rq.scheduler"} if RQ_MAJOR >= 3 else set()) <= loggers, (
+        entries
+    )
+    (taken,) = [e for e in entries if e.get("job_id") == ok.id and "attempt 1" in str(e["message"])]
+    assert taken["logger"] == "rq.worker" and taken["worker"] == "w-all-json" and taken["queue"] == queue.name
+    (raised,) = [e for e in entries if "exception raised while executing" in str(e["message"])]
+    assert raised["level"] == "ERROR" and raised["job_id"] == failing.id  # RQ's traceback in its message
+    assert "ValueError: boom" in str(raised["message"]) + str(raised.get("exception"))
+    (misspelled,) = [e for e in entries if "is not an rq-emq setting" in str(e["message"])]
+    assert misspelled["level"] == "WARNING" and "RQ_EMQ_LEASEMS" in str(misspelled["message"])
+
+
+def test_in_json_mode_every_line_of_a_worker_pool_is_json_and_a_misspelled_name_is_warned_once(
+    r: redis.Redis, redis_url: str, procs: Processes
+) -> None:
+    queue = Queue("logs-pool-json", connection=r)
+    jobs = [queue.enqueue("jobs.add", 1, 2), queue.enqueue("jobs.fail", "boom")]
+    pool = procs.start(
+        [RQ_BIN, "worker-pool", "-w", "rq_emq.LeaseWorker", "--url", redis_url, "-n", "2", "--burst"]
+        + [queue.name],
+        env=procs.env(RQ_EMQ_LOG_FORMAT="json", RQ_EMQ_LEASEMS="5000"),
+        name="pool",
+    )
+    assert pool.wait(timeout=45) == 0, procs.log(pool)
+    assert [job.get_status() for job in jobs] == ["finished", "failed"]
+    entries = json_entries(procs.log(pool))
+    assert {"rq.worker_pool", "rq.worker"} <= {entry["logger"] for entry in entries}, entries
+    said = [e for e in entries if "is not an rq-emq setting" in str(e["message"])]
+    assert len(said) == 1, entries  # by the pool, for its members
 
 
 def test_a_bad_log_format_setting_stops_the_worker_in_one_line(redis_url: str, procs: Processes) -> None:

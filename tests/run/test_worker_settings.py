@@ -16,7 +16,7 @@ import pytest
 import redis
 from helpers import wait_status
 from jobs import runs
-from procs import Processes, wait_for
+from procs import RQ_BIN, Processes, wait_for
 from rq import Queue
 
 import rq_emq
@@ -98,6 +98,28 @@ def test_a_misspelled_setting_is_warned_about_once_naming_the_closest(
     assert len(said) == 2, procs.log(worker)
     assert "RQ_EMQ_LEASEMS" in said[0] and said[0].endswith("did you mean RQ_EMQ_LEASE_MS?")
     assert "RQ_EMQ_SWEEP_INTERVALMS" in said[1] and said[1].endswith("did you mean RQ_EMQ_SWEEP_INTERVAL_MS?")
+
+
+def test_a_worker_pool_warns_once_for_all_its_members(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
+) -> None:
+    jobs = [Queue(connection=r).enqueue("jobs.add", i, i) for i in range(4)]
+    args = settings_module(tmp_path, "RQ_EMQ_SWEEP_INTERVALMS = 900\n")
+    pool = procs.start(
+        [RQ_BIN, "worker-pool", "-w", "rq_emq.LeaseWorker", "--url", redis_url, "-n", "2", "--burst", *args],
+        env=procs.env(RQ_EMQ_LEASEMS="5000", RQ_EMQ_IDLE_POLL_MS="100"),
+        name="pool",
+    )
+    assert pool.wait(timeout=45) == 0, procs.log(pool)
+    assert all(job.get_status() == "finished" for job in jobs), procs.log(pool)
+    said = procs.log(pool).splitlines()
+    for warning in (
+        "RQ_EMQ_LEASEMS is not",
+        "RQ_EMQ_SWEEP_INTERVALMS is not",
+        "(RQ_EMQ_IDLE_POLL_MS) is no longer",
+    ):
+        assert len([line for line in said if warning in line]) == 1, (warning, procs.log(pool))
+    assert len([line for line in said if "Starting worker started" in line]) == 2  # two members built
 
 
 def test_an_event_hook_that_cannot_take_an_event_stops_the_worker_in_one_line(

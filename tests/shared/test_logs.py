@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -78,3 +79,70 @@ def test_a_producer_importing_rq_emq_gets_no_handler() -> None:
     code = "import logging, rq_emq; l = logging.getLogger('rq_emq'); print(l.handlers, l.propagate, l.level)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[] True 0"
+
+
+@pytest.fixture
+def json_mode() -> Iterator[None]:
+    """JSON mode in this process, turned off after the test."""
+    logs.write_json(True)
+    try:
+        yield
+    finally:
+        logs.write_json(False)
+
+
+def test_in_json_mode_rqs_own_handlers_write_json_and_give_their_format_back_after(
+    bare_logging: logging.Logger, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rq.logutils import setup_loghandlers
+
+    logging.getLogger().handlers.clear()  # pytest's own: RQ adds its handlers where none is
+    rq_logger = logging.getLogger("rq.emq-test")
+    setup_loghandlers("INFO", "%H:%M:%S", "%(asctime)s %(message)s", name=rq_logger.name)
+    try:
+        logs.write_json(True)
+        try:
+            rq_logger.info("Worker w1: started")
+            rq_logger.error("job j1 failed", exc_info=ValueError("boom"))
+        finally:
+            logs.write_json(False)
+        out, err = capsys.readouterr()
+        (started,), (failed,) = (
+            [json.loads(line) for line in out.splitlines()],
+            [json.loads(line) for line in err.splitlines()],
+        )
+        assert (started["logger"], started["level"], started["message"]) == (
+            "rq.emq-test",
+            "INFO",
+            "Worker w1: started",
+        )
+        assert failed["level"] == "ERROR" and "ValueError: boom" in failed["exception"]
+        rq_logger.info("Worker w1: stopped")
+        assert capsys.readouterr().out.endswith(" Worker w1: stopped\n")  # RQ's format again
+    finally:
+        rq_logger.handlers.clear()
+
+
+def test_in_json_mode_a_line_logged_with_no_handler_and_a_python_warning_are_json(
+    json_mode: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert logging.lastResort is not None
+    logging.lastResort.handle(
+        logging.makeLogRecord({"name": "rq_emq.startup", "msg": "misspelled", "levelno": 30})
+    )
+    (entry,) = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert entry["logger"] == "rq_emq.startup" and entry["message"] == "misspelled"
+    assert logging.getLogger("py.warnings").handlers == [] and logging._warnings_showwarning is not None  # type: ignore[attr-defined]
+
+
+def test_a_producer_importing_rq_emq_leaves_rqs_handlers_and_the_environment_alone() -> None:
+    code = (
+        "import logging, os, rq_emq, rq.logutils as u; "
+        "print(u.ColorizingStreamHandler.format.__module__, logging.lastResort.formatter, "
+        "'RQ_EMQ_POOL_CHECKED' in os.environ)"
+    )
+    env = {**os.environ, "RQ_EMQ_LOG_FORMAT": "json"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    ).stdout
+    assert out.split() == ["rq.logutils", "None", "False"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 import redis
@@ -274,6 +275,35 @@ def test_a_misspelled_name_is_warned_about_once_naming_the_closest_setting(
         "settings module name RQ_EMQ_MAX_ATTEMPT is not an rq-emq setting (ignored); "
         "did you mean RQ_EMQ_MAX_ATTEMPTS?",
     ]
+
+
+def test_a_pool_member_leaves_to_its_pool_the_warnings_of_the_environment_and_the_module(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rq_emq.run import startup
+
+    startup._warned.clear()
+    monkeypatch.setenv(startup.ENV_POOL_CHECKED, "1")
+    environ = {"RQ_EMQ_LEASEMS": "5000", "RQ_EMQ_IDLE_POLL_MS": "100"}
+    with caplog.at_level(logging.WARNING, logger="rq_emq.startup"):
+        worker_settings({}, {}, environ, module={"RQ_EMQ_MAX_ATTEMPT": 4, "RQ_EMQ_IDLE_POLL_MS": 100})
+        assert caplog.records == []
+        worker_settings({"idle_poll_ms": 100}, {}, environ, module={})  # the pool cannot know this one
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert said.startswith("idle_poll_ms (RQ_EMQ_IDLE_POLL_MS) is no longer used")
+
+
+def test_outside_rq_worker_pool_the_pools_check_does_nothing(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rq_emq.run import startup
+
+    startup._warned.clear()
+    monkeypatch.setenv("RQ_EMQ_LEASEMS", "5000")
+    monkeypatch.delenv(startup.ENV_POOL_CHECKED, raising=False)
+    with caplog.at_level(logging.WARNING, logger="rq_emq.startup"):
+        startup.under_rq_worker_pool()
+    assert caplog.records == [] and startup.ENV_POOL_CHECKED not in os.environ
 
 
 def two_arguments(event: object, other: object) -> None:

@@ -1,7 +1,9 @@
 """A Redis ACL user limited to RQ's and our keys (``~rq:* ~emq:*``), RQ's pub/sub channels
 and the smallest command set that works runs everything end to end: producer, both worker
-kinds (one queue and several), the reaper, ``rq info``, a crash recovery and a failure
-at max attempts, with not one command refused."""
+kinds (one queue and several), the reaper, ``rq info``, ``rq-emq status``, a crash recovery
+and a failure at max attempts, with not one command refused. The user is created exactly
+as docs/operating.md says (its lines are read from there), on whichever server the tests
+run: Redis 7 here, Redis 6.2 and Valkey in CI's stages of their own."""
 
 from __future__ import annotations
 
@@ -22,67 +24,60 @@ from rq.job import Job
 
 import rq_emq
 from rq_emq.keys import QueueKeys, sweeper_deputy_key, sweeper_election_key
+from rq_emq.run.startup import parse_version
 from rq_emq.testing import RedisServer
 
 pytestmark = pytest.mark.slow
 
 USER, PASSWORD = "rq-emq", "lease-me"
+RQ_EMQ_BIN = str(Path(RQ_BIN).parent / "rq-emq")
 
-#: What the user may run. RQ's own needs (producer, workers, ``rq info``) and ours
-#: (scripts, the lock manager, the sweep, the multi-queue idle wait) together.
-COMMANDS = (
-    # connection; RQ names its connection and reads its address back
-    # (RQ 3: CLIENT INFO, RQ 2: CLIENT LIST); the idle watch of several queues: CLIENT
-    # TRACKING, TRACKINGINFO, and ID, SETNAME and LIST for its pubsub connection; the wait
-    # per queue where the watch is refused: CLIENT ID, UNBLOCK
-    *"ping info client|setname client|info client|list client|id client|unblock".split(),
-    *"client|tracking client|trackinginfo".split(),
-    # our Lua scripts (the commands they run are checked too) and RQ's transactions
-    *"evalsha script|load script|exists multi exec watch unwatch time".split(),
-    # RQ's worker channel (its commands: stop job, shutdown), on which a worker also hears
-    # its sweeper election's call (PUBLISH, from hold_sweeper) and, on RESP2, the watch's
-    # invalidations
-    *"subscribe unsubscribe publish".split(),
-    *"get mget set del exists expire persist pttl".split(),
-    *"hget hmget hgetall hset hsetnx hdel hincrby hincrbyfloat".split(),
-    # blpop: an idle standby's wait on its queue set's wake list (never on a queue)
-    *"llen lindex lpush rpush lpop lrange lrem lpos blmove blpop".split(),
-    *"sadd srem smembers".split(),
-    *"zadd zcard zcount zrange zrangebyscore zrem zremrangebyscore zscore".split(),
-    *"xadd xrevrange".split(),  # RQ's job results
-    "wait",  # the outbox drain's Sentinel-confirmed claim (a replica has it)
-)
+#: The section of docs/operating.md that gives the user's rule: the tests run exactly that.
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "operating.md"
+SECTION = "### A least-privilege ACL user"
 
-#: The ACL rule for that user: the line docs/operating.md gives (checked below).
-ACL_RULES = (
-    "on",
-    f">{PASSWORD}",
-    "resetkeys",
-    "~rq:*",
-    "~emq:*",
-    "resetchannels",
-    "&rq:*",
-    "&emq:*",
-    "&__redis__:invalidate",
-    "-@all",
-    *(f"+{command}" for command in COMMANDS),
-)
+
+def documented_lines() -> list[str]:
+    """Each ``ACL SETUSER rq-emq`` line of the section, as written."""
+    text = DOCS.read_text()
+    section = text[text.index(SECTION) :].split("\n## ", 1)[0]
+    return [line.strip() for line in section.splitlines() if line.startswith(f"ACL SETUSER {USER} ")]
+
+
+def documented_rule() -> tuple[str, ...]:
+    """The rule every server takes (the line that creates the user), with this test's password."""
+    (line,) = [line for line in documented_lines() if " on >PASSWORD " in line]
+    return tuple(f">{PASSWORD}" if rule == ">PASSWORD" else rule for rule in line.split()[3:])
+
+
+def documented_additions(version: tuple[int, ...]) -> tuple[str, ...]:
+    """What the section adds for a server of ``version`` (``redis_version``; Valkey says 7.2.4),
+    each addition's line naming its servers after ``#``."""
+    for line in documented_lines():
+        rules, _, servers = line.partition("#")
+        if not servers:
+            continue
+        if ("Redis 6.2" in servers and version[:2] == (6, 2)) or (
+            "Redis 7.2 and later" in servers and version >= (7, 2)
+        ):
+            return tuple(rules.split()[3:])
+    return ()
+
+
+ACL_RULES = documented_rule()
 
 
 def acl_url(server: RedisServer, user: str = USER) -> str:
     return f"redis://{user}:{PASSWORD}@127.0.0.1:{server.port}/0"
 
 
-#: Subcommands redis-py probes on connect (and shrugs off when refused) that Redis 6.2 does
-#: not know. Redis 7 rejects an unknown subcommand before the ACL check and refuses to name
-#: one in a rule; Redis 6.2 checks the ACL first and logs a denial, so there the rule names them.
-REDIS_PY_HANDSHAKE_PROBES = ("+client|setinfo", "+client|maint_notifications")
-
-
 def create_user(admin: redis.Redis, rules: tuple[str, ...] = ACL_RULES) -> None:
-    if int(str(admin.info("server")["redis_version"]).split(".")[0]) < 7:
-        rules = (*rules, *REDIS_PY_HANDSHAKE_PROBES)
-    admin.execute_command("ACL", "SETUSER", USER, "reset", *rules)
+    """The user as docs/operating.md creates it: its rule, then its server's additions."""
+    admin.execute_command("ACL", "SETUSER", USER, *rules)
+    version = parse_version(str(admin.info("server")["redis_version"]))
+    additions = documented_additions(version)
+    if additions:
+        admin.execute_command("ACL", "SETUSER", USER, *additions)
 
 
 def denials(admin: redis.Redis) -> list[str]:
@@ -156,11 +151,15 @@ def run_everything(server: RedisServer, procs: Processes, tmp_path: Path) -> red
         os.kill(process.pid, signal.SIGTERM)
         assert process.wait(timeout=30) == 0, procs.log(process)
 
-    # rq info
+    # rq info, and rq-emq status
     info = subprocess.run(
         [RQ_BIN, "info", "--url", url], capture_output=True, text=True, timeout=60, env=procs.env()
     )
     assert info.returncode == 0 and "default" in info.stdout, info.stdout + info.stderr
+    status = subprocess.run(
+        [RQ_EMQ_BIN, "status", "--url", url], capture_output=True, text=True, timeout=60, env=procs.env()
+    )
+    assert status.returncode == 0 and "default" in status.stdout, status.stdout + status.stderr
     for process in procs.started:
         log_text = procs.log(process)
         assert "NOPERM" not in log_text and "refused" not in log_text, log_text
@@ -216,10 +215,11 @@ def test_without_client_tracking_nor_unblock_an_idle_worker_on_several_queues_wa
     assert not any(r.llen(QueueKeys(q).moving) for q in ("other", "default"))
 
 
-def test_the_documented_acl_rule_is_the_tested_one() -> None:
-    """docs/operating.md's ``ACL SETUSER`` line grants exactly what this file tests."""
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "operating.md").read_text()
-    lines = [line for line in doc.splitlines() if line.startswith("ACL SETUSER rq-emq ")]
-    assert len(lines) == 1, lines
-    documented = lines[0].split()[3:]
-    assert documented == [rule if rule != f">{PASSWORD}" else ">PASSWORD" for rule in ACL_RULES]
+def test_the_documented_rule_creates_the_user_on_every_server_with_its_additions() -> None:
+    """docs/operating.md's lines, as this file reads them: one rule for every server, then
+    CLIENT SETINFO (and on 6.2 MAINT_NOTIFICATIONS) for the servers that know them."""
+    assert ACL_RULES[:2] == ("on", f">{PASSWORD}") and "+client|setinfo" not in ACL_RULES  # 7.0 refuses it
+    assert documented_additions((6, 2, 14)) == ("+client|setinfo", "+client|maint_notifications")
+    assert documented_additions((7, 0, 15)) == ()
+    assert documented_additions((7, 2, 4)) == ("+client|setinfo",)  # Valkey 8 and 9 say 7.2.4
+    assert documented_additions((8, 0, 2)) == ("+client|setinfo",)

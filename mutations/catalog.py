@@ -1992,6 +1992,22 @@ CATALOG: list[Mutation] = [
         "an application that configured logging gets our lines twice, once in a format not its own",
     ),
     _m(
+        "rq_lines_stay_text_in_json_mode",
+        "rq_emq/run/logs.py",
+        "        ColorizingStreamHandler.format = _format_as_json  # type: ignore[method-assign]",
+        "        pass",
+        [f"{LOGS}::test_in_json_mode_rqs_own_handlers_write_json_and_give_their_format_back_after"],
+        "RQ_EMQ_LOG_FORMAT=json: RQ's lines stay text on the same stream, half the log unparsed",
+    ),
+    _m(
+        "pool_members_warn_again",
+        "rq_emq/run/startup.py",
+        '    os.environ[ENV_POOL_CHECKED] = "1"',
+        "    pass",
+        [f"{WORKER_SETTINGS}::test_a_worker_pool_warns_once_for_all_its_members"],
+        "rq worker-pool -n 8 says each misspelled setting nine times, once by the pool and once per member",
+    ),
+    _m(
         "fenced_outcome_job_ok_kept",
         "rq_emq/run/lease_mixin.py",
         "if self._discarded_job_id is not None and any(",

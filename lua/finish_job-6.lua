@@ -23,7 +23,8 @@ Returns (each reply ends with `malformed`: our keys found malformed and skipped 
 replaced, {key, what, ...}, lib/own_keys.lua):
   {0}               fenced out: the lease is not ours, nothing was written (the refusal
                     goes to the queue's record, lib/record.lua) but for the lock, released
-                    if it still holds this token (lib/lease.lua `release_own_lock`)
+                    if it still holds this token: the run is over (lib/lease.lua
+                    `check_holder`)
   {1, replies}      replies[i] is the i-th command's reply (an error reply in place)
   {2, status}       RQ or an operator changed the job since the lease's last write and
                     put it where that status says (canceled, failed or requeued by stock
@@ -37,7 +38,8 @@ replaced, {key, what, ...}, lib/own_keys.lua):
 -- @include lib/record.lua
 
 local job_id, token = ARGV[1], ARGV[2]
-local state, lease_ms = check_holder(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, token, KEYS[6], ARGV[3])
+local state, lease_ms = check_holder(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, token, KEYS[6], ARGV[3],
+  true)
 if state == 'lost' then
   -- a late outcome of a replaced holder: refused, and kept in the record (a finish whose
   -- job is gone, or another's, is rare: the holder stops on its lost renewal first); a
@@ -46,10 +48,6 @@ if state == 'lost' then
     record_event(queue_prefix(KEYS[3]), {}, 'refused', job_id, token_worker(token),
       'outcome refused: the lease was no longer its own')
   end
-  -- the run is over (its outcome is being written): a lock it still holds (its job was
-  -- deleted, or enqueued again, while it ran) goes now, so the job's new take need not
-  -- wait for it to lapse
-  release_own_lock(KEYS[2], token)
   return {0, MALFORMED}
 end
 if state == 'ended' then return {2, redis.call('HGET', KEYS[1], 'status') or '', MALFORMED} end

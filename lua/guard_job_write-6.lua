@@ -38,7 +38,8 @@ ARGV:
 Returns (each reply ends with `malformed`: our keys found malformed and skipped or
 replaced, {key, what, ...}, lib/own_keys.lua):
   {0}               fenced out: the lease is not ours (or RQ ended the job since the
-                    take, which also releases the lease), nothing was written
+                    take: the lease is left to the run's end, lib/lease.lua
+                    `check_holder`), nothing was written
   {1, replies}      replies[i] is the i-th command's reply (an error reply in place, as
                     EXEC gives a command's error at run time, WRONGTYPE say)
   {3, i, error}     MULTI would have refused the i-th command as it was queued: nothing
@@ -51,7 +52,9 @@ if ARGV[6] == '1' then
   local at, why = refused_at_queue(8, tonumber(ARGV[7]))
   if at then return {3, at, why, MALFORMED} end
 end
-local state = check_holder(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, token, KEYS[6], ARGV[3])
+-- the run goes on: a refusal here leaves its lease (and the lock holding the job's next
+-- take back) to the run's end
+local state = check_holder(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, token, KEYS[6], ARGV[3], false)
 if state ~= 'held' then return {0, MALFORMED} end
 local replies = run_packed(8, tonumber(ARGV[7]))
 local record = {}

@@ -35,13 +35,10 @@ local HISTORY = 10
 local job_id, token, rq_prefix, cause = ARGV[1], ARGV[2], ARGV[3], ARGV[7]
 local job_key, lock_key, leases_key, stalled_key, stats_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local state = check_holder(job_key, lock_key, leases_key, stalled_key, stats_key, job_id, token,
-  KEYS[6], rq_prefix)
-if state ~= 'held' then
-  -- the dead horse's run is over (its session ended first): a lock it still holds (its job
-  -- was deleted, or enqueued again, while it ran) goes, so the job's new take need not wait
-  if state == 'lost' then release_own_lock(lock_key, token) end
-  return {0, state, MALFORMED}
-end
+  KEYS[6], rq_prefix, true)
+-- the dead horse's run is over (its session ended first): check_holder released what it
+-- still held of a job that is not its own any more
+if state ~= 'held' then return {0, state, MALFORMED} end
 
 local now = now_ms()
 local attempts, max_attempts, exhausted, failure_ttl = attempts_used(job_key, tonumber(ARGV[4]))

@@ -25,7 +25,7 @@ lib/own_keys.lua).
 -- @include lib/lease.lua
 
 local job_id, token = ARGV[1], ARGV[2]
-local state = check_holder(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, token, KEYS[6], ARGV[3])
+local state = check_holder(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], job_id, token, KEYS[6], ARGV[3], true)
 if state ~= 'held' then return {0, MALFORMED} end
 release_started(KEYS[8], KEYS[1], job_id, ARGV[3])
 index_write('list', 'LREM', KEYS[7], 0, job_id)  -- the moving list is short by construction

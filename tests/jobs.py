@@ -153,6 +153,38 @@ def ticking_run(log: str, seconds: float, later_s: float | None = None) -> str:
     return "done"
 
 
+def ticking_run_saving_meta(log: str, seconds: float, save_at: float, later_s: float | None = None) -> str:
+    """A :func:`ticking_run` that saves its own meta ``save_at`` seconds in (a job that
+    reports its progress the RQ way: ``job.meta[...] = ...; job.save_meta()``) and goes on
+    whatever the save raised (a ``save`` line records the error's name, or ``ok``)."""
+    from rq import get_current_job
+
+    def line(tag: str) -> None:
+        with open(log, "a") as out:
+            out.write(f"{tag} {os.getpid()} {time.monotonic():.6f}\n")
+
+    seconds = _this_runs_length(log, seconds, later_s)
+    line("start")
+    started = time.monotonic()
+    until, saved = started + seconds, False
+    while time.monotonic() < until:
+        time.sleep(0.02)
+        if not saved and time.monotonic() >= started + save_at:
+            saved, job = True, get_current_job()
+            assert job is not None
+            job.meta["progress"] = 0.5
+            try:
+                job.save_meta()
+                outcome = "ok"
+            except Exception as error:  # noqa: BLE001 (a job that goes on after any refusal)
+                outcome = type(error).__name__
+            with open(log, "a") as out:
+                out.write(f"save:{outcome} {os.getpid()} {time.monotonic():.6f}\n")
+        line("tick")
+    line("end")
+    return "done"
+
+
 def run_spans(log: str) -> dict[int, tuple[float, float]]:
     """Per pid in a :func:`ticking_run` log: (first, last) monotonic time it was seen alive."""
     spans: dict[int, tuple[float, float]] = {}

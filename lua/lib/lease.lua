@@ -185,9 +185,9 @@ local function take_verdict(hash, lock_key, job_key, job_id, rq_prefix)
 end
 
 -- Delete a lock that still holds `token` once its run is over and its lease was not
--- settled by this holder (its finish was refused: the job hash no longer names it), so a
--- new take of the job id (held back by `take_verdict` while it lives) need not wait for
--- it to lapse. Another holder's lock is left alone.
+-- settled by this holder (the job hash no longer names it: `check_holder`), so a new take
+-- of the job id (held back by `take_verdict` while it lives) need not wait for it to
+-- lapse. Another holder's lock is left alone.
 local function release_own_lock(lock_key, token)
   if lock_value(lock_key) == token then redis.call('DEL', lock_key) end
 end
@@ -341,17 +341,23 @@ local function drop_lease(job_key, lock_key, leases_key, stalled_key, job_id, se
   return true
 end
 
--- lease_state, with the bookkeeping of a refusal: a lease RQ ended is released (the
--- holder's next renewal reads it as settled: the job is RQ's again) and counted in
--- `ended_by_rq`; a lease that is not ours is counted in `fenced`. Returns the state (and
--- the lease's length).
+-- lease_state, with the bookkeeping of a refusal. The lock is what holds the job's next
+-- take back (`take_verdict`), so it goes only with its run: a caller that knows the run is
+-- over (`run_over`: its job returned, or its process was seen gone) releases a lease RQ
+-- ended (the holder's next renewal reads it as settled: the job is RQ's again; counted in
+-- `ended_by_rq`) and a lock that still holds its token on a job that is not its own any
+-- more (`release_own_lock`: deleted, or enqueued again, while it ran). A refusal in the
+-- middle of a run (a guarded write of the run's own) proves nothing about its end: it
+-- leaves both as they are. A lease that is not ours is counted in `fenced`. Returns the
+-- state (and the lease's length).
 local function check_holder(job_key, lock_key, leases_key, stalled_key, stats_key, job_id, token,
-    queue_key, rq_prefix)
+    queue_key, rq_prefix, run_over)
   local state, lease_ms = lease_state(job_key, job_id, token, queue_key, rq_prefix)
-  if state == 'ended' then
+  if state == 'ended' and run_over then
     drop_lease(job_key, lock_key, leases_key, stalled_key, job_id, 'done:' .. token)
     count(stats_key, 'ended_by_rq', 1)
   elseif state == 'lost' then
+    if run_over then release_own_lock(lock_key, token) end
     count(stats_key, 'fenced', 1)
   end
   return state, lease_ms

@@ -492,7 +492,10 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
         try:
             return super().execute_job(job, queue)  # type: ignore[misc]
         except LeaseLost:
-            return None  # its execution record was refused: the job is someone else's now
+            # its start was refused before any of its code ran (RQ ended or took the job
+            # since the take): the lease, left whole by the refusal, is renewed no more and
+            # its lock lapses; the sweep then leaves the job where RQ put it
+            return None
         except (RedisConnectionError, RedisTimeoutError) as error:
             # RQ's work loop quits on this; a worker that lost Redis for a moment around a
             # job waits for it instead, as RQ does while it dequeues. Whatever outcome this

@@ -194,3 +194,38 @@ def test_a_simple_worker_runs_a_job_deleted_and_enqueued_again_itself_without_en
     assert len(spans) == 2, spans
     assert spans[0][1] < spans[1][0]
     assert worker.poll() is None and "ending the worker process" not in procs.log(worker)
+
+
+@pytest.mark.parametrize("worker_class", ["rq_emq.LeaseWorker", "rq_emq.SimpleLeaseWorker"])
+@pytest.mark.parametrize("again", ["enqueue_job of a fetched copy", "enqueue under its id"])
+def test_a_running_job_enqueued_again_waits_for_its_old_run_though_the_run_saves_its_meta(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path, worker_class: str, again: str
+) -> None:
+    """A web process enqueues a running job again (RQ's ``enqueue_job`` of a copy it
+    fetched, or ``enqueue(..., job_id=)``), and the run then saves its own meta. RQ put the
+    job back in its queue: the save is refused (the run's writes are not the job's any
+    more), but the refusal proves nothing about the run, which goes on; its lock stays
+    until the run is over, so the job's next run, on an idle worker, starts only then.
+    Before: the refusal dropped the lock with the run still going, the idle worker started
+    the copy tens of ms later, and the old run's deadline was lifted (a 2-7 s overlap)."""
+    queue = Queue("q", connection=r)
+    log = str(tmp_path / "runs.log")
+    lease = {"RQ_EMQ_LEASE_MS": "3000", "RQ_EMQ_RENEW_INTERVAL_MS": "300"}
+    # 4 s, the save 1 s in; a later run lasts 0.3 s
+    args = ("jobs.ticking_run_saving_meta", log, 4.0, 1.0, 0.3)
+    queue.enqueue(*args, job_id="order-20", job_timeout=60)
+    procs.worker(redis_url, "q", worker_class=worker_class, **lease)
+    wait_for(lambda: len(runs(log)) > 2, timeout=20, what="the first run to tick")
+    procs.worker(redis_url, "q", worker_class=worker_class, **lease)  # idle: takes at once
+    wait_for(lambda: len(Worker.all(connection=r)) == 2, timeout=20, what="the second worker")
+    if again == "enqueue_job of a fetched copy":
+        queue.enqueue_job(Job.fetch("order-20", connection=r))
+    else:
+        queue.enqueue(*args, job_id="order-20", job_timeout=60)
+    wait_for(lambda: any(line.startswith("save:") for line in runs(log)), timeout=20, what="the save")
+    wait_for(lambda: len(each_run(log)) == 2 and runs(log)[-1].startswith("end"), timeout=40, what="2 runs")
+    saves = [line.split()[0] for line in runs(log) if line.startswith("save:")]
+    assert saves[0] == "save:LeaseLost", saves  # the old run's save, refused
+    (_, first_last), (second_start, _) = sorted(each_run(log))
+    overlap_ms = (first_last - second_start) * 1000
+    assert first_last < second_start, f"the runs overlapped for {overlap_ms:.0f} ms"

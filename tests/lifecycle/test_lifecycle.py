@@ -263,14 +263,44 @@ def test_the_sweep_leaves_a_job_whose_status_came_back_under_another_start(r: re
     assert queued_ids(r) == []
 
 
-def test_a_start_refused_because_rq_ended_the_job_releases_the_lease(r: redis.Redis) -> None:
+def test_a_start_refused_because_rq_ended_the_job_leaves_the_lease_to_lapse(r: redis.Redis) -> None:
+    """The refusal of a run's own write proves nothing about the run's end: its lease and
+    lock stay (a copy of the job enqueued again is held back by the lock) until its holder,
+    which renews it no more, lets it lapse; the sweep then leaves the job as RQ put it."""
     job = Queue("q", connection=r).enqueue("jobs.noop")
     lease = take(r)
     rq_moves(r, job.id, "canceled")  # canceled between the take and the start
     with pytest.raises(LeaseLost):
         start(r, lease)
     assert status(r, job.id) == "canceled"
-    assert r.zscore(Q.leases, job.id) is None and not r.exists(Q.lock(job.id))
+    assert r.get(Q.lock(job.id)) == lease.token.encode() and r.zscore(Q.leases, job.id) is not None
+    time.sleep(SETTINGS.lease_ms / 1000 + 0.05)  # renewed no more, its lock lapses
+    assert not r.exists(Q.lock(job.id))
+    sweeper = Sweeper(r, ["q"], SETTINGS)
+    for _ in range(3):  # mark, then (past the mark's grace) let go: a job RQ ended stays put
+        sweeper.sweep("q", mode="force")
+        time.sleep(SETTINGS.sweep_interval_ms / 1000)
+    assert status(r, job.id) == "canceled" and queued_ids(r) == []
+    assert r.zscore(Q.leases, job.id) is None
+
+
+def test_a_refused_write_in_the_middle_of_a_run_leaves_its_lock_and_its_lease(r: redis.Redis) -> None:
+    """RQ enqueued the running job again; the run's own guarded write is refused, and the
+    lease stays whole: the lock holds the new entry's take back, and the next renewal still
+    renews it (the run is not settled: its deadline holds)."""
+    queue = Queue("q", connection=r)
+    job = queue.enqueue("jobs.noop")
+    lease = take(r)
+    start(r, lease)
+    queue.enqueue_job(Job.fetch(job.id, connection=r))  # a web process enqueues it again
+    with pytest.raises(LeaseLost):
+        start(r, lease)  # a guarded write of the run's own
+    assert r.get(Q.lock(job.id)) == lease.token.encode() and r.zscore(Q.leases, job.id) is not None
+    assert r.hget(job_key(job.id), "emq_token") == lease.token.encode()
+    manager = LockManager(r, SETTINGS.lease_ms, SETTINGS.renew_interval_ms, on_lost=lambda _: None)
+    manager.add(lease)
+    manager.tick()
+    assert not lease.settled and not lease.lost
 
 
 def test_a_cold_stop_does_not_hand_back_a_job_rq_ended(r: redis.Redis) -> None:

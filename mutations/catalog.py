@@ -482,6 +482,14 @@ CATALOG: list[Mutation] = [
         "a running job enqueued again runs beside its old run once that run saves its own meta",
     ),
     _m(
+        "rate_limited_taken_as_rqs_word",
+        "lua/lib/lease.lua",
+        "      and redis.call('ZSCORE', rq_prefix .. 'rl:' .. limit .. ':rate_limited', job_id) ~= false",
+        "      or true",
+        [f"{LIFE}::test_a_rate_limited_status_is_read_from_the_limits_waiting_set"],
+        "a stale save of a rate-limited copy discards the finished run and leaves the job nowhere",
+    ),
+    _m(
         "a_refusal_mid_run_lets_go_of_its_lock",
         "lua/lib/lease.lua",
         "  if state == 'ended' and run_over then\n",

@@ -116,11 +116,15 @@ REGISTRY_OF = {
 def rq_moves(r: redis.Redis, job_id: str, status: str, origin: str = "q", **fields: str) -> None:
     """What RQ does as it ends or moves a job on with ``status`` (a cancel, stock cleanup, a
     requeue, a stock worker's run): the status (and ``fields``, its stamps) on the job hash,
-    and the job where that status says: its registry, its queue list (``queued``), or an
-    execution of its own in the started registry (``started``: a stock run, finite score).
+    and the job where that status says: its registry, its queue list (``queued``), the
+    waiting set of its rate limit (``rate_limited``, limit key ``api``), or an execution of
+    its own in the started registry (``started``: a stock run, finite score).
     A write of the status alone is what a stale ``job.save()`` does instead."""
     r.hset(job_key(job_id), mapping={"status": status, **fields})
-    if status in REGISTRY_OF:
+    if status == "rate_limited":  # RQ 3: the waiting set of the limit key the job names
+        r.hset(job_key(job_id), "rate_limit_key", "api")
+        r.zadd("rq:rl:api:rate_limited", {job_id: time.time()})
+    elif status in REGISTRY_OF:
         r.zadd(f"rq:{REGISTRY_OF[status]}:{origin}", {job_id: time.time() + 600})
     elif status == "queued":
         r.rpush(QueueKeys(origin).rq_queue, job_id)

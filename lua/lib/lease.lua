@@ -128,17 +128,22 @@ local QUEUE_LOOK = 1000
 -- Whether RQ put job_id somewhere its status says (the evidence "RQ moved it on" is read
 -- from): `queued` in its queue list (queue_key); `started` under an execution in RQ's
 -- started registry that is not a lease's pin (a stock worker's run: a finite score);
--- an end or waiting status in its registry (PLACED_IN). RQ 3's `rate_limited` is kept in a
--- set per limit key that the job does not name: taken as RQ's word.
+-- RQ 3's `rate_limited` in the waiting set of the limit key the job names
+-- (`<RQ prefix>rl:<key>:rate_limited`); an end or waiting status in its registry
+-- (PLACED_IN).
 local function placed_by_rq(job_key, job_id, queue_key, rq_prefix)
-  local found = redis.call('HMGET', job_key, 'status', 'origin')
+  local found = redis.call('HMGET', job_key, 'status', 'origin', 'rate_limit_key')
   local status, origin = found[1], found[2]
   if not status then return false end
   if status == 'queued' then
     return redis.call('LPOS', queue_key, job_id, 'MAXLEN', QUEUE_LOOK) ~= false
       or redis.call('LPOS', queue_key, job_id, 'RANK', -1, 'MAXLEN', QUEUE_LOOK) ~= false
   end
-  if status == 'rate_limited' then return true end
+  if status == 'rate_limited' then
+    local limit = found[3]
+    return limit ~= false and limit ~= ''
+      and redis.call('ZSCORE', rq_prefix .. 'rl:' .. limit .. ':rate_limited', job_id) ~= false
+  end
   if not origin then return false end
   if status == 'started' then
     local started_key = rq_prefix .. 'wip:' .. origin

@@ -265,10 +265,7 @@ def test_a_stray_copy_of_a_job_that_left_every_queue_is_dropped_never_run_again(
     queue = Queue("q", connection=r)
     job, behind = queue.enqueue("jobs.noop"), queue.enqueue("jobs.noop")
     q = QueueKeys("q")
-    if status == "rate_limited":  # RQ 3 keeps it in a set per limit key: its word is taken
-        r.hset(job_key(job.id), "status", status)
-    else:
-        rq_moves(r, job.id, status)
+    rq_moves(r, job.id, status)
     with caplog.at_level(logging.WARNING, logger="rq_emq.lease"):
         taken = taker(r).pop(["q"])
     assert taken is not None and taken.job_id == behind.id, "the copy was skipped, the next job taken"

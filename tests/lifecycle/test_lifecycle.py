@@ -533,6 +533,31 @@ def test_a_finish_after_a_stale_save_writes_the_runs_outcome(r: redis.Redis) -> 
     assert int(r.hget(Q.stats, "ended_by_rq") or 0) == 0
 
 
+@pytest.mark.parametrize("limited", [False, True], ids=["saved as rate_limited", "rate limited by RQ"])
+def test_a_rate_limited_status_is_read_from_the_limits_waiting_set(r: redis.Redis, limited: bool) -> None:
+    """A copy a web process read while the job waited on its rate limit (RQ 3), saved whole
+    while the job runs, writes ``rate_limited`` back and puts the job in no waiting set: the
+    run's outcome goes through (before: taken as RQ's word, the outcome was discarded and
+    the job left in no place). Only with the job in the waiting set of the limit it names
+    is the status RQ's: the run's outcome is then refused."""
+    job = Queue("q", connection=r).enqueue("jobs.noop")
+    lease = take(r)
+    start(r, lease)
+    if limited:
+        rq_moves(r, job.id, "rate_limited")
+    else:
+        stale_save(r, job.id, "rate_limited")
+        r.hset(job_key(job.id), "rate_limit_key", "api")  # the copy names its limit too
+    if limited:
+        with pytest.raises(LeaseLost):
+            finish(r, lease, "finished")
+    else:
+        finish(r, lease, "finished")
+    assert status(r, job.id) == ("rate_limited" if limited else "finished")
+    assert int(r.hget(Q.stats, "ended_by_rq") or 0) == int(limited)
+    assert r.zscore(Q.leases, job.id) is None and not r.exists(Q.lock(job.id))
+
+
 def test_the_sweep_recovers_a_job_whose_dead_run_saw_a_stale_save(r: redis.Redis) -> None:
     job = Queue("q", connection=r).enqueue("jobs.noop")
     lease = take(r)

@@ -159,6 +159,36 @@ def test_a_delayed_retry_of_a_rate_limited_job_is_scheduled_then_finishes(
     assert in_registries(queue, job.id) == {"finished"}
 
 
+@pytest.mark.skipif(not RQ_3, reason="rate limits are new in RQ 3")
+@pytest.mark.parametrize("worker_class", ["rq_emq.LeaseWorker", "rq_emq.SimpleLeaseWorker"])
+def test_a_stale_save_of_a_rate_limited_copy_loses_neither_the_run_nor_the_limits_slot(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path, worker_class: str
+) -> None:
+    """A web process read a job while it waited on its rate limit and saves that copy whole
+    while the job runs: ``rate_limited`` is written back, the job in no waiting set. The
+    run's outcome is still written and the limit's slot given back (before: the status was
+    taken as RQ's word, the finished run discarded, the job left in no place and still
+    holding the slot)."""
+    from rq import RateLimit
+
+    queue = Queue(connection=r)
+    log = str(tmp_path / "runs.log")
+    ahead = queue.enqueue("jobs.sleep_and_record", log, 1.0, rate_limit=RateLimit("api", 1))
+    job = queue.enqueue("jobs.sleep_and_record", log, 2.0, rate_limit=RateLimit("api", 1))
+    copy = Job.fetch(job.id, connection=r)
+    assert copy.get_status() == "rate_limited"  # waiting on the slot the first one holds
+    procs.worker(redis_url, worker_class=worker_class, **STEADY)
+    wait_status(r, ahead.id, "finished", timeout=30)
+    wait_status(r, job.id, "started", timeout=30)
+    copy.meta["seen_by"] = "web"
+    copy.save()  # status rate_limited, the job in no waiting set
+    wait_for(lambda: status(r, job.id) != "rate_limited", timeout=30, what="the run's outcome")
+    assert status(r, job.id) == "finished"
+    # RQ gives the slot back right after the outcome, in a call of its own
+    wait_for(lambda: r.zcard("rq:rl:api:allowed") == 0, timeout=10, what="the limit's slot back")
+    assert r.zcard("rq:rl:api:rate_limited") == 0
+
+
 # -- a push sent twice -------------------------------------------------------------------
 class ReplyLostOnce(redis.connection.Connection):
     """Loses the reply to the first transaction that pushes to a list once Redis has run

@@ -81,6 +81,12 @@ class LeaseSettings:
     #: it its job once taken (:mod:`rq_emq.run.fork_ahead`): the fork off the job's path.
     #: False: the horse is forked once the job is taken, as stock RQ does.
     fork_ahead: bool = True
+    #: How old a horse forked ahead may be when it takes a job (milliseconds): a job sees
+    #: the worker's memory as of that fork, stock RQ's as of its take. An older one is
+    #: ended (killed and reaped) and the job forked as RQ does; while the worker is idle
+    #: or its job runs on, a spare is ended as it reaches this age, so that no old copy of
+    #: the worker's memory is kept alive.
+    spare_max_age_ms: int = 1000
     #: Unused since idle workers block on every queue at once (:mod:`rq_emq.intake.wake`); still
     #: accepted (and checked) so that configurations setting it keep starting, with a
     #: warning at startup (:data:`UNUSED_SETTINGS`).
@@ -285,6 +291,7 @@ _BOUNDS = (
     ("max_attempts", 1, MAX_ATTEMPTS_LIMIT),
     ("idle_poll_ms", 10, 60_000),
     ("shutdown_timeout_ms", 0, MAX_INTERVAL_MS),
+    ("spare_max_age_ms", 1, MAX_INTERVAL_MS),
 )
 
 

@@ -14,7 +14,10 @@ number of queues:
   opens none of its own (which stock's horse does, at the cost of a connect per job). A
   horse whose run is over hands the socket back (``SCM_RIGHTS``, with its told end:
   :mod:`rq_emq.run.horse_end`), so the worker goes on with the same connection; a horse
-  that ends any other way takes it with it, and the worker opens a new one.
+  that ends any other way takes it with it, and the worker opens a new one. Only a
+  connection proven as lent comes back: whatever its job did to it on the server's side (a
+  ``SELECT``, an ``AUTH``, ``HELLO 3``, tracking, a subscription, an open ``MULTI``) must
+  not reach the worker or its next job (:mod:`rq_emq.connection.lent_state`).
 
 The lending reads redis-py's pool internals (its list of idle connections), which every
 redis-py from 5.0 to 8 keeps for ``ConnectionPool`` and its Sentinel subclass. With another
@@ -33,6 +36,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from redis import BlockingConnectionPool, ConnectionPool, Redis
+
+from .lent_state import LentState, StateProof
 
 logger = logging.getLogger("rq_emq.lease")
 
@@ -163,6 +168,7 @@ class WorkConnectionLender:
         self._lent: Any = None  # the connection the horse was given (the worker's copy closed)
         self.handed_back = 0  # runs whose horse handed the connection back (for the tests)
         self._handing_back: Any = None  # in the horse: the connection it hands back
+        self._proof: StateProof | None = None  # in the horse: its lent connection's state, shown
 
     def before_fork(self) -> None:
         """Pick the idle connection the horse gets: the one the take just used."""
@@ -226,17 +232,30 @@ class WorkConnectionLender:
         connection._parser.on_connect(connection)
         self._lent = connection
 
+    def prove_state(self, names: tuple[str, ...] = ()) -> None:
+        """In the horse, as its job's code has ended: each round trip on the lent
+        connection from now on shows its state (:class:`StateProof`); ``names`` are the
+        client names the worker's connection may have (its own)."""
+        lent = self._lent
+        if lent is None or self._proof is not None:
+            return
+        self._proof = StateProof(lent, LentState(lent, names))
+
     def hand_back(self) -> int | None:
         """In the horse, its run over: the lent connection's socket descriptor, to pass to
         the worker, if the connection is as the worker would find it in its pool: connected,
         idle (no pubsub or thread of the job holds it), nothing unread on it, and a plain
-        socket (a TLS session's state lives in this process's memory: it is not passed). It
+        socket (a TLS session's state lives in this process's memory: it is not passed), and
+        its last round trip showed it in the state it was lent in (:meth:`prove_state`). It
         leaves this process's pool, so that closing the pool leaves it open; this process's
         copy goes with its exit, without a shutdown. Else None: the horse closes it."""
         pool = self.client.connection_pool
         lent, self._lent = self._lent, None
+        proof, self._proof = self._proof, None
         if lent is None or not _lendable(pool) or pool.pid != os.getpid():
             return None
+        if proof is None or proof.connection is not lent or not proof.proven:
+            return None  # what the job left on it is not known to be nothing: it is closed
         # a thread of the job (an event hook's) may be taking a connection from the pool
         # now; a lock a thread of the worker held at the fork is never released here
         if not pool._lock.acquire(blocking=False):

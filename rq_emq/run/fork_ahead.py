@@ -17,6 +17,16 @@ worker then ends, forking for the job as RQ does.
 
 A spare holds nothing: no job, no lease, no connection of its own. The worker ends it as
 it stops, and a spare whose worker is gone (its socket closed) exits.
+
+A spare is a copy of the worker's memory as of its fork, and a job run by it sees the
+worker's state as of then, where stock RQ's horse sees it as of the take. So a spare is
+used only while it is at most ``spare_max_age_ms`` old (1 s by default): an older one is
+ended (killed and reaped) at the take, and the job forked as RQ does. And none is kept
+past that age, idle or not: a thread of the worker's (:class:`SpareExpiry`) kills the
+spare as it reaches it, so that an idle worker holds no old copy of its memory (after a
+``gc.collect()`` or a reload, a copy of every page it wrote) and its footprint is stock's.
+The worker forks its spare as a job starts (the next job's) and as it goes idle after a
+job; once a spare of an idle worker has expired, the next job is forked as RQ does.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ import select
 import signal
 import socket
 import struct
+import threading
 import time
 from collections.abc import Iterable
 from typing import Any, NoReturn
@@ -113,6 +124,10 @@ class SpareHorse:
 
     def __init__(self, pid: int, ours: socket.socket, shared: Shared) -> None:
         self.pid = pid
+        #: when it was forked: the moment of the worker's memory a job run by it sees
+        self.born = time.monotonic()
+        #: killed by the expiry (reaped by the worker's main thread, which owns the reaps)
+        self.expired = False
         self.ours: socket.socket | None = ours
         self.shared = shared
         try:
@@ -144,6 +159,16 @@ class SpareHorse:
             return False
         return True
 
+    def age_s(self) -> float:
+        return time.monotonic() - self.born
+
+    def expire(self) -> None:
+        """Killed for its age, by the expiry thread: it waits, holding nothing, and its
+        worker's main thread reaps it as it next looks (:meth:`end`)."""
+        self.expired = True
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
     def take_end(self) -> tuple[socket.socket | None, int]:
         """The socket and pidfd, now the run's (its end is told on them)."""
         ours, pidfd = self.ours, self.pidfd
@@ -162,6 +187,45 @@ class SpareHorse:
             os.kill(self.pid, signal.SIGKILL)  # it holds nothing: no reason to let it finish
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, 0)
+
+
+class SpareExpiry:
+    """One thread per worker, started with its first spare: it kills the spare as it
+    reaches the age limit, unless the main thread has handed it a job first. Both sides
+    take the spare under one lock (:attr:`turn`); the thread sleeps until the current
+    spare's limit, and without a spare until the main thread forks one (only then is it
+    woken: a spare forked while it sleeps towards an older one's limit waits for that)."""
+
+    def __init__(self, owner: ForkAheadMixin, limit_s: float) -> None:
+        self.turn = threading.Condition()
+        self.limit_s = limit_s
+        self._owner = owner
+        self._idle = False
+        self._thread: threading.Thread | None = None
+
+    def forked(self) -> None:
+        """In the main thread, under :attr:`turn`, its new spare set: watched."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="rq-emq-spare-expiry", daemon=True)
+            self._thread.start()
+        elif self._idle:
+            self.turn.notify()
+
+    def _run(self) -> None:
+        with self.turn:
+            while True:
+                spare = self._owner._spare
+                if spare is None or spare.expired:
+                    self._idle = True
+                    self.turn.wait()
+                    self._idle = False
+                    continue
+                left = spare.born + self.limit_s - time.monotonic()
+                if left > 0:
+                    self.turn.wait(left)
+                    continue
+                spare.expire()
+                self._owner._spare_expired = True
 
 
 def wait_for_handover(horses: socket.socket) -> tuple[bytes, int | None] | None:
@@ -227,6 +291,26 @@ class ForkAheadMixin:
     _forked_ahead = False
     #: the worker runs its loop (RQ's own tests call the fork and the monitor alone)
     _working = False
+    _spare_expiry: SpareExpiry | None = None
+    #: the expiry ended a spare since the last job ended (an idle worker forks no other)
+    _spare_expired = False
+
+    def _spare_limit_s(self) -> float:
+        me: Any = self
+        return float(me.lease_settings.spare_max_age_ms) / 1000.0
+
+    def _young(self, spare: SpareHorse) -> bool:
+        return not spare.expired and spare.age_s() < self._spare_limit_s()
+
+    def _take_spare(self) -> SpareHorse | None:
+        """The spare, now the caller's alone (the expiry no longer sees it)."""
+        expiry = self._spare_expiry
+        if expiry is None:
+            spare, self._spare = self._spare, None
+            return spare
+        with expiry.turn:
+            spare, self._spare = self._spare, None
+        return spare
 
     def _spares_wanted(self) -> bool:
         me: Any = self
@@ -257,10 +341,14 @@ class ForkAheadMixin:
         """In the worker, while its horse runs or before it waits idle: the next horse,
         waiting for its job."""
         me: Any = self
-        if self._spare is not None:
-            if self._spare.waiting():
+        spare = self._take_spare()
+        if spare is not None:
+            if self._young(spare) and spare.waiting():
+                self._spare = spare
                 return
-            self._end_spare()  # killed while it waited (an operator, the OOM killer): another
+            # killed while it waited (its age, an operator, the OOM killer), or too old to
+            # take a job: another
+            spare.end()
         if not self._spares_wanted():
             return
         # what the horse finds in its memory, as a horse forked for its job does
@@ -281,7 +369,11 @@ class ForkAheadMixin:
             ours.close()
             self._wait_as_spare(horses, shared)
         horses.close()
-        self._spare = SpareHorse(pid, ours, shared)
+        if self._spare_expiry is None:
+            self._spare_expiry = SpareExpiry(self, self._spare_limit_s())
+        with self._spare_expiry.turn:
+            self._spare = SpareHorse(pid, ours, shared)
+            self._spare_expiry.forked()
 
     def fork_work_horse(self, job: Job, queue: Queue) -> None:
         """RQ's fork, or the handover to the horse forked ahead; with its end's socket
@@ -297,7 +389,7 @@ class ForkAheadMixin:
             end.forked(me.horse_pid)
 
     def _end_spare(self) -> None:
-        spare, self._spare = self._spare, None
+        spare = self._take_spare()
         if spare is not None:
             spare.end()
 
@@ -305,8 +397,13 @@ class ForkAheadMixin:
         """In the worker, for a job taken: hand it to the horse forked ahead, if one waits
         and holds what the handover names; else (False) it is forked as RQ does."""
         me: Any = self
-        spare, self._spare = self._spare, None
+        spare = self._take_spare()
         if spare is None:
+            return False
+        if not self._young(spare):
+            # it would run the job on the worker's memory as of its fork, more than the
+            # limit before the take: the job is forked as RQ does
+            spare.end()
             return False
         lender = me._lender
         fd = lender.lent_descriptor() if lender is not None else None
@@ -337,7 +434,8 @@ class ForkAheadMixin:
         code = 1
         try:
             self._forked_ahead = True
-            self._spare = None
+            self._spare = None  # not under the expiry's lock: its thread is the worker's alone
+            self._spare_expiry = None
             me._horse_pid = 0
             me.setup_work_horse_signals()  # a stop of its worker is no stop of a spare's
             os.setpgrp()

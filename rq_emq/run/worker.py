@@ -36,6 +36,8 @@ from rq.job import Job
 from rq.queue import Queue
 
 from .. import compat
+from ..connection.budget import _lendable
+from ..connection.lent_state import close_unproven, prove_pool
 from ..fence.job_writes import LeaseJobInterrupted
 from ..hold.held import Lease
 from ..recover.horse_crash import HorseCrashMixin
@@ -112,6 +114,25 @@ class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, ForkAheadMixin, Wo
             self._lender.lent()  # three connections while the horse runs: it has the work one
         self._horse_forked()
 
+    def _prove_lent_state(self) -> None:
+        """In the horse, as RQ's finish of the run begins (the job's code and callbacks
+        have ended): every round trip on the lent connection from now on shows its state,
+        and only a connection shown as lent is handed back (rq_emq.connection.lent_state)."""
+        if self.is_horse and self._lender is not None:
+            self._lender.prove_state((self.name,))
+
+    def handle_job_success(self, *args: Any, **kwargs: Any) -> Any:
+        self._prove_lent_state()
+        return super().handle_job_success(*args, **kwargs)
+
+    def handle_job_failure(self, *args: Any, **kwargs: Any) -> Any:
+        self._prove_lent_state()
+        return super().handle_job_failure(*args, **kwargs)
+
+    def handle_job_retry(self, *args: Any, **kwargs: Any) -> Any:
+        self._prove_lent_state()
+        return super().handle_job_retry(*args, **kwargs)  # type: ignore[misc]
+
     def perform_job(self, job: Job, *args: Any, **kwargs: Any) -> Any:
         done = super().perform_job(job, *args, **kwargs)
         if self.is_horse and self._horse_end is not None:
@@ -133,7 +154,10 @@ class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, ForkAheadMixin, Wo
     def _before_idle_wait(self) -> None:
         if self._horse_end is not None:
             self._horse_end.reap_exited(block=True)  # no <defunct> horse beside an idle worker
-        self._fork_spare()  # the next job's horse, forked while there is time
+        if not self._spare_expired:
+            # the next job's horse, forked while there is time; once one has expired idle,
+            # the next job is forked as RQ does (rq_emq.run.fork_ahead)
+            self._fork_spare()
 
     def work(self, *args: Any, **kwargs: Any) -> bool:
         self._working = True
@@ -173,6 +197,7 @@ class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, ForkAheadMixin, Wo
                 "job %s was deleted while it ran", job.id, extra={"job_id": job.id, "queue": queue.name}
             )
         finally:
+            self._spare_expired = False  # the run is over: the next idle wait forks a spare
             # a socket handed back with no lender to take it is closed with the next pair
             if self._lender is not None:
                 handed_back = self._horse_end.take_handed_back() if self._horse_end is not None else None
@@ -207,6 +232,42 @@ class SimpleLeaseWorker(SimpleRunGuard, LeaseMixin, SimpleWorker):
     interrupt_signal = signal.SIGUSR1
     #: The job a cold stop interrupted in this thread: handed back once its frame unwinds.
     _cold_stopped_job_id: str | None = None
+
+    #: the proofs riding this run's finish on the work pool's connections (lent_state)
+    _pool_proofs: list[Any] | None = None
+
+    def _prove_pool_state(self) -> None:
+        """As RQ's finish begins (the job's code and callbacks have ended): each idle
+        connection of the work pool shows its state on its round trips; those that do not
+        show it as the worker's are closed as the run ends (rq_emq.connection.lent_state)."""
+        pool = self.connection.connection_pool
+        if self._pool_proofs is None and _lendable(pool):
+            self._pool_proofs = prove_pool(pool, (self.name,))
+
+    def handle_job_success(self, *args: Any, **kwargs: Any) -> Any:
+        self._prove_pool_state()
+        return super().handle_job_success(*args, **kwargs)
+
+    def handle_job_failure(self, *args: Any, **kwargs: Any) -> Any:
+        self._prove_pool_state()
+        return super().handle_job_failure(*args, **kwargs)
+
+    def handle_job_retry(self, *args: Any, **kwargs: Any) -> Any:
+        self._prove_pool_state()
+        return super().handle_job_retry(*args, **kwargs)  # type: ignore[misc]
+
+    def perform_job(self, job: Job, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().perform_job(job, *args, **kwargs)
+        finally:
+            # where no finish ran (a stop, an interrupt), nothing shows what the job left
+            # on any connection: all are closed
+            proofs, self._pool_proofs = self._pool_proofs, None
+            pool = self.connection.connection_pool
+            if _lendable(pool):
+                close_unproven(pool, proofs or [])
+
+    perform_job.__signature__ = LeaseMixin.perform_job.__signature__  # type: ignore[attr-defined]
 
     def execute_job(self, job: Job, queue: Queue) -> Any:
         # `_signal`, not `signal`: without the enum conversions of a swap and back per job

@@ -1,5 +1,5 @@
-"""A LeaseWorker forks each next horse ahead, while its current job runs or while it waits
-idle, and hands that horse its job once taken (rq_emq/run/fork_ahead.py): the fork is off
+"""A LeaseWorker forks each next horse ahead, as its current job starts or as it goes idle
+after a job, and hands that horse its job once taken (rq_emq/run/fork_ahead.py): the fork is off
 the job's path, each job still runs in a process of its own, and a horse forked ahead
 holds nothing until it is handed a job. Real workers, real forks and signals, a real
 redis-server."""
@@ -21,10 +21,15 @@ from rq_emq.testing import RedisServer
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="Linux 5.3+ with Python 3.9+ only")
 
-#: Nothing recovers or renews between the steps of these tests.
-QUIET = {"RQ_EMQ_LEASE_MS": "600000", "RQ_EMQ_SWEEP_INTERVAL_MS": "60000"}
 #: How long the worker waits idle before the job that reads its horse's age is enqueued.
 IDLE_S = 1.5
+#: Nothing recovers or renews between the steps of these tests, and no spare reaches its
+#: age limit (tests/run/test_spare_age.py holds spares to it).
+QUIET = {
+    "RQ_EMQ_LEASE_MS": "600000",
+    "RQ_EMQ_SWEEP_INTERVAL_MS": "60000",
+    "RQ_EMQ_SPARE_MAX_AGE_MS": str(int(IDLE_S * 20 * 1000)),
+}
 
 
 def _finished(job: object, timeout: float = 30) -> object:

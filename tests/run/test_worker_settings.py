@@ -149,3 +149,12 @@ def test_a_progress_timeout_shorter_than_two_renew_intervals_is_held_to_them_and
         f"job {job.id} on queue default: its progress timeout (50 ms) is shorter than this worker can "
         "check (2 renew intervals, 2000 ms); holding it to 2000 ms" in procs.log(worker)
     )
+
+
+def test_a_bad_spare_age_limit_stops_the_worker_in_one_line(redis_url: str, procs: Processes) -> None:
+    worker = procs.worker(redis_url, burst=True, RQ_EMQ_SPARE_MAX_AGE_MS="0")
+    assert worker.wait(timeout=30) == 1
+    assert one_line(procs.log(worker)) == (
+        "rq-emq: invalid setting: spare_max_age_ms (RQ_EMQ_SPARE_MAX_AGE_MS) must be between 1 and "
+        "86400000, got 0"
+    )

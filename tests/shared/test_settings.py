@@ -47,6 +47,8 @@ def test_environment_booleans_and_numbers_are_parsed() -> None:
         ({"lease_msec": 1}, {}, "lease_msec"),
         ({"shutdown_timeout_ms": 500}, {}, "shutdown_timeout_ms"),  # RQ ignores a 2nd signal within 1 s
         ({}, {"RQ_EMQ_SHUTDOWN_TIMEOUT_MS": "-1"}, "RQ_EMQ_SHUTDOWN_TIMEOUT_MS"),
+        ({}, {"RQ_EMQ_SPARE_MAX_AGE_MS": "0"}, "RQ_EMQ_SPARE_MAX_AGE_MS"),
+        ({}, {"RQ_EMQ_SPARE_MAX_AGE_MS": "soon"}, "RQ_EMQ_SPARE_MAX_AGE_MS"),
     ],
 )
 def test_bad_settings_name_the_setting(overrides: dict, environ: dict, named: str) -> None:

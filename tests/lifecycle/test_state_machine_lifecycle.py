@@ -100,7 +100,8 @@ MINIMUM = {
     "redis lost leases": 40,
     "producer resubmitted": 35,
     "vanished lease found lost by its renewal": 18,
-    "vanished lease's renewal met its resubmitted job": 11,
+    # 4 to 13 in a run (pinned by test_the_models_actors_replay_redis_losing_its_data_under_two_runs)
+    "vanished lease's renewal met its resubmitted job": 3,
     "vanished lease's outcome refused": 8,
     "regranted after the loss, token above the old": 23,
 }

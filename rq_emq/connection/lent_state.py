@@ -96,6 +96,14 @@ def _packed(command: Any) -> bytes:
     return b"".join(bytes(part) if not isinstance(part, str) else part.encode() for part in command)
 
 
+def _name(arg: Any) -> bytes:
+    if isinstance(arg, str):
+        return arg.split(" ", 1)[0].upper().encode()
+    if isinstance(arg, (bytes, bytearray, memoryview)):
+        return bytes(arg).split(b" ", 1)[0].upper()
+    return str(arg).upper().encode()
+
+
 def client_info_fields(reply: Any) -> dict[str, str]:
     text = reply.decode() if isinstance(reply, (bytes, bytearray)) else str(reply)
     fields: dict[str, str] = {}
@@ -150,22 +158,41 @@ class StateProof:
         self._owed = 0  # replies of the last send still to be read before ours
         self._send: Callable[..., Any] = connection.send_packed_command
         self._read: Callable[..., Any] = connection.read_response
+        self._pack: Callable[..., Any] = connection.pack_commands
         self._pid = os.getpid()
+        #: what the last pack_commands packed, and its command names (a pipeline's send,
+        #: counted from its commands instead of parsed back from its bytes)
+        self._packed: Any = None
+        self._packed_names: list[bytes] = []
         connection.send_packed_command = self.send_packed_command
         connection.read_response = self.read_response
+        connection.pack_commands = self.pack_commands
 
     def detach(self) -> None:
         """The connection's own methods again (a worker's connection, which goes on)."""
-        for name in ("send_packed_command", "read_response"):
+        for name in ("send_packed_command", "read_response", "pack_commands"):
             self.connection.__dict__.pop(name, None)
+
+    def pack_commands(self, commands: Iterable[Any]) -> Any:
+        commands = list(commands)
+        packed = self._pack(commands)
+        self._packed = packed
+        self._packed_names = [_name(args[0]) if args else b"" for args in commands]
+        return packed
 
     def send_packed_command(self, command: Any, check_health: bool = True) -> Any:
         self.proven = False
         if self._owed or os.getpid() != self._pid:
-            self._owed = 0  # a send before the last one's replies were read: nothing to prove
+            # a send before the last one's replies were read: it proves nothing, and ours is
+            # still read after the replies it follows (this send's come after it)
             return self._send(command, check_health)
-        packed = _packed(command)
-        names = commands_sent(packed)
+        names: list[bytes] | None
+        if command is self._packed and isinstance(command, list):
+            names, parts = self._packed_names, list(command)
+        else:
+            packed = _packed(command)
+            names, parts = commands_sent(packed), [packed]
+        self._packed = None
         if not names or any(name in _NOT_COUNTED for name in names):
             return self._send(command, check_health)
         for name in names:
@@ -178,7 +205,7 @@ class StateProof:
             appended = _UNWATCH + _CLIENT_INFO  # what the job may have watched, let go
             self._unwatched = True
         # in one write: the round trip the send makes anyway
-        self._send([packed + appended], check_health)
+        self._send([*parts, appended], check_health)
         self._unwatch_owed = appended is not _CLIENT_INFO
         self._owed = len(names)
         return None

@@ -163,11 +163,15 @@ class SpareHorse:
         return time.monotonic() - self.born
 
     def expire(self) -> None:
-        """Killed for its age, by the expiry thread: it waits, holding nothing, and its
-        worker's main thread reaps it as it next looks (:meth:`end`)."""
+        """Killed for its age and reaped, by the expiry thread (no zombie beside an idle
+        worker): it waits, holding nothing. Its socket and pidfd are closed by the main
+        thread as it next looks (:meth:`end`), which sends no signal to the reaped pid
+        (the kernel may have given it to another process since)."""
         self.expired = True
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
 
     def take_end(self) -> tuple[socket.socket | None, int]:
         """The socket and pidfd, now the run's (its end is told on them)."""
@@ -183,6 +187,8 @@ class SpareHorse:
         if pidfd >= 0:
             with contextlib.suppress(OSError):
                 os.close(pidfd)
+        if self.expired:
+            return  # killed and reaped by the expiry
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)  # it holds nothing: no reason to let it finish
         with contextlib.suppress(ChildProcessError):

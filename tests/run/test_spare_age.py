@@ -54,6 +54,8 @@ def test_a_job_taken_after_an_idle_wait_sees_the_worker_as_of_its_take(
 ) -> None:
     worker, queue = _warm_worker(own_server.url, procs, OURS, RQ_EMQ_FORK_AHEAD=fork_ahead)
     time.sleep(BEFORE_S)
+    # idle past the limit: no spare, not even a zombie (the expiry reaps what it kills)
+    assert _forks(worker.pid) == [], procs.log(worker)[-2000:]  # type: ignore[attr-defined]
     age = _finished(queue.enqueue("state_jobs.memory_age"))
     assert age <= LIMIT_S + SLACK_S, (age, procs.log(worker)[-2000:])  # type: ignore[operator]
 
@@ -83,6 +85,27 @@ def test_back_to_back_jobs_still_run_in_horses_forked_ahead(
     del ages[-2]  # the sleep's
     assert ages[-1] >= LIMIT_S / 5, (ages, procs.log(worker)[-2000:])  # type: ignore[operator]
     assert max(ages) <= LIMIT_S + SLACK_S, ages  # type: ignore[type-var]
+
+
+def _forks(worker_pid: int) -> list[tuple[int, str]]:
+    """The worker's children that are forks of it (its horses and spares, zombies too; not
+    its watchdog, a program of its own), with their state."""
+    with open(f"/proc/{worker_pid}/cmdline", "rb") as own:
+        cmdline = own.read()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{name}/cmdline", "rb") as theirs:
+                same = theirs.read() in (cmdline, b"")  # a zombie's is empty
+        except OSError:
+            continue
+        if int(fields[1]) == worker_pid and same:
+            found.append((int(name), fields[0]))
+    return found
 
 
 def _tree(pid: int) -> list[int]:

@@ -1,10 +1,13 @@
 """A crashed worker's job, recovered: run ``python examples/crash_demo.py``.
 
 Starts a private redis-server (or uses REDIS_URL), enqueues four jobs with a stock
-``rq.Queue``, runs two ``rq worker -w rq_emq.LeaseWorker`` processes, SIGKILLs one of them
-mid-job, and prints what Redis holds as the lease lapses, the sweep marks the job, then
-puts it back, and the surviving worker finishes it. It ends with a readout of which jobs
-stalled and where each landed.
+``rq.Queue``, runs two ``rq worker -w rq_emq.LeaseWorker`` processes, SIGKILLs every
+process of one of them mid-job (its watchdog, then the worker: as when its container or
+its host is lost, no process of it left to see the death), and prints what Redis holds
+as the lease lapses, the sweep marks the job, then puts it back, and the surviving worker
+finishes it. It ends with a readout of which jobs stalled and where each landed. (A
+worker killed alone is seen dying by its watchdog, which hands its job back at once:
+tests/run/test_seen_death.py.)
 """
 
 from __future__ import annotations
@@ -111,9 +114,14 @@ def run(url: str, options: argparse.Namespace) -> int:
         victim = running_on("worker-a")
         assert victim is not None
         time.sleep(0.5)
+        for watchdog in watchdogs_of(workers["worker-a"].pid):
+            os.kill(watchdog, signal.SIGKILL)
         workers["worker-a"].send_signal(signal.SIGKILL)
         killed = time.monotonic()
-        say(f"SIGKILLed worker-a while it ran job {victim} (its work horse dies with it)")
+        say(
+            f"SIGKILLed worker-a and its watchdog while it ran job {victim} (no process of it "
+            "left to see the death; its work horse ends itself at its lease deadline)"
+        )
 
         def show() -> None:
             lock_ttl = r.pttl(Q.lock(victim))
@@ -193,6 +201,22 @@ def run(url: str, options: argparse.Namespace) -> int:
             if process.poll() is None:
                 process.send_signal(signal.SIGKILL)
                 process.wait()
+
+
+def watchdogs_of(worker: int) -> list[int]:
+    """The watchdog process of ``worker`` (rq_emq/run/watchdog.py, its child)."""
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/stat", "rb") as stat:
+                parent = int(stat.read().rsplit(b")", 1)[1].split()[1])
+            with open(f"/proc/{name}/cmdline", "rb") as cmdline:
+                program = cmdline.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == worker and b"watchdog.py" in program:
+            found.append(int(name))
+    return found
 
 
 if __name__ == "__main__":

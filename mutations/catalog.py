@@ -482,6 +482,14 @@ CATALOG: list[Mutation] = [
         "a running job enqueued again runs beside its old run once that run saves its own meta",
     ),
     _m(
+        "seen_death_left_to_the_sweep",
+        "rq_emq/run/watchdog.py",
+        "            _hand_back(deadline, kit, worker, killed, pid if group else 0)",
+        "            pass",
+        ["tests/run/test_seen_death.py"],
+        "a worker whose death its own watchdog saw still waits a whole lease before its job runs again",
+    ),
+    _m(
         "rate_limited_taken_as_rqs_word",
         "lua/lib/lease.lua",
         "      and redis.call('ZSCORE', rq_prefix .. 'rl:' .. limit .. ':rate_limited', job_id) ~= false",
@@ -1572,7 +1580,7 @@ CATALOG: list[Mutation] = [
     _m(
         "watchdog_outlives_its_worker",
         "rq_emq/run/watchdog.py",
-        "if os.getppid() != worker:  # the worker is gone: end its run and go",
+        "if os.getppid() != worker:  # the worker is gone: end its run, hand its lease back, go",
         "if False:",
         [
             f"{WHOLE}::test_the_watchdog_holds_no_connection_sleeps_while_idle_and_dies_with_its_worker[rq_emq.LeaseWorker]"

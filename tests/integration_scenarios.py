@@ -22,7 +22,7 @@ import pytest
 import redis
 from helpers import FAST, status, wait_status
 from jobs import runs
-from procs import Processes, wait_for
+from procs import Processes, unseen, wait_for
 from redis_server import in_ci
 from rq import Queue
 from rq.job import Job
@@ -72,7 +72,7 @@ def kill_mid_job(r: redis.Redis, procs: Processes, url: str, job: Job, log: str,
     it) and wait for the lease to lapse."""
     worker = procs.worker(url, QUEUE, **FAST)
     wait_for(lambda: starts(log) > runs_before, timeout=20, what=f"job {job.id} to start")
-    os.kill(worker.pid, signal.SIGKILL)
+    os.kill(unseen(worker.pid), signal.SIGKILL)
     worker.wait(timeout=10)
     wait_for(lambda: not r.exists(QueueKeys(QUEUE).lock(job.id)), timeout=10, what="the lease to lapse")
 
@@ -91,7 +91,7 @@ def check_viewer_through_a_crash(
     wait_for(lambda: starts(log) == 1, timeout=20, what="the job to start")
     assert job.id in viewer.listed("started")
     assert viewer.job_status(job.id) == "started"
-    os.kill(worker.pid, signal.SIGKILL)
+    os.kill(unseen(worker.pid), signal.SIGKILL)
     worker.wait(timeout=10)
     wait_for(lambda: not r.exists(QueueKeys(QUEUE).lock(job.id)), timeout=10, what="the lease to lapse")
     assert job.id in viewer.listed("started") and status(r, job.id) == "started"

@@ -41,6 +41,34 @@ def blocked_clients(r: Any, *commands: str) -> int:
     return sum(c.get("cmd") in commands and "b" in str(c.get("flags")) for c in r.client_list())
 
 
+def watchdogs_of(worker_pid: int) -> list[int]:
+    """The watchdog of a lease worker (its child running rq_emq/run/watchdog.py)."""
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/stat", "rb") as stat:
+                parent = int(stat.read().rsplit(b")", 1)[1].split()[1])
+            with open(f"/proc/{name}/cmdline", "rb") as cmdline:
+                program = cmdline.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == worker_pid and b"watchdog.py" in program:
+            found.append(int(name))
+    return found
+
+
+def unseen(worker_pid: int) -> int:
+    """Make the kill of the worker that follows a death no process of its own sees (a host
+    or a container lost whole): the worker frozen (SIGSTOP: it cannot start another
+    watchdog), then its watchdog SIGKILLed. Its job is left to the sweep, a lease and up to
+    two sweep intervals later. Returns the worker's pid, for the kill that follows."""
+    os.kill(worker_pid, signal.SIGSTOP)
+    for watchdog in watchdogs_of(worker_pid):
+        os.kill(watchdog, signal.SIGKILL)
+        wait_for(lambda w=watchdog: not pid_alive(w), timeout=5, what="the watchdog to die")
+    return worker_pid
+
+
 def pid_alive(pid: int) -> bool:
     """Whether ``pid`` runs (or is stopped): a zombie is dead for our purposes."""
     return _proc_state(pid) not in ("Z", "gone")

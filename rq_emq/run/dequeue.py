@@ -150,6 +150,7 @@ class DequeueMixin:
             lease.valid_until = lock_manager.deadline(taken.sent_at or time.monotonic())
             lock_manager.add(lease)
             leases[taken.token] = lease
+            me._lease_taken(lease)
 
         while True:  # an unreadable job is moved to failed; the worker takes the next one
             try:

@@ -43,13 +43,17 @@ else:  # imported by the watchdog's own interpreter (rq_emq/run/watchdog.py run 
 # (int32; 0: none), 16-23 the pid of the run (int64; 0: none), 24-31 when the watchdog
 # reads this memory again at the latest (double, monotonic; inf: only when poked); then
 # the job's newest report: 32-39 its number (even once written whole), 40-43 its length,
-# 44- its JSON text (the horse writes, the worker's ticks read)
+# 44- its JSON text (the horse writes, the worker's ticks read); then the lease the worker
+# holds, for its watchdog to hand back should the worker die (rq_emq/run/seen_death.py):
+# its number (even once written whole), its length, its JSON text (the worker writes)
 REPORT_LIMIT_BYTES = 1024
+LEASE_LIMIT_BYTES = 4096
 #: the signal that tells the watchdog to read this memory again (a run began)
 POKE = signal.SIGUSR2
 _WAKES_AT = 24
 _REPORT_AT = 32
-_SIZE = _REPORT_AT + 12 + REPORT_LIMIT_BYTES
+_LEASE_AT = _REPORT_AT + 12 + REPORT_LIMIT_BYTES + 4  # 8-byte aligned
+_SIZE = _LEASE_AT + 12 + LEASE_LIMIT_BYTES
 
 
 class HorseDeadline:
@@ -292,6 +296,31 @@ class HorseDeadline:
         if struct.unpack("Q", self._memory[_REPORT_AT : _REPORT_AT + 8])[0] != number:
             return None  # rewritten while read
         return number, data.decode(errors="replace")
+
+    def hold_lease(self, text: str) -> None:
+        """In the worker: the lease it now holds (JSON text, at most
+        :data:`LEASE_LIMIT_BYTES`; an empty text: none). Its number is odd while the text is
+        written, so a worker that died in the middle of it leaves nothing to act on."""
+        data = text.encode()
+        if len(data) > LEASE_LIMIT_BYTES:
+            data = b""  # a job id or key of kilobytes: left to the sweep
+        number = struct.unpack("Q", self._memory[_LEASE_AT : _LEASE_AT + 8])[0]
+        number += 2 - number % 2
+        self._memory[_LEASE_AT : _LEASE_AT + 8] = struct.pack("Q", number - 1)
+        self._memory[_LEASE_AT + 8 : _LEASE_AT + 12] = struct.pack("I", len(data))
+        self._memory[_LEASE_AT + 12 : _LEASE_AT + 12 + len(data)] = data
+        self._memory[_LEASE_AT : _LEASE_AT + 8] = struct.pack("Q", number)
+
+    def held_lease(self) -> str | None:
+        """The lease text the worker wrote last, whole; None if none or torn."""
+        number = struct.unpack("Q", self._memory[_LEASE_AT : _LEASE_AT + 8])[0]
+        if number == 0 or number % 2:
+            return None
+        length = min(struct.unpack("I", self._memory[_LEASE_AT + 8 : _LEASE_AT + 12])[0], LEASE_LIMIT_BYTES)
+        data = self._memory[_LEASE_AT + 12 : _LEASE_AT + 12 + length]
+        if struct.unpack("Q", self._memory[_LEASE_AT : _LEASE_AT + 8])[0] != number or not data:
+            return None
+        return data.decode(errors="replace")
 
     def get(self) -> float:
         if self.settled:

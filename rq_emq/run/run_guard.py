@@ -26,6 +26,7 @@ from rq.job import Job
 
 from .. import reporter
 from ..hold.held import Lease
+from . import seen_death
 from .horse_fence import HorseDeadline
 from .job_lease import lease_clock
 from .process_tree import end_session, kill_tree
@@ -61,7 +62,8 @@ class RunGuard:
             if self._horse_deadline is None:
                 self._horse_deadline = self._new_run_deadline()
             if self._watchdog is None:
-                self._watchdog = Watchdog(self._horse_deadline, group=self._run_is_horse)
+                kit = seen_death.recovery_kit(me.connection, me.lease_settings.max_attempts)
+                self._watchdog = Watchdog(self._horse_deadline, group=self._run_is_horse, kit=kit)
             if not self._watchdog.alive:  # killed on its own: a new one for the next run
                 self._watchdog.start()
 
@@ -90,9 +92,15 @@ class RunGuard:
             self._watchdog.stop()
 
     def _run_ended(self) -> None:
-        """The run's process is gone: nothing for the watchdog to end any more."""
+        """The run's process is gone: nothing for the watchdog to end or hand back any more."""
         if self._horse_deadline is not None:
             self._horse_deadline.clear()
+            self._horse_deadline.hold_lease("")
+
+    def _lease_taken(self, lease: Lease) -> None:
+        """A take: the lease the watchdog hands back should this worker die holding it."""
+        if self._horse_deadline is not None and self._watchdog is not None:
+            self._horse_deadline.hold_lease(seen_death.lease_text(lease))
 
     def _run_deadline(self, lease: Lease) -> float:
         """When the watchdog ends this lease's run (monotonic): its local deadline."""

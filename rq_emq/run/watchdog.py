@@ -45,10 +45,12 @@ import time
 from typing import Any
 
 if __package__:
+    from . import seen_death
     from .horse_fence import _PR_SET_PDEATHSIG, POKE, HorseDeadline
     from .process_tree import kill_tree, libc, parent_and_group
 else:  # the watchdog's own interpreter: this file as a script, its neighbours by path
     sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+    import seen_death  # type: ignore[no-redef]
     from horse_fence import _PR_SET_PDEATHSIG, POKE, HorseDeadline  # type: ignore[no-redef]
     from process_tree import kill_tree, libc, parent_and_group  # type: ignore[no-redef]
 
@@ -62,11 +64,14 @@ _BLOCKED = {POKE, GONE, signal.SIGINT, signal.SIGTERM}
 class Watchdog:
     """The worker's handle on its watchdog process."""
 
-    def __init__(self, deadline: HorseDeadline, group: bool) -> None:
+    def __init__(self, deadline: HorseDeadline, group: bool, kit: bytes | None = None) -> None:
         """``group``: the runs lead process groups of their own (horses); else the run is
-        the worker process itself (``SimpleLeaseWorker``)."""
+        the worker process itself (``SimpleLeaseWorker``). ``kit``: what it needs to hand
+        the worker's lease back should the worker die (:mod:`.seen_death`), sent on its
+        stdin as it starts."""
         self.deadline = deadline
         self.group = group
+        self.kit = kit
         self.pid = 0
         self._process: Any = None  # its subprocess.Popen
 
@@ -81,7 +86,7 @@ class Watchdog:
             self._process = subprocess.Popen(
                 [sys.executable, "-I", "-S", os.path.abspath(__file__), *args],
                 pass_fds=(fd,),
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE if self.kit else subprocess.DEVNULL,
                 # out of the worker's process group: a kill of that group (a supervisor's
                 # killasgroup, ``kill -9 -PGID``) ends the worker, not its watchdog, which
                 # then ends the horse (in a session of its own, out of the group's reach too)
@@ -90,6 +95,12 @@ class Watchdog:
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             os.close(fd)
+        if self.kit and self._process.stdin is not None:
+            try:  # it reads the whole kit before anything else (tens of kB: a pipe's buffer)
+                self._process.stdin.write(self.kit)
+                self._process.stdin.close()
+            except OSError:  # it died at once: the next tick replaces it
+                pass
         self.pid = self._process.pid
         self.deadline.watchdog_pid = self.pid  # a horse wakes it (HorseDeadline.run_started_here)
 
@@ -121,10 +132,18 @@ def main(argv: list[str]) -> None:
     for ignored in (signal.SIGINT, signal.SIGTERM):
         signal.signal(ignored, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-    _run(HorseDeadline(fd=fd), worker, group)
+    kit = None
+    try:
+        import json
+
+        text = sys.stdin.buffer.read() if sys.stdin is not None else b""
+        kit = json.loads(text) if text else None
+    except (OSError, ValueError):
+        pass  # no kit: a dead worker's lease is left to the sweep
+    _run(HorseDeadline(fd=fd), worker, group, kit)
 
 
-def _run(deadline: HorseDeadline, worker: int, group: bool) -> None:
+def _run(deadline: HorseDeadline, worker: int, group: bool, kit: dict[str, Any] | None = None) -> None:
     """From the start until its worker is gone."""
     try:
         libc().prctl(_PR_SET_PDEATHSIG, GONE, 0, 0, 0)
@@ -132,8 +151,8 @@ def _run(deadline: HorseDeadline, worker: int, group: bool) -> None:
         pass
     ended = 0  # the pid of the last run ended, so it is ended once
     while True:
-        if os.getppid() != worker:  # the worker is gone: end its run and go
-            pid = deadline.pid
+        if os.getppid() != worker:  # the worker is gone: end its run, hand its lease back, go
+            pid, killed = deadline.pid, set()
             if group and pid and _leads_group(pid):
                 killed = kill_tree(pid, group=True)
                 _say(f"worker {worker} is gone: ended its horse pid {pid} ({len(killed)} processes)")
@@ -141,6 +160,7 @@ def _run(deadline: HorseDeadline, worker: int, group: bool) -> None:
                 # the horse died with its worker (killed together): what is left of its
                 # group (a pgid is never reused while a member lives)
                 _killpg(pid)
+            _hand_back(deadline, kit, worker, killed, pid if group else 0)
             return
         with deadline.locked() as held:
             pid, due = _read(deadline)
@@ -164,6 +184,49 @@ def _run(deadline: HorseDeadline, worker: int, group: bool) -> None:
             signal.sigwaitinfo({POKE, GONE})
         else:
             signal.sigtimedwait({POKE, GONE}, wait)
+
+
+def _hand_back(
+    deadline: HorseDeadline, kit: dict[str, Any] | None, worker: int, killed: set[int], group: int
+) -> None:
+    """The lease the dead worker held, handed back (:mod:`.seen_death`) once every process
+    of its run is seen gone; else (no kit, no lease, a process that would not go, Redis
+    out of reach) left to the sweep."""
+    text = deadline.held_lease()
+    if kit is None or not text:
+        return
+    until = time.monotonic() + seen_death.GONE_WITHIN_S
+    while any(_alive(pid) for pid in killed) or (group and _group_alive(group)):
+        if time.monotonic() > until:
+            _say("its run did not end: its lease is left to the sweep")
+            return
+        time.sleep(0.005)
+    try:
+        import json
+
+        said = seen_death.recover(kit, json.loads(text), f"worker pid {worker} died (seen by its watchdog)")
+    except Exception as error:  # noqa: BLE001 (whatever went wrong, the sweep recovers it)
+        _say(f"could not hand its lease back ({type(error).__name__}: {error}): left to the sweep")
+        return
+    _say(f"worker {worker} is gone: {said}")
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie, dead but not reaped yet, runs no code)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (zombies aside: whoever reaps the
+    dead worker's orphans may be slow to)."""
+    for name in os.listdir("/proc"):
+        if name.isdigit() and parent_and_group(int(name))[1] == pgid and _alive(int(name)):
+            return True
+    return False
 
 
 def _killpg(pgid: int) -> None:

@@ -17,7 +17,7 @@ import redis
 from dashboard_browser import start_dashboard
 from helpers import wait_status
 from jobs import runs
-from procs import Processes, wait_for
+from procs import Processes, unseen, wait_for
 from rq import Queue
 
 import rq_emq
@@ -50,7 +50,7 @@ def test_the_panel_shows_a_crash_a_recovery_and_a_poison_pill_as_they_happen(
     )
     wait_for(lambda: runs(stalled_log) and runs(poison_log), timeout=20, what="both jobs to start")
     for worker in (first, second):
-        os.kill(worker.pid, signal.SIGKILL)
+        os.kill(unseen(worker.pid), signal.SIGKILL)
         worker.wait()
     # a third worker recovers the stalled job and runs it; its horse is SIGKILLed mid-run (a
     # crash: back at once, attempt counted) and the job runs a third time

@@ -15,7 +15,7 @@ import pytest
 import redis
 from helpers import FAST, stat, status, wait_status
 from jobs import runs
-from procs import Processes, wait_for
+from procs import Processes, unseen, wait_for
 from rq import Queue, Retry
 from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
@@ -37,7 +37,7 @@ def kinds(log: str) -> list[str]:
 
 def kill_group(process: subprocess.Popen[bytes]) -> None:
     """SIGKILL a worker and its horse (procs starts each worker in its own session)."""
-    os.killpg(process.pid, signal.SIGKILL)
+    os.killpg(unseen(process.pid), signal.SIGKILL)
     process.wait(timeout=10)
 
 

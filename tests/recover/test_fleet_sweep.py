@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 from jobs import runs
-from procs import Processes, blocked_clients, wait_for
+from procs import Processes, blocked_clients, unseen, wait_for
 from rq import Queue
 
 from rq_emq.keys import QueueKeys, job_key, sweeper_deputy_key, sweeper_election_key, sweeper_line_key
@@ -89,7 +89,7 @@ def kill_the_sweeper_with_its_job_and_see_it_recovered_in_the_bound(r: redis.Red
     token = r.hget(job_key(job.id), "emq_token")
     assert token == r.get(Q.lock(job.id))  # a holds the running job
     killed_at = time.monotonic()
-    os.killpg(a.pid, signal.SIGKILL)
+    os.killpg(unseen(a.pid), signal.SIGKILL)
     wait_for(
         lambda: r.hget(job_key(job.id), "emq_token") != token, timeout=10, interval=0.005, what="the recovery"
     )
@@ -236,7 +236,7 @@ def test_a_killed_deputy_is_replaced_and_the_new_one_recovers_a_killed_sweepers_
     wait_for(lambda: deputy(r) and line_waits(r) == 1, timeout=10, what="a deputy and one line wait")
     first = deputy(r).removeprefix("rq-emq-sweeper:")
     killed_at = time.monotonic()
-    os.killpg(others[first].pid, signal.SIGKILL)
+    os.killpg(unseen(others[first].pid), signal.SIGKILL)
     (second,) = set(others) - {first}
     wait_for(lambda: deputy(r) == f"rq-emq-sweeper:{second}", timeout=10, interval=0.005, what="a new deputy")
     # its key lapses within hold (0.27 s), the sweeper looks within its renewal (0.2 s)
@@ -259,7 +259,7 @@ def test_when_the_sweeper_and_the_deputy_die_together_a_line_waiter_sweeps_withi
     deputy_name = deputy(r).removeprefix("rq-emq-sweeper:")
     killed_at = time.monotonic()
     for name in (sweeper_name, deputy_name):
-        os.killpg(fleet[name].pid, signal.SIGKILL)
+        os.killpg(unseen(fleet[name].pid), signal.SIGKILL)
     survivors = {f"rq-emq-sweeper:{name}" for name in set(fleet) - {sweeper_name, deputy_name}}
     wait_for(lambda: elected(r) in survivors, timeout=20, interval=0.01, what="a new sweeper")
     after_kill = time.monotonic() - killed_at

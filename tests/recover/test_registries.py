@@ -17,7 +17,7 @@ import redis
 import rq
 from helpers import FAST, started_members, status, wait_status
 from jobs import runs
-from procs import RQ_BIN, TESTS_DIR, Processes, pid_alive, wait_for
+from procs import RQ_BIN, TESTS_DIR, Processes, pid_alive, unseen, wait_for
 from rq import Queue, Retry
 from rq.job import Job
 from rq.registry import BaseRegistry, FailedJobRegistry, StartedJobRegistry
@@ -56,7 +56,7 @@ def kill_mid_job(
     worker = procs.worker(url, queue, worker_class=worker_class, **FAST)
     wait_for(lambda: len(starts(log)) > before, timeout=20, what="the job to start")
     horse = starts(log)[-1]
-    os.killpg(worker.pid, signal.SIGKILL)
+    os.killpg(unseen(worker.pid), signal.SIGKILL)
     try:
         os.kill(horse, signal.SIGKILL)
     except ProcessLookupError:
@@ -151,7 +151,7 @@ def test_every_worker_class_names_its_pinned_entry_on_the_job_hash(
     entries = started_members(r, "default")
     assert len(entries) == 1 and r.zscore(Q.started, entries[0]) == float("inf")
     assert (r.hget(f"rq:job:{job.id}", PINNED_FIELD) or b"").decode() == entries[0]
-    os.killpg(worker.pid, signal.SIGKILL)
+    os.killpg(unseen(worker.pid), signal.SIGKILL)
     worker.wait(timeout=10)
 
 
@@ -409,7 +409,7 @@ def test_leased_and_stalled_registries_follow_the_lease_state(
     assert stalled.count == 0 and job.id not in stalled
 
     # the worker dies: a sweep marks the job, which stays leased until the next sweep
-    os.killpg(worker.pid, signal.SIGKILL)
+    os.killpg(unseen(worker.pid), signal.SIGKILL)
     worker.wait(timeout=10)
     wait_for(lambda: not r.exists(Q.lock(job.id)), timeout=10, what="the lease to lapse")
     settings = LeaseSettings(lease_ms=400, renew_interval_ms=100, sweep_interval_ms=157)

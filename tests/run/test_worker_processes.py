@@ -12,7 +12,7 @@ import pytest
 import redis
 from helpers import FAST, STEADY, lease_state, started_members, stat, status, take_away, wait_status
 from jobs import runs
-from procs import Processes, pid_alive, wait_for
+from procs import Processes, pid_alive, unseen, wait_for
 from rq import Queue
 from rq.registry import StartedJobRegistry
 
@@ -99,7 +99,7 @@ def test_sigkill_of_the_worker_kills_its_horse(
     lines = wait_for(lambda: runs(log), what="the job to start")
     horse = int(lines[0].split()[1])  # type: ignore[index]
     assert horse != worker.pid and pid_alive(horse)
-    os.kill(worker.pid, signal.SIGKILL)
+    os.kill(unseen(worker.pid), signal.SIGKILL)
     wait_for(lambda: not pid_alive(horse), timeout=3, what="the horse to die with its worker")
     # the job is left in flight with its lease running out, for the sweep to recover
     assert status(r, job.id) == "started"
@@ -382,10 +382,10 @@ def test_a_killed_worker_pool_members_job_is_recovered_and_finished_once_and_the
     horse_pid = int(runs(log)[0].split()[1])
     os.kill(member_pid, signal.SIGKILL)  # its horse dies with it
     wait_for(lambda: not pid_alive(horse_pid), timeout=10, what="the horse to die with its worker")
-    # the other member's sweep recovers the job; it runs again and finishes, once
+    # the member's watchdog saw it die and hands the job back; it runs again and finishes, once
     wait_status(r, job.id, "finished", timeout=30)
     assert [line.split()[0] for line in runs(log)] == ["start", "start", "end"]
-    assert stat(r, "default", "recovered") == 1 and len(job.results()) == 1
+    assert stat(r, "default", "crashed") == 1 and len(job.results()) == 1
     # the pool replaced the dead member with a new one, which is waiting for work
     (newcomer,) = wait_for(  # type: ignore[misc]
         lambda: {m.decode() for m in r.smembers("rq:workers")} - members,

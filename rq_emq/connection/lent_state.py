@@ -8,12 +8,14 @@ authenticated user, the protocol (``HELLO 3``), ``CLIENT TRACKING``, the client 
 connection with it as it exits, so none of that reaches the worker or a later job. Here
 it would: a job's ``SELECT 1`` would leave the worker taking from db 1's queues.
 
-So a connection comes back only when it is proven as lent. Once the job's code has ended
-(RQ's ``handle_execution_ended``), every command the horse sends on the lent connection
-(its finish, RQ's bookkeeping) carries ``CLIENT INFO`` at its end, in the same round trip:
-no round trip of its own. Its reply, read after the commands' own, shows the state that
-round trip left. The last round trip on the connection before the hand-back must carry
-one, and show:
+So a connection comes back only when it is proven as lent. Once the job's code and its
+callbacks have ended (RQ's ``handle_job_success``, ``handle_job_failure`` or
+``handle_job_retry`` begins), every round trip the horse makes on the lent connection (its
+finish, RQ's bookkeeping) carries ``CLIENT INFO`` at its end, in the same write: no round
+trip of its own. (A round trip that leaves a ``WATCH`` of the finish's own pending carries
+none: the ``EXEC`` that must follow does.) Its reply, read after the commands' own, shows
+the state that round trip left. The last round trip on the connection before the
+hand-back must carry one, and show:
 
 - the db, user and protocol the worker's pool connects with;
 - no flag but ``N`` (or ``U``, a Unix socket): no tracking, pubsub, ``MULTI``, monitor,
@@ -200,8 +202,11 @@ class StateProof:
                 self._unwatched, self._watching = False, True
             elif name in _UNWATCHES:
                 self._unwatched, self._watching = True, False
+        if self._watching:
+            # a WATCH of the finish's own, its EXEC still to come: that round trip proves
+            return self._send(command, check_health)
         appended = _CLIENT_INFO
-        if not self._unwatched and not self._watching:
+        if not self._unwatched:
             appended = _UNWATCH + _CLIENT_INFO  # what the job may have watched, let go
             self._unwatched = True
         # in one write: the round trip the send makes anyway

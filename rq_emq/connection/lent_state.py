@@ -261,15 +261,18 @@ def prove_pool(pool: Any, names: Iterable[str]) -> list[StateProof]:
 def close_unproven(pool: Any, proofs: list[StateProof]) -> int:
     """As the run ends: every idle connection of the pool that its last round trip did not
     show as the worker's is closed (redis-py connects it anew, as the pool's, at its next
-    use); the proofs are taken off. Returns how many were closed."""
+    use), under the pool's lock, so that no thread takes one meanwhile; the proofs on idle
+    connections are taken off (one a thread of the job still holds keeps its own, read in
+    step with that thread's commands). Returns how many were closed."""
     proven = {id(proof.connection) for proof in proofs if proof.proven}
-    for proof in proofs:
-        proof.detach()
-    with pool._lock:
-        idle = list(pool._available_connections)
     closed = 0
-    for connection in idle:
-        if id(connection) not in proven and getattr(connection, "_sock", None) is not None:
-            connection.disconnect()
-            closed += 1
+    with pool._lock:
+        idle = {id(connection) for connection in pool._available_connections}
+        for proof in proofs:
+            if id(proof.connection) in idle:
+                proof.detach()
+        for connection in pool._available_connections:
+            if id(connection) not in proven and getattr(connection, "_sock", None) is not None:
+                connection.disconnect()
+                closed += 1
     return closed

@@ -2185,7 +2185,9 @@ CATALOG: list[Mutation] = [
     _m(
         "job_waits_for_a_fork_taken_after_its_take",
         "rq_emq/run/fork_ahead.py",
-        "            if self._young(spare) and spare.waiting():\n                self._spare = spare\n                return",
+        "            if self._young(spare) and spare.waiting():\n"
+        "                self._spare = spare\n"
+        "                return",
         "            if True:\n                spare.end()\n                return",
         [f"{FORK_AHEAD}::test_a_job_runs_in_a_horse_forked_before_it_was_taken"],
         "no horse is forked ahead: each job waits for its fork again",

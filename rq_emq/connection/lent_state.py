@@ -17,7 +17,9 @@ none: the ``EXEC`` that must follow does.) Its reply, read after the commands' o
 the state that round trip left. The last round trip on the connection before the
 hand-back must carry one, and show:
 
-- the db, user and protocol the worker's pool connects with;
+- the db, user and protocol the worker's pool connects with (a server before Redis 7.0
+  reports no protocol in ``CLIENT INFO``: there a ``HELLO`` with no argument, which
+  switches nothing, rides after it and shows the protocol in its ``proto``);
 - no flag but ``N`` (or ``U``, a Unix socket): no tracking, pubsub, ``MULTI``, monitor,
   read-only, no-evict or no-touch mode;
 - no subscription (``sub``, ``psub``, ``ssub``), no ``MULTI`` (``multi=-1``);
@@ -53,6 +55,11 @@ from redis.exceptions import ResponseError
 
 _CLIENT_INFO = b"*2\r\n$6\r\nCLIENT\r\n$4\r\nINFO\r\n"
 _UNWATCH = b"*1\r\n$7\r\nUNWATCH\r\n"
+_HELLO = b"*1\r\n$5\r\nHELLO\r\n"
+#: Whether the server's ``CLIENT INFO`` shows the protocol (``resp``: Redis 7.0+, Valkey):
+#: set by the worker at its start from the server's version (rq_emq.run.startup), read by
+#: each proof (its horses inherit it); None, not known: the proof asks ``HELLO`` too
+server_shows_protocol: bool | None = None
 #: commands whose replies are not one per command, or that change how replies come: a
 #: send with one is passed as it is, and leaves the connection unproven
 _NOT_COUNTED = frozenset(
@@ -106,6 +113,18 @@ def _name(arg: Any) -> bytes:
     return str(arg).upper().encode()
 
 
+def hello_protocol(reply: Any) -> str:
+    """The ``proto`` of a ``HELLO`` reply (a map in RESP3, a flat list in RESP2); ``""``
+    when it has none."""
+    if isinstance(reply, dict):
+        found = reply.get(b"proto", reply.get("proto"))
+    else:
+        items = list(reply) if isinstance(reply, (list, tuple)) else []
+        keys = [item.decode() if isinstance(item, bytes) else item for item in items[0::2]]
+        found = items[2 * keys.index("proto") + 1] if "proto" in keys else None
+    return "" if found is None else str(int(found))
+
+
 def client_info_fields(reply: Any) -> dict[str, str]:
     text = reply.decode() if isinstance(reply, (bytes, bytearray)) else str(reply)
     fields: dict[str, str] = {}
@@ -128,6 +147,8 @@ class LentState:
         self.names = {"", *(n for n in names if n)}
         if getattr(connection, "client_name", None):
             self.names.add(str(connection.client_name))
+        #: the proof asks ``HELLO`` for the protocol (a server whose CLIENT INFO has none)
+        self.asks_hello = server_shows_protocol is not True
 
     def shown_by(self, fields: dict[str, str], unwatched: bool) -> bool:
         return (
@@ -205,13 +226,13 @@ class StateProof:
         if self._watching:
             # a WATCH of the finish's own, its EXEC still to come: that round trip proves
             return self._send(command, check_health)
-        appended = _CLIENT_INFO
+        appended = _CLIENT_INFO + (_HELLO if self.lent.asks_hello else b"")
         if not self._unwatched:
-            appended = _UNWATCH + _CLIENT_INFO  # what the job may have watched, let go
+            appended = _UNWATCH + appended  # what the job may have watched, let go
             self._unwatched = True
         # in one write: the round trip the send makes anyway
         self._send([*parts, appended], check_health)
-        self._unwatch_owed = appended is not _CLIENT_INFO
+        self._unwatch_owed = appended.startswith(_UNWATCH)
         self._owed = len(names)
         return None
 
@@ -241,12 +262,16 @@ class StateProof:
                 self._unwatch_owed = False
                 self._read(disable_decoding=True)
             reply = self._read(disable_decoding=True)
+            fields = client_info_fields(reply)
+            if self.lent.asks_hello:
+                fields["resp"] = hello_protocol(self._read(disable_decoding=True))
         except Exception:  # noqa: BLE001 - an error reply (a server before 6.2, a subscribed
-            # RESP2 connection) or one it cannot read: what follows on it is not known to be
-            # in step, so the connection goes, unproven
+            # RESP2 connection) or one it cannot read (a protocol the parser does not
+            # speak): what follows on it is not known to be in step, so the connection
+            # goes, unproven
             self.connection.disconnect()
             return
-        self.proven = self.lent.shown_by(client_info_fields(reply), self._unwatched)
+        self.proven = self.lent.shown_by(fields, self._unwatched)
 
 
 def prove_pool(pool: Any, names: Iterable[str]) -> list[StateProof]:

@@ -32,6 +32,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ..connection import lent_state
 from ..settings import (
     ENV_PREFIX,
     UNUSED_SETTINGS,
@@ -233,6 +234,8 @@ def warn_if_evicting(info: Mapping[str, Any], where: str) -> None:
 
 def _check_version(info: Mapping[str, Any], where: str) -> None:
     version = str(info.get("redis_version", ""))
+    # before 7.0 CLIENT INFO shows no protocol: the lent connection's proof asks HELLO
+    lent_state.server_shows_protocol = parse_version(version) >= (7,) or not parse_version(version)
     if not parse_version(version):
         logger.warning("Redis at %s gives no readable version (%r); assuming 6.2 or later", where, version)
     elif parse_version(version) < OLDEST_REDIS:

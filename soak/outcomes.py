@@ -33,6 +33,9 @@ from .verdict import Verdict
 
 #: Kinds that kill a horse alone: under a lease worker, its worker fails the job at max attempts.
 HORSE_KILLS = {"kill_horse", "oom_horse"}
+#: Faults that kill a worker and leave its watchdog, which sees the death and hands the
+#: job back (a crash counted: "worker pid N died (seen by its watchdog)")
+WORKER_KILLS = {"kill_worker", "kill_group"}
 
 
 def _outcome_written_by(run: Run, state: dict[str, Any], patience_s: float) -> float:
@@ -84,7 +87,13 @@ def _reason_ok(
         expected = f"stalled on attempt {state['max_attempts']} of {state['max_attempts']}"
         horses = {r.pid for r in runs}
         crashed = any(f.kind in HORSE_KILLS and set(f.horse_pids) & horses for f in faults)
-        if state["failure"] != expected and not (crashed and _crash_failure(state)):
+        workers = {r.ppid for r in runs} | horses  # a SimpleLeaseWorker's run is its worker
+        seen = any(f.kind in WORKER_KILLS and f.worker_pid in workers for f in faults)
+        if (
+            state["failure"] != expected
+            and not (crashed and _crash_failure(state))
+            and not (seen and _seen_death_failure(state))
+        ):
             return f"failed: {state['failure']}"
         if planned.max_attempts is not None and str(planned.max_attempts) != state["max_attempts"]:
             return f"failed at {state['max_attempts']} attempts; its own max is {planned.max_attempts}"
@@ -117,6 +126,12 @@ def _crash_failure(state: dict[str, Any]) -> bool:
     """A horse crash's failure at max attempts: it names SIGKILL (the soak's kill) and the max."""
     failure = state["failure"] or ""
     return "signal 9 (SIGKILL" in failure and str(failed_on_attempt(failure)) == state["max_attempts"]
+
+
+def _seen_death_failure(state: dict[str, Any]) -> bool:
+    """A worker death its watchdog saw, at max attempts: the watchdog's cause and the max."""
+    failure = state["failure"] or ""
+    return "(seen by its watchdog)" in failure and str(failed_on_attempt(failure)) == state["max_attempts"]
 
 
 def _reason_kind(state: dict[str, Any]) -> str:

@@ -39,10 +39,9 @@ without ``CLIENT INFO``, before Redis 6.2, a send it cannot read) leaves the con
 unproven: the horse closes it, and the worker opens a new one, set up by redis-py as its
 pool's (one connect for that job, as stock's horse makes for every job).
 
-A ``SimpleLeaseWorker`` runs its job on its own connections: the same proof rides its
-finish on every idle connection of its pool, and it closes each one not proven as the
-run ends (:func:`prove_pool`, :func:`close_unproven`), where stock's ``SimpleWorker``
-goes on with whatever the job left.
+A ``SimpleLeaseWorker`` runs its job on its own connections, as stock's ``SimpleWorker``
+does: what the job leaves on them stays, as with stock (closing them would close
+connections the worker shares with the rest of its process).
 """
 
 from __future__ import annotations
@@ -272,32 +271,3 @@ class StateProof:
             self.connection.disconnect()
             return
         self.proven = self.lent.shown_by(fields, self._unwatched)
-
-
-def prove_pool(pool: Any, names: Iterable[str]) -> list[StateProof]:
-    """In a worker that runs its job itself, as RQ's finish begins: every idle connection
-    of its (redis-py) pool shows its state on each round trip from now on."""
-    with pool._lock:
-        idle = list(pool._available_connections)
-    names = tuple(names)
-    return [StateProof(connection, LentState(connection, names)) for connection in idle]
-
-
-def close_unproven(pool: Any, proofs: list[StateProof]) -> int:
-    """As the run ends: every idle connection of the pool that its last round trip did not
-    show as the worker's is closed (redis-py connects it anew, as the pool's, at its next
-    use), under the pool's lock, so that no thread takes one meanwhile; the proofs on idle
-    connections are taken off (one a thread of the job still holds keeps its own, read in
-    step with that thread's commands). Returns how many were closed."""
-    proven = {id(proof.connection) for proof in proofs if proof.proven}
-    closed = 0
-    with pool._lock:
-        idle = {id(connection) for connection in pool._available_connections}
-        for proof in proofs:
-            if id(proof.connection) in idle:
-                proof.detach()
-        for connection in pool._available_connections:
-            if id(connection) not in proven and getattr(connection, "_sock", None) is not None:
-                connection.disconnect()
-                closed += 1
-    return closed

@@ -36,8 +36,6 @@ from rq.job import Job
 from rq.queue import Queue
 
 from .. import compat
-from ..connection.budget import _lendable
-from ..connection.lent_state import close_unproven, prove_pool
 from ..fence.job_writes import LeaseJobInterrupted
 from ..hold.held import Lease
 from ..recover.horse_crash import HorseCrashMixin
@@ -232,42 +230,6 @@ class SimpleLeaseWorker(SimpleRunGuard, LeaseMixin, SimpleWorker):
     interrupt_signal = signal.SIGUSR1
     #: The job a cold stop interrupted in this thread: handed back once its frame unwinds.
     _cold_stopped_job_id: str | None = None
-
-    #: the proofs riding this run's finish on the work pool's connections (lent_state)
-    _pool_proofs: list[Any] | None = None
-
-    def _prove_pool_state(self) -> None:
-        """As RQ's finish begins (the job's code and callbacks have ended): each idle
-        connection of the work pool shows its state on its round trips; those that do not
-        show it as the worker's are closed as the run ends (rq_emq.connection.lent_state)."""
-        pool = self.connection.connection_pool
-        if self._pool_proofs is None and _lendable(pool):
-            self._pool_proofs = prove_pool(pool, (self.name,))
-
-    def handle_job_success(self, *args: Any, **kwargs: Any) -> Any:
-        self._prove_pool_state()
-        return super().handle_job_success(*args, **kwargs)
-
-    def handle_job_failure(self, *args: Any, **kwargs: Any) -> Any:
-        self._prove_pool_state()
-        return super().handle_job_failure(*args, **kwargs)
-
-    def handle_job_retry(self, *args: Any, **kwargs: Any) -> Any:
-        self._prove_pool_state()
-        return super().handle_job_retry(*args, **kwargs)  # type: ignore[misc]
-
-    def perform_job(self, job: Job, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return super().perform_job(job, *args, **kwargs)
-        finally:
-            # where no finish ran (a stop, an interrupt), nothing shows what the job left
-            # on any connection: all are closed
-            proofs, self._pool_proofs = self._pool_proofs, None
-            pool = self.connection.connection_pool
-            if _lendable(pool):
-                close_unproven(pool, proofs or [])
-
-    perform_job.__signature__ = LeaseMixin.perform_job.__signature__  # type: ignore[attr-defined]
 
     def execute_job(self, job: Job, queue: Queue) -> Any:
         # `_signal`, not `signal`: without the enum conversions of a swap and back per job

@@ -46,7 +46,8 @@ class Recorder(logging.Handler):
         )
 
     def said(self, text: str) -> list[tuple[str, str, str, str]]:
-        return [entry for entry in list(self.seen) if text in entry[3]]
+        # RQ's own wording differs in case between releases ("Sent heartbeat" in 2.0)
+        return [entry for entry in list(self.seen) if text.lower() in entry[3].lower()]
 
 
 @pytest.fixture

@@ -93,13 +93,13 @@ def test_a_change_a_job_leaves_on_its_connection_dies_with_the_run(
     assert r.pubsub_numsub(JOB_CHANNEL) == [(JOB_CHANNEL.encode(), 0)]
 
 
-@pytest.mark.parametrize("worker", sorted(FORKING) + ["simple lease"])
+@pytest.mark.parametrize("worker", sorted(FORKING))
 def test_a_select_on_the_connection_the_finish_uses_never_reaches_the_worker(
     own_server: RedisServer, procs: Processes, worker: str
 ) -> None:
     """The job of issue 47: ``job.connection.select(1)``. Its own finish then goes to db
     1, with stock RQ too; the worker and every later job stay on db 0."""
-    worker_class, env = FORKING.get(worker) or ("rq_emq.SimpleLeaseWorker", QUIET)
+    worker_class, env = FORKING[worker]
     r = _with_a_job_user(own_server.url)
     process = procs.worker(own_server.url, worker_class=worker_class, name="selects", **env)
     _warm(r)
@@ -112,28 +112,11 @@ def test_a_select_on_the_connection_the_finish_uses_never_reaches_the_worker(
     _heartbeat_in_db_0(r, own_server.url, "selects")
 
 
-@pytest.mark.parametrize("kind", sorted(CHANGES))
-def test_a_simple_lease_worker_closes_the_connection_a_job_changed(
-    own_server: RedisServer, procs: Processes, kind: str
-) -> None:
-    """A SimpleLeaseWorker runs its job on its own connections; it closes, as the run
-    ends, each one its finish did not show as its own. (Stock's SimpleWorker goes on with
-    what the job left: ``test_stock_simple_worker_keeps_the_connection_a_job_changed``.)"""
-    r = _with_a_job_user(own_server.url)
-    name = f"simple-{kind}"
-    process = procs.worker(own_server.url, worker_class="rq_emq.SimpleLeaseWorker", name=name, **QUIET)
-    _warm(r)
-    Queue(connection=r).enqueue("state_jobs.leave_changed_beside", kind)
-    changed = int(wait_for(lambda: r.get(CHANGED_KEY), timeout=30, what="the changing job"))  # type: ignore[arg-type]
-    wait_for(lambda: _closed(r, changed), timeout=CLOSED_S, what=f"the changed connection closed ({kind})")
-    _later_jobs_run(r, procs, process)
-    _heartbeat_in_db_0(r, own_server.url, name)
-
-
 def test_stock_simple_worker_keeps_the_connection_a_job_changed(
     own_server: RedisServer, procs: Processes
 ) -> None:
-    """The control of the test above: stock's SimpleWorker keeps the changed connection."""
+    """Stock's SimpleWorker keeps a connection its job changed (a SimpleLeaseWorker runs its
+    job on its own connections the same way: docs/worker-classes.md)."""
     r = _with_a_job_user(own_server.url)
     procs.worker(own_server.url, worker_class="rq.SimpleWorker", name="stock-simple")
     _warm(r)

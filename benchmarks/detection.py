@@ -44,6 +44,7 @@ from rq.defaults import DEFAULT_JOB_MONITORING_INTERVAL, DEFAULT_MAINTENANCE_TAS
 
 from rq_emq.recover.sweep import Sweeper
 from rq_emq.settings import LeaseSettings
+from rq_emq.testing import watchdogs_of
 
 QUEUE = "det"
 SHORT = LeaseSettings(lease_ms=2_000, renew_interval_ms=500, sweep_interval_ms=1_000)
@@ -77,22 +78,6 @@ def kill(*pids: int) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-
-
-def watchdogs_of(worker_pid: int) -> list[int]:
-    """The worker's watchdog (its child running rq_emq/run/watchdog.py)."""
-    found = []
-    for name in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{name}/stat", "rb") as stat:
-                parent = int(stat.read().rsplit(b")", 1)[1].split()[1])
-            with open(f"/proc/{name}/cmdline", "rb") as cmdline:
-                program = cmdline.read()
-        except (OSError, ValueError, IndexError):
-            continue
-        if parent == worker_pid and b"watchdog.py" in program:
-            found.append(int(name))
-    return found
 
 
 def measure_ours(url: str, kills: int, seen: bool) -> list[float]:

@@ -25,7 +25,7 @@ import redis
 from rq import Queue
 
 from rq_emq.keys import QueueKeys, job_key
-from rq_emq.testing import NoRedisServer, private_redis
+from rq_emq.testing import NoRedisServer, private_redis, watchdogs_of
 
 HERE = Path(__file__).resolve().parent
 SETTINGS = {"RQ_EMQ_LEASE_MS": "2000", "RQ_EMQ_RENEW_INTERVAL_MS": "500", "RQ_EMQ_SWEEP_INTERVAL_MS": "1000"}
@@ -201,22 +201,6 @@ def run(url: str, options: argparse.Namespace) -> int:
             if process.poll() is None:
                 process.send_signal(signal.SIGKILL)
                 process.wait()
-
-
-def watchdogs_of(worker: int) -> list[int]:
-    """The watchdog process of ``worker`` (rq_emq/run/watchdog.py, its child)."""
-    found = []
-    for name in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{name}/stat", "rb") as stat:
-                parent = int(stat.read().rsplit(b")", 1)[1].split()[1])
-            with open(f"/proc/{name}/cmdline", "rb") as cmdline:
-                program = cmdline.read()
-        except (OSError, ValueError, IndexError):
-            continue
-        if parent == worker and b"watchdog.py" in program:
-            found.append(int(name))
-    return found
 
 
 if __name__ == "__main__":

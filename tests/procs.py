@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rq_emq.run.process_tree import tree
+from rq_emq.testing import watchdogs_of
 from soak.selffence import CLOCK_RAN_OUT
 
 #: the line a run's watchdog logs as it ends the run at its local lease deadline
@@ -39,22 +40,6 @@ def wait_for(
 def blocked_clients(r: Any, *commands: str) -> int:
     """Clients of the Redis behind ``r`` blocked now in one of ``commands`` (``blmove``, ``blpop``)."""
     return sum(c.get("cmd") in commands and "b" in str(c.get("flags")) for c in r.client_list())
-
-
-def watchdogs_of(worker_pid: int) -> list[int]:
-    """The watchdog of a lease worker (its child running rq_emq/run/watchdog.py)."""
-    found = []
-    for name in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{name}/stat", "rb") as stat:
-                parent = int(stat.read().rsplit(b")", 1)[1].split()[1])
-            with open(f"/proc/{name}/cmdline", "rb") as cmdline:
-                program = cmdline.read()
-        except (OSError, ValueError, IndexError):
-            continue
-        if parent == worker_pid and b"watchdog.py" in program:
-            found.append(int(name))
-    return found
 
 
 def unseen(worker_pid: int) -> int:

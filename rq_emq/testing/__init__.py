@@ -58,6 +58,23 @@ class NoRedisServer(FileNotFoundError):
     """No server binary can be had; the message says what to install."""
 
 
+def watchdogs_of(worker_pid: int) -> list[int]:
+    """The watchdog of a lease worker (its child running rq_emq/run/watchdog.py): what a
+    test or a demo kills first to lose a worker whole, as with its host."""
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/stat", "rb") as stat:
+                parent = int(stat.read().rsplit(b")", 1)[1].split()[1])
+            with open(f"/proc/{name}/cmdline", "rb") as cmdline:
+                program = cmdline.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == worker_pid and b"watchdog.py" in program:
+            found.append(int(name))
+    return found
+
+
 def _package_dirs(name: str) -> list[Path]:
     spec = importlib.util.find_spec(name)
     return [Path(location) for location in (spec.submodule_search_locations or [])] if spec else []

@@ -277,25 +277,13 @@ class HorseDeadline:
         if len(data) > REPORT_LIMIT_BYTES:
             raise ValueError(f"a report is at most {REPORT_LIMIT_BYTES} bytes as JSON, got {len(data)}")
         with self._report_lock:  # the job's own threads may report side by side
-            number = struct.unpack("Q", self._memory[_REPORT_AT : _REPORT_AT + 8])[0]
-            number += 2 - number % 2
-            self._memory[_REPORT_AT : _REPORT_AT + 8] = struct.pack("Q", number - 1)
-            self._memory[_REPORT_AT + 8 : _REPORT_AT + 12] = struct.pack("I", len(data))
-            self._memory[_REPORT_AT + 12 : _REPORT_AT + 12 + len(data)] = data
-            self._memory[_REPORT_AT : _REPORT_AT + 8] = struct.pack("Q", number)
+            self._write_numbered(_REPORT_AT, data)
 
     def read_report(self) -> tuple[int, str] | None:
         """In the worker: (number, text) of the newest report written whole; None if
         none, or while one is being written (the next tick reads it)."""
-        number = struct.unpack("Q", self._memory[_REPORT_AT : _REPORT_AT + 8])[0]
-        if number == 0 or number % 2:
-            return None
-        length = struct.unpack("I", self._memory[_REPORT_AT + 8 : _REPORT_AT + 12])[0]
-        length = min(length, REPORT_LIMIT_BYTES)
-        data = self._memory[_REPORT_AT + 12 : _REPORT_AT + 12 + length]
-        if struct.unpack("Q", self._memory[_REPORT_AT : _REPORT_AT + 8])[0] != number:
-            return None  # rewritten while read
-        return number, data.decode(errors="replace")
+        found = self._read_numbered(_REPORT_AT, REPORT_LIMIT_BYTES)
+        return None if found is None else (found[0], found[1].decode(errors="replace"))
 
     def hold_lease(self, text: str) -> None:
         """In the worker: the lease it now holds (JSON text, at most
@@ -304,23 +292,34 @@ class HorseDeadline:
         data = text.encode()
         if len(data) > LEASE_LIMIT_BYTES:
             data = b""  # a job id or key of kilobytes: left to the sweep
-        number = struct.unpack("Q", self._memory[_LEASE_AT : _LEASE_AT + 8])[0]
-        number += 2 - number % 2
-        self._memory[_LEASE_AT : _LEASE_AT + 8] = struct.pack("Q", number - 1)
-        self._memory[_LEASE_AT + 8 : _LEASE_AT + 12] = struct.pack("I", len(data))
-        self._memory[_LEASE_AT + 12 : _LEASE_AT + 12 + len(data)] = data
-        self._memory[_LEASE_AT : _LEASE_AT + 8] = struct.pack("Q", number)
+        self._write_numbered(_LEASE_AT, data)
 
     def held_lease(self) -> str | None:
         """The lease text the worker wrote last, whole; None if none or torn."""
-        number = struct.unpack("Q", self._memory[_LEASE_AT : _LEASE_AT + 8])[0]
+        found = self._read_numbered(_LEASE_AT, LEASE_LIMIT_BYTES)
+        return found[1].decode(errors="replace") if found is not None and found[1] else None
+
+    def _write_numbered(self, at: int, data: bytes) -> None:
+        """``data`` at ``at``: its number (odd while written, then the next even), its
+        length, its bytes. One writer at a time."""
+        number = struct.unpack("Q", self._memory[at : at + 8])[0]
+        number += 2 - number % 2
+        self._memory[at : at + 8] = struct.pack("Q", number - 1)
+        self._memory[at + 8 : at + 12] = struct.pack("I", len(data))
+        self._memory[at + 12 : at + 12 + len(data)] = data
+        self._memory[at : at + 8] = struct.pack("Q", number)
+
+    def _read_numbered(self, at: int, limit: int) -> tuple[int, bytes] | None:
+        """(number, bytes) last written whole at ``at``; None if never, or while (or if
+        ever after: a writer that died) being written."""
+        number = struct.unpack("Q", self._memory[at : at + 8])[0]
         if number == 0 or number % 2:
             return None
-        length = min(struct.unpack("I", self._memory[_LEASE_AT + 8 : _LEASE_AT + 12])[0], LEASE_LIMIT_BYTES)
-        data = self._memory[_LEASE_AT + 12 : _LEASE_AT + 12 + length]
-        if struct.unpack("Q", self._memory[_LEASE_AT : _LEASE_AT + 8])[0] != number or not data:
-            return None
-        return data.decode(errors="replace")
+        length = min(struct.unpack("I", self._memory[at + 8 : at + 12])[0], limit)
+        data = self._memory[at + 12 : at + 12 + length]
+        if struct.unpack("Q", self._memory[at : at + 8])[0] != number:
+            return None  # rewritten while read
+        return number, data
 
     def get(self) -> float:
         if self.settled:

@@ -62,7 +62,11 @@ class RunGuard:
             if self._horse_deadline is None:
                 self._horse_deadline = self._new_run_deadline()
             if self._watchdog is None:
-                kit = seen_death.recovery_kit(me.connection, me.lease_settings.max_attempts)
+                try:
+                    kit = seen_death.recovery_kit(me.connection, me.lease_settings.max_attempts)
+                except Exception:  # noqa: BLE001 - whatever it lacks, a dead worker's job waits for the sweep
+                    logger.debug("no seen-death hand-back for this worker", exc_info=True)
+                    kit = None
                 self._watchdog = Watchdog(self._horse_deadline, group=self._run_is_horse, kit=kit)
             if not self._watchdog.alive:  # killed on its own: a new one for the next run
                 self._watchdog.start()

@@ -21,7 +21,7 @@ import redis
 import rq
 from helpers import FAST, STEADY, stat, status, wait_status
 from jobs import run_spans, runs
-from procs import Processes, wait_for
+from procs import Processes, unseen, wait_for
 from redis.backoff import NoBackoff
 from redis.retry import Retry as RedisRetry
 from rq import Queue, Retry
@@ -58,7 +58,9 @@ def in_registries(queue: Queue, job_id: str) -> set[str]:
 
 
 def kill_group(process: subprocess.Popen[bytes]) -> None:
-    os.killpg(process.pid, signal.SIGKILL)
+    """SIGKILL a worker and its horse in a death no process of ours sees, so the dead
+    lease is left to a sweep (its watchdog would hand the job back at once)."""
+    os.killpg(unseen(process.pid), signal.SIGKILL)
     process.wait(timeout=10)
 
 

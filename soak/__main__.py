@@ -55,6 +55,19 @@ def parse(argv: list[str] | None) -> tuple[Config, bool, bool, Path | None, floa
         "(0: none; default 1, 0 with --sentinel)",
     )
     p.add_argument(
+        "--simple-workers",
+        type=int,
+        default=None,
+        help="of the lease workers, the last this many are SimpleLeaseWorkers (default 1, 0 with --sentinel)",
+    )
+    p.add_argument(
+        "--debug-workers",
+        type=int,
+        default=None,
+        help="of the lease workers, the first this many log DEBUG through a handler that the "
+        "slow_log fault makes slow (default 1, 0 with --sentinel)",
+    )
+    p.add_argument(
         "--sentinel",
         action="store_true",
         help="a primary, a replica and 3 sentinels; workers find the master through Sentinel; "
@@ -109,6 +122,8 @@ def parse(argv: list[str] | None) -> tuple[Config, bool, bool, Path | None, floa
         bound_slack_s=BOUND_SLACK_S if a.bound_slack is None else a.bound_slack,
         stock_neighbours=max(0, int(not a.sentinel) if a.stock_neighbours is None else a.stock_neighbours),
         sentinel=a.sentinel,
+        simple_workers=max(0, int(not a.sentinel) if a.simple_workers is None else a.simple_workers),
+        debug_workers=0 if a.sentinel else max(0, 1 if a.debug_workers is None else a.debug_workers),
     )
     return config, a.json, a.keep is not None, a.recheck, a.bound_slack
 
@@ -226,7 +241,8 @@ def table(ev: Evidence, v: Verdict) -> str:
                 f"over bound + slack: {lat['over_bound']}",
             ),
             (
-                f"horse crash (oom_horse) -> requeued ms p50 / max ({lat['crash_samples']} seen; "
+                "seen death (oom_horse; kill_worker, its watchdog alive) -> requeued ms p50 / max "
+                f"({lat['crash_samples']} seen; "
                 f"bound {_ms(lat['crash_bound_s'])} + {_ms(lat['slack_s'])} slack)",
                 f"{_ms(lat['crash_p50'])} / {_ms(lat['crash_max'])}",
             ),
@@ -262,6 +278,8 @@ def table(ev: Evidence, v: Verdict) -> str:
         ]
     lines += [f"| {name} | {value} |" for name, value in rows]
     lines += ["", *overlap_table(c.get("overlap_by_kind", {}))]
+    if "witness_faults" in c:
+        lines += ["", *witness_table(c["witness_faults"])]
     if fe:
         lines += ["", *effects_table(fe)]
     lines += [f"note: {note}" for note in ev.notes]
@@ -283,6 +301,20 @@ def overlap_table(rows: dict[str, dict[str, Any]]) -> list[str]:
         f"| {kind} | {row['faults']} | {row['overlaps']} | {row['longest_ms']:.0f} |"
         for kind, row in rows.items()
     ]
+    return lines
+
+
+def witness_table(rows: dict[str, dict[str, int]]) -> list[str]:
+    """Issue 46's faults (soak/witnesscheck.py): each must show 0 overlaps, 0 lost jobs and
+    0 false recoveries; ``threads`` counts the threaded bodies' runs in a SimpleLeaseWorker."""
+    lines = [
+        "| issue 46 fault | faults (threads: runs, hit by a stop or kill) | overlapping runs | lost jobs "
+        "| false recoveries |",
+        "|---|---|---|---|---|",
+    ]
+    for kind, row in rows.items():
+        faults = f"{row['faults']} ({row['hit']})" if "hit" in row else str(row["faults"])
+        lines.append(f"| {kind} | {faults} | {row['overlaps']} | {row['lost']} | {row['false_recoveries']} |")
     return lines
 
 

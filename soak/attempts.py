@@ -6,9 +6,11 @@ a committed finish (``Retry``) starts over at 1, a number is skipped only for a 
 never reached the job function, and the sum of takes so derived equals Redis's ``taken``
 counter. Runs a long stop or cut held back until after their lease was lost ("stale")
 read someone else's count and are left out; so are a stock neighbour's runs (no lease)
-and, with Sentinel, runs begun in a failover's window. A job failed at max attempts was
-failed on attempt max ("stalled on attempt n of n"); once its Result is written, like a
-finished job, it holds no ``emq_attempts``.
+and, with Sentinel, runs begun in a failover's window. After a running job was enqueued
+again (``enqueue_again``) its copy's count may start over; after a cold stop (which hands
+the job back, its attempt refunded) the next run reads the stopped run's number again.
+A job failed at max attempts was failed on attempt max ("stalled on attempt n of n");
+once its Result is written, like a finished job, it holds no ``emq_attempts``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from .outcomes import commit_pending, failed_on_attempt
 from .repeats import stale
 from .stockcredit import by_stock, stock_doubled
 from .verdict import Verdict
+from .witnesscheck import enqueued_again_before
 
 
 def _rq_finished(run: Run, faults: list[Fault]) -> bool:
@@ -40,7 +43,7 @@ def check_attempts(ev: Any, v: Verdict) -> None:
     # the next holder's count, so two runs show one number. Each such stop, by the worker
     # of one of the two runs, explains one such pair once; a pair without it still fails.
     clock_stops = Counter((int(pid), job_id) for pid, job_id in getattr(ev, "self_fenced", []))
-    self_fenced = 0
+    self_fenced, refunded = 0, 0
     for job_id in ev.jobs:
         runs, state = ev.runs.get(job_id, []), ev.final[job_id]
         takes, previous = 0, None
@@ -61,8 +64,20 @@ def check_attempts(ev: Any, v: Verdict) -> None:
             restarted = previous is not None and run.attempt <= (previous.attempt or 0)
             if previous is None or restarted and _rq_finished(previous, ev.faults):
                 base = 0  # the first take, or the first after a finish RQ committed (Retry)
+            elif (
+                restarted
+                and (again := enqueued_again_before(job_id, run.started, ev.faults))
+                and (again.started >= previous.started)
+            ):
+                # the user enqueued it again while it ran: its count may start over with the
+                # copy (the old run's finish committed) or go on (a take of the copy counted)
+                base = 0
             else:
                 base = previous.attempt or 0
+            if run.attempt <= base and _handed_back(previous, run, ev.faults):
+                refunded += 1
+                previous = run
+                continue
             stopper = _clock_stopped(clock_stops, job_id, run, previous) if run.attempt <= base else None
             if stopper is not None:
                 clock_stops[stopper] -= 1
@@ -112,6 +127,7 @@ def check_attempts(ev: Any, v: Verdict) -> None:
     v.counts["stale_runs"] = stale_runs
     v.counts["attempts_read_after_a_self_fenced_stop"] = self_fenced
     v.counts["attempts_inferred"] = inferred
+    v.counts["attempts_refunded_by_a_cold_stop"] = refunded
     v.counts["runs_in_failover_windows"] = in_window
 
 
@@ -121,9 +137,27 @@ def _clock_stopped(
     """The self-fenced stop (worker pid, job id) left that explains ``run`` reading the
     same count as ``previous``: one logged by either run's worker; None without one."""
     for holder in (run, previous):
-        if holder is not None and stops[(holder.ppid, job_id)] > 0:
-            return (holder.ppid, job_id)
+        # its worker: the horse's parent, or the run's own process (a SimpleLeaseWorker)
+        for pid in (holder.ppid, holder.pid) if holder is not None else ():
+            if stops[(pid, job_id)] > 0:
+                return (pid, job_id)
     return None
+
+
+def _handed_back(previous: Run | None, run: Run, faults: list[Fault]) -> bool:
+    """``previous`` was cold-stopped before ``run`` began: a worker's cold stop hands its job
+    back with the attempt refunded (Redis counts it ``returned``), so ``run`` reads
+    ``previous``'s number again and adds no take."""
+    return (
+        previous is not None
+        and run.attempt == previous.attempt
+        and any(
+            f.kind == "cold_stop"
+            and previous.started <= f.started <= run.started
+            and (f.hit(previous.pid) or f.hit(previous.ppid))
+            for f in faults
+        )
+    )
 
 
 def _refused_starts(ev: Any) -> int:

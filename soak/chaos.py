@@ -1,6 +1,10 @@
 """The soak's chaos: the faults drawn (``--fault-every``) and scheduled (Redis restarts)
 against busy workers and Redis (:mod:`soak.faults` says what each kind does), their release
-(SIGCONT, heal), and the stock neighbour's freezes and ``rq info`` calls beside the fleet."""
+(SIGCONT, heal, a cold stop's second SIGTERM, a quick log handler again), and the stock
+neighbour's freezes and ``rq info`` calls beside the fleet.
+
+A ``SimpleLeaseWorker`` has no horse: its run is the worker process, so a fault on it lists
+the worker as the run's process (``horse_pids``) and is one of :data:`soak.faults.SIMPLE_KINDS`."""
 
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ import time
 from typing import Any
 
 import redis
+from rq import Queue
+from rq.job import Job
 
 from rq_emq.keys import QueueKeys
 
@@ -20,6 +26,7 @@ from .base import SoakBase
 from .faults import Fault
 from .fleet import QUEUE, RQ_BIN, Slot
 from .jobs import read_runs
+from .producer import enqueue_planned
 
 
 class Chaos(SoakBase):
@@ -42,10 +49,32 @@ class Chaos(SoakBase):
             if slot in self.fleet.neighbours:
                 continue  # a stock neighbour is only frozen (stock_actors), never a victim
             if slot.alive() and not slot.faulted and slot.pid is not None:
+                if slot.simple:  # the run is the worker process (busy: held_job tells)
+                    out.append((slot, [slot.pid]))
+                    continue
                 horses = [p for p in F.horses(slot.pid) if p not in schedulers]
                 if horses:
                     out.append((slot, horses))
         return out
+
+    def fits(self, kind: str, slot: Slot, job_id: str | None) -> bool:
+        """Whether a fault of ``kind`` can hit ``slot`` running ``job_id`` (None: between
+        jobs): a SimpleLeaseWorker takes no horse-only kind and only when busy, a slow log
+        needs a DEBUG worker, a job enqueued again is a plain job (a lifecycle unit's
+        dependents, cancels and schedules are judged by rules of their own)."""
+        if slot.simple and (kind not in F.SIMPLE_KINDS or job_id is None):
+            return False
+        if kind in F.DEBUG_ONLY and slot.slow_flag is None:
+            return False
+        if kind == "enqueue_again":
+            planned = self.jobs.get(job_id or "")
+            return planned is not None and planned.kind in ("plain", "fenced")
+        return True
+
+    def threaded(self, job_id: str | None) -> bool:
+        """The job does its work on threads (the ``pool`` and ``thread`` bodies)."""
+        planned = self.jobs.get(job_id or "")
+        return planned is not None and planned.body in ("pool", "thread")
 
     def held_job(self, slot: Slot, horses: list[int], runs: dict[str, list[Any]] | None = None) -> str | None:
         """The job the slot's horse is running, from the side-effect log."""
@@ -79,8 +108,13 @@ class Chaos(SoakBase):
             victims = [v for v in victims if v[0].proxy is not None]
         runs = read_runs(self.log)
         held = [(slot, horses, self.held_job(slot, horses, runs)) for slot, horses in victims]
+        held = [v for v in held if self.fits(kind, v[0], v[2])]
         if kind in F.MID_JOB:  # only a horse inside its job function: a run to overlap with
             held = [v for v in held if v[2] is not None]
+        threaded = [v for v in held if v[0].simple and self.threaded(v[2])]
+        if kind in F.STOPS_THREADS and threaded:
+            # threads in a simple-mode job: the stop unwinds the frame while they work on
+            held = threaded
         if not held:
             return None
         slot, horses, job_id = rng.choice(held)
@@ -90,7 +124,27 @@ class Chaos(SoakBase):
         fault = Fault(kind, time.time(), slot.name, slot.pid, horses, job_id, token)
         self.record(fault)  # before the signal: the supervisor must know this death is no crash
         assert slot.pid is not None
-        if kind == "kill_worker":
+        watchdog = [p for p in F.children(slot.pid) if F.is_watchdog(p)] if kind in F.SEEN_DEATHS else []
+        if watchdog:
+            # its death is seen: the bound runs from the kill (soak/recoverybound.py)
+            fault.detail = f"watchdog {watchdog[0]}"
+        if kind == "enqueue_again":
+            fault.detail = self.enqueue_again(job_id)
+        elif kind == "cold_stop":
+            slot.faulted = True  # not respawned before its second signal
+            F.send(F.signal.SIGTERM, slot.pid)
+            # RQ ignores a second signal within a second of the first
+            hold = rng.uniform(1.1, 1.6)
+            fault.detail = f"second SIGTERM after {hold:.2f}s"
+            self.after(hold, lambda: self.release(slot, fault, horses))
+        elif kind == "slow_log":
+            assert slot.slow_flag is not None
+            slot.faulted = True
+            slot.slow_flag.touch()
+            hold = rng.uniform(1.3, 2.0) * cfg.bound_s + 0.5
+            fault.detail = f"{hold:.2f}s"
+            self.after(hold, lambda: self.release(slot, fault, horses))
+        elif kind == "kill_worker":
             F.send(F.signal.SIGKILL, slot.pid)
         elif kind == "kill_group":
             F.send(F.signal.SIGKILL, slot.pid, *horses)
@@ -103,7 +157,7 @@ class Chaos(SoakBase):
                 addresses = F.redis_addresses([slot.pid, *horses], self.server.port)
             killed = self.redis_call(lambda: F.client_kill(self.client, addresses))
             fault.detail = f"{killed} connections"
-        elif kind in F.HELD:
+        elif kind in F.HELD and kind not in ("cold_stop", "slow_log"):
             short = kind.endswith("short")
             hold = rng.uniform(0.3, 0.8) * cfg.grace_s if short else rng.uniform(1.3, 2.0) * cfg.bound_s + 0.5
             slot.faulted = True
@@ -119,9 +173,9 @@ class Chaos(SoakBase):
                 fault.detail = mode
             fault.detail = f"{fault.detail} {hold:.2f}s".strip()
             self.after(hold, lambda: self.release(slot, fault, horses))
-        if kind in F.CRASHING and cfg.worker == "lease" and job_id:
+        if (kind in F.CRASHING or watchdog) and cfg.worker == "lease" and job_id:
             fault.lapse_at = fault.started  # no lapse to wait for: the bound runs from the kill
-        if kind in F.LAPSING and cfg.worker == "lease" and job_id:
+        elif kind in F.LAPSING and cfg.worker == "lease" and job_id:
             time.sleep(0.02)  # the signal or the cut has taken hold: no renewal gets through now
             pttl = self.redis_call(lambda: self.lease_of(job_id))[1]
             fault.lapse_at = time.time() + max(pttl, 0) / 1000
@@ -149,8 +203,26 @@ class Chaos(SoakBase):
         fault.detail = f"down {1000 * (back - fault.started):.0f} ms; resubmitted {resubmitted}, lost {lost}"
         return fault
 
+    def enqueue_again(self, job_id: str | None) -> str:
+        """The running job ``job_id`` enqueued again, as a web process does it: RQ's
+        ``enqueue_job`` of a copy it fetched, or ``enqueue`` under its id (one try: a
+        resend after a lost reply would be a second enqueue). Returns which."""
+        assert job_id is not None
+        how = self.chaos_rng.choice(("enqueue_job of a fetched copy", "enqueue under its id"))
+        if how.startswith("enqueue_job"):
+            Queue(QUEUE, connection=self.client).enqueue_job(Job.fetch(job_id, connection=self.client))
+        else:
+            enqueue_planned(self.client, self.log, self.jobs[job_id])
+        return how
+
     def release(self, slot: Slot, fault: Fault, horses: list[int]) -> None:
-        if fault.kind == "stop_worker":
+        if fault.kind == "cold_stop":
+            if fault.worker_pid is not None and slot.pid == fault.worker_pid:
+                F.send(F.signal.SIGTERM, fault.worker_pid)  # the second: a cold shutdown
+        elif fault.kind == "slow_log":
+            if slot.slow_flag is not None:
+                slot.slow_flag.unlink(missing_ok=True)
+        elif fault.kind == "stop_worker":
             F.send(F.signal.SIGCONT, *(p for p in (slot.pid,) if p is not None))
         elif fault.kind.startswith("stop"):
             F.send(F.signal.SIGCONT, *(p for p in (slot.pid, *horses) if p is not None))

@@ -12,6 +12,8 @@ invariant family lives in a module of its own (soak/README.md, "What it checks")
 7. **No two runs of one job overlap in time** (:mod:`soak.overlap`).
 8. **Each fenced job's effect lands exactly once**, beside its plain twin's at-least-once
    count (:mod:`soak.effectcheck`).
+9. **No false recovery**, no run stopped by a slow log handler, and the table of issue 46's
+   faults (:mod:`soak.witnesscheck`).
 
 At every sample, each job is in exactly one place RQ reads (:mod:`soak.conservation`). After
 a loss of Redis's data (``--lose-data``) the checks that read Redis's state judge what it
@@ -40,6 +42,7 @@ from .recoverybound import check_recovery_bound
 from .repeats import check_repeats, long_restart
 from .stockcredit import stock_doubled
 from .verdict import Verdict
+from .witnesscheck import check_witness
 
 __all__ = ["Verdict", "evaluate"]
 
@@ -82,10 +85,12 @@ def evaluate(ev: Any) -> Verdict:
         # the sweep rightly leaves where RQ put it the lease one of ours held on the other copy
         ended |= {job_id for job_id in ev.runs if stock_doubled(job_id, ev)}
         check_recovery_bound(cfg, ev.faults, v, ended)
-    check_overlap(every_run, v, lease)  # 7, across a loss of Redis's data too
+    found = check_overlap(every_run, v, lease)  # 7, across a loss of Redis's data too
     check_tokens(every_run, v)  # fencing tokens: one per run, above every one before a loss
     check_callbacks(ev, v)
     check_effects(ev, v)  # 8
+    if lease:
+        check_witness(ev, v, found)  # 9
     if getattr(cfg, "sentinel", False):
         check_failover(ev, v)
     v.enforced = lease  # the baseline reports; it does not fail

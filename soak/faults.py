@@ -31,6 +31,25 @@ Kinds (the victim is a worker that is running a job, when the kind needs one):
   - ``partition_long``: the worker's proxy blackholes both ways (``cut_long`` is the same
     fault with a reset or a blackhole, and may hit a horse between jobs).
 
+The faults of issue 46 (one process the witness of every run's end):
+
+- ``enqueue_again``: a running job enqueued again, as a web process does it (RQ's
+  ``enqueue_job`` of a copy it fetched, or ``enqueue(..., job_id=)`` under its id): its
+  copy must wait for the old run's end (no overlap), and no recovery comes of it
+  (:mod:`soak.witnesscheck`);
+- ``cold_stop``: RQ's cold shutdown, a SIGTERM and, a little over a second later (RQ
+  ignores a second signal within a second), another: the worker stops its job and exits.
+  On a ``SimpleLeaseWorker`` whose job runs its work on threads (the ``pool`` and
+  ``thread`` bodies, :mod:`soak.jobs`) the frame unwinds while the threads work on: the
+  job may move only once the process is gone;
+- ``slow_log``: the worker started with ``--logging_level DEBUG`` and a log handler of
+  its own (:mod:`soak.slowlog`) has that handler take seconds per record for a while
+  (a log shipper gone slow): nothing of it may reach the renewals, so no healthy job is
+  recovered or stopped because of it;
+- a worker-only kill is ``kill_worker``: its watchdog outlives it, sees the death and
+  hands the job back at once (``recover_crashed_job``), within the seen-death bound
+  (1 s, as for a horse crash) rather than the lease's.
+
 The soak also records a ``crash`` when a worker exits that it did not kill: a worker that
 dies of what a fault did to it has died, and its job may run again; the report counts them.
 """
@@ -62,13 +81,18 @@ REPEAT_EXCUSED = {
     "failover",  # Sentinel mode (soak/sentinel.py): within its window, soak/failovercheck.py
     "kill_master",
     "stock_exit",  # a stock neighbour that quit (a Redis error): its job is RQ's to redo
+    "enqueue_again",  # the user asked for another run: it follows the old one
+    "cold_stop",  # the worker stopped its job and exited
 }
 #: Faults after which a worker may crash: RQ's worker quits on a Redis error outside its
 #: dequeue, and a long cut outlasts the finish's patience (one lease). Any other crash is a
 #: finding: the soak then fails, however well the job itself came through.
 CRASH_EXCUSED = {"cut_long", "partition_long", "hang"}
-#: Kinds that kill the worker process itself (its exit is no crash).
-KILLS = {"kill_worker", "kill_group"}
+#: Kinds that kill the worker process itself, or make it exit (its exit is no crash).
+KILLS = {"kill_worker", "kill_group", "cold_stop"}
+#: Kinds whose worker dies while its watchdog lives: a death seen, its job handed back at
+#: once (``recover_crashed_job``), within the seen-death bound from the kill.
+SEEN_DEATHS = {"kill_worker"}
 #: Kinds after which the job's lease lapses and the sweep must requeue it (the latency).
 #: Not ``hang``: its renewals still reach Redis until the holder's own clock gives up on
 #: them, so its lease lapses up to a lease later than the fault, past the bound.
@@ -76,9 +100,41 @@ LAPSING = {"kill_worker", "kill_group", "stop_long", "cut_long", "stop_worker", 
 #: Kinds whose job its own (living) worker recovers at once, without a lapse: a horse crash.
 CRASHING = {"oom_horse"}
 #: Kinds held for a while and lifted by a timer (SIGCONT, heal), which records their end.
-HELD = {"stop_short", "stop_long", "cut_short", "cut_long", "hang", "stop_worker", "partition_long"}
+HELD = {
+    "stop_short",
+    "stop_long",
+    "cut_short",
+    "cut_long",
+    "hang",
+    "stop_worker",
+    "partition_long",
+    "slow_log",  # lifted by making the handler quick again
+    "cold_stop",  # its second SIGTERM comes by timer
+}
 #: Kinds whose victim must be mid-job: the job function began in the horse and has not returned.
-MID_JOB = {"hang", "stop_worker", "partition_long", "oom_horse"}
+MID_JOB = {"hang", "stop_worker", "partition_long", "oom_horse", "enqueue_again", "slow_log"}
+#: Kinds that a ``SimpleLeaseWorker`` (no horse: the run is the worker process) can take;
+#: the others need a horse apart from its worker.
+SIMPLE_KINDS = {
+    "kill_worker",
+    "kill_group",
+    "stop_short",
+    "stop_long",
+    "client_kill",
+    "cut_short",
+    "cut_long",
+    "hang",
+    "partition_long",
+    "cold_stop",
+    "enqueue_again",
+}
+#: Kinds that hit a SimpleLeaseWorker whose job runs on threads whenever one does (threads
+#: in a simple-mode job, issue 46): its frame unwinds or its process dies, its threads with it
+#: only if the process ends.
+STOPS_THREADS = {"cold_stop", "kill_worker", "kill_group"}
+#: Kinds that only the workers started with ``--logging_level DEBUG`` and the slow
+#: handler (``--debug-workers``) can take.
+DEBUG_ONLY = {"slow_log"}
 #: Kinds that hit every worker at once: a repeat they explain need not be on the victim's pid.
 GLOBAL = {"restart_long", "failover", "kill_master"}
 #: Sentinel mode only (``--sentinel``): ``SENTINEL FAILOVER``, and SIGKILL of the current
@@ -86,7 +142,9 @@ GLOBAL = {"restart_long", "failover", "kill_master"}
 SENTINEL_KINDS = ("failover", "kill_master")
 #: Kinds that need a worker's TCP proxy, or the single server's restart: not in Sentinel
 #: mode, where a worker connects to whatever address Sentinel names (no proxy in between).
-NOT_WITH_SENTINEL = {"cut_short", "cut_long", "hang", "partition_long", "restart", "lose_data"}
+#: ``slow_log`` too: its worker reads its handler from an RQ settings module (``-c``), and a
+#: Sentinel-mode worker reads its Sentinel from one.
+NOT_WITH_SENTINEL = {"cut_short", "cut_long", "hang", "partition_long", "restart", "lose_data", "slow_log"}
 #: Scheduled once, only when asked for (``--lose-data``): most checks read what Redis kept.
 OPT_IN = ("lose_data",)
 KINDS = (
@@ -103,6 +161,9 @@ KINDS = (
     "hang",
     "stop_worker",
     "partition_long",
+    "enqueue_again",
+    "cold_stop",
+    "slow_log",
 )
 
 
@@ -152,6 +213,20 @@ def horses(pid: int) -> list[int]:
         if int(stat.rsplit(")", 1)[1].split()[2]) == child and b"watchdog.py" not in program:
             found.append(child)
     return found
+
+
+def is_watchdog(pid: int) -> bool:
+    """``pid`` is a worker's watchdog (rq_emq/run/watchdog.py, run as a script)."""
+    try:
+        return b"watchdog.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def seen_death(fault: Fault) -> bool:
+    """A death whose job its witness hands back at once, so the bound runs from the kill: a
+    horse crash its worker saw, or a worker killed while its watchdog lived."""
+    return fault.kind in CRASHING or (fault.kind in SEEN_DEATHS and fault.detail.startswith("watchdog"))
 
 
 def children(pid: int) -> list[int]:

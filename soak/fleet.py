@@ -1,5 +1,10 @@
 """The soak's workers: real ``rq worker`` processes, some behind their own TCP proxy, each
-respawned when a fault kills it, all of them (and their horses) reaped at the end."""
+respawned when a fault kills it, all of them (and their horses) reaped at the end.
+
+In a lease fleet the first ``--debug-workers`` workers run with ``--logging_level DEBUG``
+and an application's log handler that a ``slow_log`` fault makes slow
+(:mod:`soak.slowlog`), and the last ``--simple-workers`` are ``SimpleLeaseWorker``s
+(the job runs in the worker process: no horse)."""
 
 from __future__ import annotations
 
@@ -16,7 +21,10 @@ REPO = Path(__file__).resolve().parent.parent
 RQ_BIN = str(Path(sys.executable).parent / "rq")
 QUEUE = "soak"
 
-WORKER_CLASSES = {"lease": "rq_emq.LeaseWorker", "stock": "rq.Worker"}
+WORKER_CLASSES = {"lease": "rq_emq.LeaseWorker", "stock": "rq.Worker", "simple": "rq_emq.SimpleLeaseWorker"}
+#: A DEBUG worker's log handler, and how slow it is while its ``slow_log`` fault lasts.
+SLOW_LOG_ARGS = ("-c", "soak.slowlog", "--logging_level", "DEBUG")
+SLOW_LOG_SECONDS = "2.0"
 #: Stock RQ, as favourable as its options allow: a heartbeat every second, maintenance
 #: (which fails abandoned jobs) every second, and an idle worker's blocking dequeue
 #: returning every 5 s (worker_ttl - 15) so that it gets to run that maintenance.
@@ -36,6 +44,15 @@ class Slot:
     #: a stop or cut is in progress: not a victim, not respawned
     faulted: bool = False
     pids: list[int] = field(default_factory=list)
+    #: a lease worker's role: "" (a ``LeaseWorker``), "simple" (a ``SimpleLeaseWorker``),
+    #: "debug" (a ``LeaseWorker`` logging DEBUG through the slow handler)
+    role: str = ""
+    #: a DEBUG worker's flag file: while it exists, each log record takes seconds
+    slow_flag: Path | None = None
+
+    @property
+    def simple(self) -> bool:
+        return self.role == "simple"
 
     @property
     def name(self) -> str:
@@ -62,6 +79,8 @@ class Fleet:
         proxied: int,
         stock_neighbours: int = 0,
         settings: tuple[str, Path] | None = None,
+        simple: int = 0,
+        debug: int = 0,
     ) -> None:
         #: (module, its directory): workers read the Redis to use from an RQ settings
         #: module (``rq worker -c``, e.g. ``SENTINEL = {...}``) instead of ``--url``
@@ -71,6 +90,11 @@ class Fleet:
         self.env = env
         self.log_dir = log_dir
         self.slots = [Slot(i, TcpProxy(redis_port).start() if i < proxied else None) for i in range(count)]
+        if kind == "lease":
+            for slot in self.slots[:debug]:
+                slot.role, slot.slow_flag = "debug", log_dir / f"slow-log-w{slot.index}"
+            for slot in self.slots[max(debug, count - simple) :]:
+                slot.role = "simple"
         self.slots += [Slot(count + i, None, kind="stock") for i in range(stock_neighbours)]
         self.respawns = 0
 
@@ -90,13 +114,18 @@ class Fleet:
         # both kinds run RQ's scheduler (one holds its lock at a time): the mix has enqueue_in jobs
         kind = slot.kind or self.kind
         target = ["-c", self.settings[0]] if self.settings else ["--url", self.url(slot)]
-        cmd = [RQ_BIN, "worker", "--with-scheduler", "-w", WORKER_CLASSES[kind], *target]
+        if slot.role == "debug" and not self.settings:
+            target += SLOW_LOG_ARGS
+        cls = WORKER_CLASSES["simple" if slot.simple else kind]
+        cmd = [RQ_BIN, "worker", "--with-scheduler", "-w", cls, *target]
         cmd += ["--name", slot.name, *(STOCK_ARGS if kind == "stock" else ()), QUEUE]
         env = dict(os.environ)
         path = [str(REPO), str(self.settings[1]) if self.settings else "", env.get("PYTHONPATH")]
         env["PYTHONPATH"] = os.pathsep.join(filter(None, path))
         if kind == self.kind:
             env.update(self.env)
+        if slot.slow_flag is not None:
+            env.update(SOAK_SLOW_LOG_FLAG=str(slot.slow_flag), SOAK_SLOW_LOG_SECONDS=SLOW_LOG_SECONDS)
         with open(self.log_dir / f"{slot.name}.log", "wb") as log:
             slot.process = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO), start_new_session=True

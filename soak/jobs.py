@@ -6,6 +6,8 @@ runs never interleave):
 
     start <job_id> <pid> <ppid> <unix time> <attempt> <rq start> <fencing token>
     alive <job_id> <pid> <unix time>          (every TICK_S while it runs)
+    alive <job_id> <pid> <unix time> <start>  (the same, from a thread of the run started at
+                                              ``<start>``, its start line's time)
     effect <job_id> <pid> <unix time> <token>|- counted|again|refused|nolease
                                               (a fenced job's effect, :mod:`soak.effects`)
     end <job_id> <pid> <unix time> ok|raise|lost
@@ -27,7 +29,11 @@ A run's ``body`` is what does its work: ``sleep`` (the run itself), ``child`` /
 session of its own, writes the run's ``alive`` lines under the run's pid: a child that
 outlives its stopped run shows as the run going on), or ``gil`` (the run spends
 ``seconds`` in C code holding the GIL, then writes one ``alive`` line: a run that went on
-past a stop shows by that line and its end).
+past a stop shows by that line and its end), or ``pool`` / ``thread`` (the run's work done
+on threads: a ``ThreadPoolExecutor`` of two, or one ``Thread``, that the run waits for;
+each thread writes its own ``alive`` lines naming the run by its start, so a thread that
+outlives its run's frame, as a stop in a ``SimpleLeaseWorker`` unwinds it, shows as the
+run going on, even after the run's ``end`` line and under the same pid as a later run).
 
 ``attempt`` is the job hash's ``emq_attempts`` as the run begins (``-`` under stock RQ).
 ``rq start`` is the time the horse stamped on the job as it wrote status ``started``
@@ -43,7 +49,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,14 +119,14 @@ def work(
     job = get_current_job()
     assert job is not None
     stamp = job.last_heartbeat.timestamp() if job.last_heartbeat is not None else 0.0
+    began = f"{time.time():.6f}"
     append_line(
         log,
-        f"start {job.id} {os.getpid()} {os.getppid()} {time.time():.6f} {_attempt(job)} {stamp:.6f} "
-        f"{_fencing_token()}",
+        f"start {job.id} {os.getpid()} {os.getppid()} {began} {_attempt(job)} {stamp:.6f} {_fencing_token()}",
     )
     fails = outcome == "raise" or (outcome == "flaky" and job.retries_left == retries)
     wrap_up = seconds * WRAP_UP if effect and not fails else 0.0
-    busy(log, job.id, seconds - wrap_up, body)
+    busy(log, job.id, seconds - wrap_up, body, began)
     if effect and not fails:
         what, token = write_effect(job.connection, job.id)
         shown = "-" if token is None else token
@@ -133,9 +141,21 @@ def work(
     return "done"
 
 
-def busy(log: str, job_id: str, seconds: float, body: str) -> None:
-    """``seconds`` of a run's work, done by ``body`` (see the module's docstring)."""
-    if body in ("child", "child_session"):
+def busy(log: str, job_id: str, seconds: float, body: str, began: str = "") -> None:
+    """``seconds`` of a run's work, done by ``body`` (see the module's docstring); ``began``
+    is the run's start line's time, which a thread's lines name the run by."""
+    if body == "pool":
+        # the pool is left to finish on its own (no ``with``): a stop that unwinds this
+        # frame leaves its threads working, as a user's pool would be
+        pool = ThreadPoolExecutor(2, thread_name_prefix=f"soak-{job_id[:8]}")
+        futures = [pool.submit(_thread_work, log, job_id, began, seconds) for _ in range(2)]
+        wait(futures)
+        pool.shutdown(wait=False)
+    elif body == "thread":
+        worker = threading.Thread(target=_thread_work, args=(log, job_id, began, seconds), daemon=False)
+        worker.start()
+        worker.join()
+    elif body in ("child", "child_session"):
         args = [log, job_id, str(os.getpid()), str(seconds), str(TICK_S)]
         subprocess.run([sys.executable, "-c", _CHILD, *args], start_new_session=body == "child_session")
     elif body == "gil":
@@ -146,6 +166,14 @@ def busy(log: str, job_id: str, seconds: float, body: str) -> None:
         while (left := until - time.monotonic()) > 0:
             time.sleep(min(left, TICK_S))
             append_line(log, f"alive {job_id} {os.getpid()} {time.time():.6f}")
+
+
+def _thread_work(log: str, job_id: str, began: str, seconds: float) -> None:
+    """A run's thread: ``seconds`` of work, an ``alive`` line naming its run every TICK_S."""
+    until = time.monotonic() + seconds
+    while (left := until - time.monotonic()) > 0:
+        time.sleep(min(left, TICK_S))
+        append_line(log, f"alive {job_id} {os.getpid()} {time.time():.6f} {began}")
 
 
 def on_failure(job: Any, connection: Any, exc_type: Any, exc_value: Any, tb: Any) -> None:
@@ -195,12 +223,17 @@ class Run:
     token: int | None = None
     #: its grant's fencing token, from its start line (None: a stock run, or an older log)
     fence: int | None = None
+    #: the last ``alive`` line of a thread of this run (``pool``/``thread`` bodies), wherever
+    #: it falls: after the run's ``end`` line too (a thread its frame left running)
+    threads_seen: float | None = None
 
 
 def read_runs(path: str) -> dict[str, list[Run]]:
     """Runs per job id, in start order; a start with no end is a run that was cut short."""
     runs: dict[str, list[Run]] = {}
     open_runs: dict[tuple[str, int], Run] = {}
+    #: every run by (job, pid, its start line's time as written): a thread's lines name it so
+    by_start: dict[tuple[str, int, str], Run] = {}
     for line in log_lines(path):
         parts = line.split()
         if len(parts) in (6, 7, 8) and parts[0] == "start":
@@ -210,6 +243,11 @@ def read_runs(path: str) -> dict[str, list[Run]]:
             run.fence = int(parts[7]) if len(parts) == 8 and parts[7].isdigit() else None
             runs.setdefault(job_id, []).append(run)
             open_runs[(job_id, run.pid)] = run
+            by_start[(job_id, run.pid, t)] = run
+        elif len(parts) == 5 and parts[0] == "alive":
+            owner = by_start.get((parts[1], int(parts[2]), parts[4]))
+            if owner is not None:
+                owner.threads_seen = max(owner.threads_seen or owner.started, float(parts[3]))
         elif len(parts) in (4, 6) and parts[0] in ("alive", "effect"):
             alive = open_runs.get((parts[1], int(parts[2])))
             if alive is not None:

@@ -54,6 +54,11 @@ class Config:
     #: Sentinel mode (soak/sentinel.py): a primary, a replica and sentinels; workers find
     #: the master through Sentinel; the ``failover`` and ``kill_master`` faults
     sentinel: bool = False
+    #: lease mode: the last of the workers are ``SimpleLeaseWorker``s (the job in the worker
+    #: process), and the first run DEBUG logging through a handler a ``slow_log`` fault makes
+    #: slow (soak/fleet.py)
+    simple_workers: int = 1
+    debug_workers: int = 1
 
     @property
     def grace_s(self) -> float:
@@ -168,6 +173,8 @@ class Evidence:
     #: ``counted`` (the token whose fenced effect counted, or None), ``writes`` (the tokens
     #: of the fenced writes that committed, in commit order); :mod:`soak.effects`
     effects: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: pids of the SimpleLeaseWorkers (a run of one is the worker process: ``pid`` is the worker)
+    simple_workers: list[int] = field(default_factory=list)
 
 
 def kind_of(planned: Any) -> str:
@@ -223,4 +230,5 @@ def load(path: Path) -> Evidence:
         conservation=data.get("conservation", []),
         resubmitted=data.get("resubmitted", {}),
         lost_by_redis=data.get("lost_by_redis", {}),
+        simple_workers=data.get("simple_workers", []),
     )

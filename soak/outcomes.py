@@ -30,12 +30,14 @@ from .repeats import excused
 from .stockcredit import left_by_a_quitting_neighbour, queued_twice_by_stock, stranded_by_a_stock_dequeue
 from .straycopies import copy_accounted_for
 from .verdict import Verdict
+from .witnesscheck import copy_waiting
 
 #: Kinds that kill a horse alone: under a lease worker, its worker fails the job at max attempts.
 HORSE_KILLS = {"kill_horse", "oom_horse"}
 #: Faults that kill a worker and leave its watchdog, which sees the death and hands the
-#: job back (a crash counted: "worker pid N died (seen by its watchdog)")
-WORKER_KILLS = {"kill_worker", "kill_group"}
+#: job back (a crash counted: "worker pid N died (seen by its watchdog)"); a cold stop ends
+#: the worker too (a SimpleLeaseWorker's job is handed back by that same witness)
+WORKER_KILLS = {"kill_worker", "kill_group", "cold_stop"}
 
 
 def _outcome_written_by(run: Run, state: dict[str, Any], patience_s: float) -> float:
@@ -203,6 +205,7 @@ def check_outcomes(ev: Any, v: Verdict, lease: bool) -> None:
         finished=finished,
         failed=failed,
         lost=len(lost),
+        lost_jobs=lost,
         stranded_by_stock_dequeue=stranded_by_stock,
         wrong_outcome=len(bad),
         failed_while_running=len(failed_running),
@@ -216,7 +219,13 @@ def check_queues(ev: Any, v: Verdict) -> None:
     by_stock = [line for line in ev.queue_violations if queued_twice_by_stock(line, ev)]
     # a copy RQ's own client pushed (soak/straycopies.py), dropped unrun by one of ours
     stray = [line for line in ev.queue_violations if line not in by_stock and copy_accounted_for(line, ev)]
-    v.violations += [f"queue sample {line}" for line in ev.queue_violations if line not in by_stock + stray]
+    # a copy the user enqueued while the job ran, its take held back until the run is over
+    waiting = [
+        line for line in ev.queue_violations if line not in by_stock + stray and copy_waiting(line, ev)
+    ]
+    credited = by_stock + stray + waiting
+    v.violations += [f"queue sample {line}" for line in ev.queue_violations if line not in credited]
+    v.counts["enqueued_copies_waiting"] = len(waiting)
     v.counts["queued_twice_by_stock"] = len(by_stock)
     v.counts["stray_copies_seen"] = len(stray)
     v.counts["stray_copies_dropped"] = len(getattr(ev, "stray_drops", []))
@@ -226,7 +235,7 @@ def check_queues(ev: Any, v: Verdict) -> None:
             places[job_id] = places.get(job_id, 0) + 1
     doubly = [j for j, n in places.items() if n > 1]
     v.violations += [f"{j}: in {places[j]} places at the end" for j in doubly]
-    v.counts["queued_twice"] = len(ev.queue_violations) - len(by_stock) - len(stray) + len(doubly)
+    v.counts["queued_twice"] = len(ev.queue_violations) - len(credited) + len(doubly)
     v.counts["queue_samples"] = ev.queue_samples
 
 
@@ -240,6 +249,13 @@ def check_crashes(ev: Any, v: Verdict) -> None:
             for f in faults
             if f.kind in CRASH_EXCUSED and f.worker_pid == crash.worker_pid and f.started <= crash.started
         ] + startup_exit_in_window(crash, faults)
+        if crash.worker_pid in getattr(ev, "simple_workers", []) and any(
+            pid == crash.worker_pid for pid, _job in getattr(ev, "self_fenced", [])
+        ):
+            # a SimpleLeaseWorker its own watchdog ended past its run's deadline: a
+            # self-fenced stop (soak/selffence.py), not a crash
+            v.counts["ended_by_own_watchdog"] = v.counts.get("ended_by_own_watchdog", 0) + 1
+            continue
         if not causes:
             v.violations.append(
                 f"worker {crash.slot} (pid {crash.worker_pid}) crashed ({crash.detail}) with no long cut "

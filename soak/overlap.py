@@ -4,8 +4,12 @@ A run lasts from its ``start`` line until its ``end`` line; a run with no end wa
 short: killed by a fault or stopped by its own holder (the self-fencing horse, the local
 lease clock). It lasted until the fault that killed it (the soak chose a live process, so
 it was alive then), else until its last ``alive`` line (a run writes one every
-``soak.jobs.TICK_S``: the check's resolution for a run its holder stopped). The times are
-the side-effect log's, written by every process from one host clock.
+``soak.jobs.TICK_S``: the check's resolution for a run its holder stopped). A run whose
+work is done on threads (``pool``, ``thread``) lasts until its threads' last ``alive`` line
+too, wherever that falls: a thread its frame left behind (a stop that unwound the frame of
+a ``SimpleLeaseWorker``'s run) is the run going on, after its ``end`` line, and beside a
+later run in the same process. The times are the side-effect log's, written by every
+process from one host clock.
 """
 
 from __future__ import annotations
@@ -35,9 +39,10 @@ class Overlap:
 
 
 def run_end(run: Run, faults: list[Fault], horse_dies_with_worker: bool) -> float:
-    """The last moment ``run`` is known to have been alive."""
+    """The last moment ``run`` is known to have been alive (its threads included)."""
+    threads = run.threads_seen if run.threads_seen is not None else 0.0
     if run.ended is not None:
-        return run.ended
+        return max(run.ended, threads)
     kills = _KILLS_HORSE | ({"kill_worker"} if horse_dies_with_worker else set())
     deaths = [
         fault.started
@@ -45,7 +50,7 @@ def run_end(run: Run, faults: list[Fault], horse_dies_with_worker: bool) -> floa
         if fault.kind in kills and fault.started >= run.started and fault.hit(run.pid)
     ]
     seen = run.last_seen if run.last_seen is not None else run.started
-    return max(seen, min(deaths)) if deaths else seen
+    return max(seen, min(deaths), threads) if deaths else max(seen, threads)
 
 
 def overlaps(
@@ -59,6 +64,11 @@ def overlaps(
             end = run_end(earlier, faults, horse_dies_with_worker)
             for later in ordered[i + 1 :]:
                 if later.pid == earlier.pid:
+                    # one process runs one frame at a time (a SimpleLeaseWorker's runs), but
+                    # the earlier run's threads may still be working beside the later one
+                    if (earlier.threads_seen or 0.0) > later.started:
+                        ms = 1000 * (earlier.threads_seen - later.started)  # type: ignore[operator]
+                        found.append(Overlap(job_id, earlier.pid, later.pid, ms))
                     continue
                 # a run frozen (SIGSTOP) while the later one began was not running: what
                 # counts is how long it ran on after it was resumed
@@ -86,8 +96,9 @@ def _resumed(run: Run, after: float, faults: list[Fault]) -> list[float]:
 def blame(overlap: Overlap, runs: dict[str, list[Run]], faults: list[Fault]) -> str:
     """The fault kind that let the earlier run go on: the last fault that hit its worker or
     horse between its start and the later run's start ("none" if no fault did)."""
-    by_pid = {run.pid: run for run in runs.get(overlap.job_id, [])}
-    earlier, later = by_pid.get(overlap.earlier_pid), by_pid.get(overlap.later_pid)
+    job_runs = runs.get(overlap.job_id, [])  # in start order; one pid may run a job twice
+    earlier = next((run for run in job_runs if run.pid == overlap.earlier_pid), None)
+    later = next((run for run in reversed(job_runs) if run.pid == overlap.later_pid), None)
     if earlier is None or later is None:
         return "none"
     hits = [
@@ -118,18 +129,28 @@ def by_kind(found: list[Overlap], runs: dict[str, list[Run]], faults: list[Fault
 FROZEN_PAIR_OVERLAP_MS = 100.0
 
 
-def check_overlap(ev: Any, v: Verdict, lease: bool) -> None:
-    """No two runs of one job overlap in time (:mod:`soak.overlap`)."""
+def check_overlap(ev: Any, v: Verdict, lease: bool) -> list[Overlap]:
+    """No two runs of one job overlap in time (:mod:`soak.overlap`); returns the overlaps
+    that failed it (not stock RQ's, not a frozen pair's moment after its resume)."""
+    from .witnesscheck import stock_ran_the_copy
+
     found = overlaps(ev.runs, ev.faults, horse_dies_with_worker=lease)
     v.counts["overlapping_runs"] = len(found)
     v.counts["longest_overlap_ms"] = round(max((o.ms for o in found), default=0.0), 1)
     v.counts["overlap_by_kind"] = by_kind(found, ev.runs, ev.faults)
+    failing = []
     for o in found:
         later = next((run for run in ev.runs.get(o.job_id, []) if run.pid == o.later_pid), None)
         if later is not None and rq_ran_its_own_copy(o.job_id, later, ev):
             continue  # counted with the repeats: stock RQ's
+        if later is not None and stock_ran_the_copy(o.job_id, later, ev):
+            # a user's copy of a running job that a stock neighbour popped without a lease
+            v.counts["stock_ran_an_enqueued_copy"] = v.counts.get("stock_ran_an_enqueued_copy", 0) + 1
+            continue
         if o.ms > (FROZEN_PAIR_OVERLAP_MS if o.frozen else 0.0):
+            failing.append(o)
             v.violations.append(
                 f"{o.job_id}: the run in pid {o.earlier_pid} went on {o.ms:.0f} ms "
                 f"after pid {o.later_pid} began it{' (resumed from a stop)' if o.frozen else ''}"
             )
+    return failing

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import Any
 
 from rq import Callback, Queue, Retry
 
@@ -15,6 +16,20 @@ from .base import SoakBase
 from .fleet import QUEUE
 from .jobs import on_failure, work
 from .model import Planned
+
+
+def enqueue_planned(client: Any, log: str, job: Planned) -> None:
+    """``job`` enqueued under its id as planned (the producer's enqueue; the
+    ``enqueue_again`` fault's second way, a web process enqueueing it again under its id)."""
+    Queue(QUEUE, connection=client).enqueue(
+        work,
+        args=(log, job.seconds, job.outcome, job.retries, job.body, job.kind == "fenced"),
+        job_id=job.job_id,
+        job_timeout=120,
+        retry=Retry(max=job.retries) if job.retries else None,
+        meta={"emq_max_attempts": job.max_attempts} if job.max_attempts else None,
+        on_failure=Callback(on_failure),
+    )
 
 
 class Producer(SoakBase):
@@ -35,9 +50,12 @@ class Producer(SoakBase):
         fragile = 1 if rng.random() < 0.1 else None
         # one in ten works in a child process in its group (issue 21: a stop must end it
         # too; one in a session of its own outlives a horse killed from outside, a stated
-        # limit), one in twenty holds the GIL in C code for all of its time
+        # limit), one in twenty holds the GIL in C code for all of its time, one in ten does
+        # its work on threads (a pool, or a thread it joins: issue 46, a stop that unwinds a
+        # SimpleLeaseWorker's frame leaves them working)
         roll = rng.random()
-        body = "child" if roll < 0.1 else "gil" if roll < 0.15 else "sleep"
+        bodies = ((0.1, "child"), (0.15, "gil"), (0.2, "pool"), (0.25, "thread"), (1.0, "sleep"))
+        body = next(name for below, name in bodies if roll < below)
         # half of them write an effect at the end of their work, plain and fenced (soak/effects.py)
         kind = "fenced" if rng.random() < effects.SHARE else "plain"
         return Planned(str(uuid.uuid4()), round(seconds, 3), outcome, retries, fragile, kind=kind, body=body)
@@ -47,15 +65,7 @@ class Producer(SoakBase):
             if self.client.exists(f"rq:job:{job.job_id}"):
                 return  # a reply lost in a restart: the job was enqueued
             # the client as it is now: a failover replaces it (soak/sentinel.py)
-            Queue(QUEUE, connection=self.client).enqueue(
-                work,
-                args=(self.log, job.seconds, job.outcome, job.retries, job.body, job.kind == "fenced"),
-                job_id=job.job_id,
-                job_timeout=120,
-                retry=Retry(max=job.retries) if job.retries else None,
-                meta={"emq_max_attempts": job.max_attempts} if job.max_attempts else None,
-                on_failure=Callback(on_failure),
-            )
+            enqueue_planned(self.client, self.log, job)
 
         self.redis_call(once)
         self.jobs[job.job_id] = job

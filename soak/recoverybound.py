@@ -1,8 +1,9 @@
 """The recovery bound (``--worker lease``): a dead, long-stopped or cut-off holder's job
 leaves it within lease + 2 sweep intervals of the fault (hold + a line wait + 2 sweeps
 when another worker was hit too, counted from the end of any moment when every worker was
-hit, since nobody sweeps then; a second for a horse crash its worker recovers at once),
-plus the stated slack for a loaded machine; and the latencies the report shows.
+hit, since nobody sweeps then; a second for a death that was seen: a horse crash its
+worker recovers at once, a worker killed while its watchdog lived, whose watchdog hands the
+job back), plus the stated slack for a loaded machine; and the latencies the report shows.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from .faults import CRASHING, HELD, KILLS, LAPSING, Fault
+from .faults import CRASHING, HELD, KILLS, LAPSING, Fault, seen_death
 from .verdict import Verdict
 
 
@@ -39,15 +40,20 @@ def check_recovery_bound(
     seen = [f for f in lapsed if f.requeued_at]
     # "!": the holder finished the job as the fault began; its lease never lapsed
     not_back = [f for f in lapsed if not f.requeued_at and not f.detail.endswith("!")]
-    after_lapse = [max(0.0, f.requeued_at - f.lapse_at) for f in seen if f.kind not in CRASHING]  # type: ignore[operator]
+    after_lapse = [max(0.0, f.requeued_at - f.lapse_at) for f in seen if not seen_death(f)]  # type: ignore[operator]
     after_fault = [f.requeued_at - f.started for f in seen]  # type: ignore[operator]
-    after_crash = [t for f, t in zip(seen, after_fault, strict=True) if f.kind in CRASHING]
+    after_crash = [t for f, t in zip(seen, after_fault, strict=True) if seen_death(f)]
     over, double, outages = 0, 0, 0
     for f, t in zip(seen, after_fault, strict=True):
         bound, what, since = cfg.bound_s, "lease + 2 sweeps", f"its {f.kind}"
         outage_end = _fleet_hit_until(cfg, f, faults)
-        if f.kind in CRASHING and not _own_worker_hit(cfg, f, faults):
-            bound, what = cfg.crash_bound_s, "a horse crash: its worker recovers it at once"
+        if seen_death(f) and not _own_worker_hit(cfg, f, faults):
+            bound = cfg.crash_bound_s
+            what = (
+                "a horse crash: its worker recovers it at once"
+                if f.kind in CRASHING
+                else f"a seen death ({f.kind}): its watchdog hands it back at once"
+            )
         elif outage_end is not None:
             double, outages = double + 1, outages + 1
             t = f.requeued_at - outage_end  # type: ignore[operator]
@@ -67,7 +73,7 @@ def check_recovery_bound(
             )
     for f in not_back:
         v.violations.append(f"{f.job_id}: never left its holder after its {f.kind} at {f.started:.3f}")
-    after_fault = [t for f, t in zip(seen, after_fault, strict=True) if f.kind not in CRASHING]
+    after_fault = [t for f, t in zip(seen, after_fault, strict=True) if not seen_death(f)]
     v.latency = {
         "crash_samples": len(after_crash),
         "crash_bound_s": cfg.crash_bound_s,

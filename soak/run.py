@@ -139,7 +139,21 @@ class Soak(Producer, Chaos, Watchers):
         cfg = self.config
         neighbours = cfg.stock_neighbours if cfg.worker == "lease" else 0
         url, port = self.server.url, self.server.port
-        return Fleet(cfg.worker, cfg.workers, url, port, env, logs, cfg.workers // 2, neighbours)
+        lease = cfg.worker == "lease"
+        simple, debug = (cfg.simple_workers, cfg.debug_workers) if lease else (0, 0)
+        proxied = cfg.workers // 2
+        return Fleet(
+            cfg.worker,
+            cfg.workers,
+            url,
+            port,
+            env,
+            logs,
+            proxied,
+            neighbours,
+            simple=simple,
+            debug=debug,
+        )
 
     def collect(self, drained_in: float | None, notes: list[str]) -> Evidence:
         from rq.job import Job
@@ -222,6 +236,7 @@ class Soak(Producer, Chaos, Watchers):
             conservation=list(self.conservation),
             resubmitted=dict(self.resubmitted),
             lost_by_redis=dict(self.lost_by_redis),
+            simple_workers=[pid for slot in self.fleet.slots if slot.simple for pid in slot.pids],
         )
         return evidence
 

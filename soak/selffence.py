@@ -8,6 +8,18 @@ is self-fencing doing its job, not a duplicate. The soak reads those lines from 
 worker's log (one log per worker process) and counts such a repeat as a *self-fenced
 stop*; a repeat with neither a fault nor such a line is still a violation, and an overlap
 is one whatever the logs say (:mod:`soak.overlap`).
+
+A horse its watchdog (or its own fence) ended at the run's local deadline, before the
+clock thread looked, is said by the worker as it reaps it ("job J: work horse killed by
+signal 9 (SIGKILL) after this worker stopped trusting its lease ..."): the same stop, read
+so too (one stop for a job however many of the two lines say it).
+
+A ``SimpleLeaseWorker``'s run is the worker process: past its local deadline its watchdog
+ends the worker whole and hands the job back ("rq-emq watchdog W: run P past its deadline
+..." then "... worker P is gone: job J back ..."; its job held the GIL in C code, which
+starves the renewal thread in that process, or the host starved it). That is the same
+stop, logged by the watchdog, and read as one: (P, J), P being both the run's and the
+worker's pid.
 """
 
 from __future__ import annotations
@@ -21,6 +33,13 @@ from typing import Any
 #: the line a LeaseWorker logs when its local lease clock stops a run (or finds it ran out
 #: by the run's end, when the horse fenced itself first)
 CLOCK_RAN_OUT = re.compile(r"job (\S+) on queue \S+: local lease clock ran out")
+#: the line a LeaseWorker logs as it reaps a horse ended at its local deadline
+STOPPED_TRUSTING = re.compile(r"job (\S+): [^\n]*? after this worker stopped trusting its lease")
+#: a watchdog that ended its SimpleLeaseWorker past the run's deadline, then handed its job back
+WATCHDOG_ENDED = re.compile(
+    r"rq-emq watchdog \d+: run (\d+) past its deadline[^\n]*\n(?:[^\n]*\n)*?"
+    r"rq-emq watchdog \d+: worker \1 is gone: job (\S+) (?:back|failed)"
+)
 
 
 def read_stops(log_dir: Path, pid_of: dict[str, int]) -> list[tuple[int, str]]:
@@ -31,7 +50,11 @@ def read_stops(log_dir: Path, pid_of: dict[str, int]) -> list[tuple[int, str]]:
         path = log_dir / f"{name}.log"
         if path.exists():
             text = path.read_text(errors="replace")
-            stops += [(pid, match.group(1)) for match in CLOCK_RAN_OUT.finditer(text)]
+            clock = Counter(match.group(1) for match in CLOCK_RAN_OUT.finditer(text))
+            reaped = Counter(match.group(1) for match in STOPPED_TRUSTING.finditer(text))
+            for job_id in sorted(clock | reaped):  # the larger count: one stop may say both
+                stops += [(pid, job_id)] * max(clock[job_id], reaped[job_id])
+            stops += [(int(match.group(1)), match.group(2)) for match in WATCHDOG_ENDED.finditer(text)]
     return stops
 
 
@@ -43,10 +66,12 @@ def fenced_runs(runs: dict[str, list[Any]], stops: Iterable[tuple[int, str]]) ->
     explained = set()
     for job_id, job_runs in runs.items():
         for run, _following in zip(job_runs, job_runs[1:], strict=False):
-            key = (run.ppid, job_id)
             if run.outcome == "raise":
                 continue  # RQ's Retry: that repeat needs no explaining
-            if left[key] > 0:
-                left[key] -= 1
-                explained.add((job_id, run.started))
+            # its worker is its parent (a horse), or the run's own process (SimpleLeaseWorker)
+            for key in ((run.ppid, job_id), (run.pid, job_id)):
+                if left[key] > 0:
+                    left[key] -= 1
+                    explained.add((job_id, run.started))
+                    break
     return explained

@@ -36,7 +36,7 @@ MIN_SWEEP_INTERVAL_MS = 16
 #: The value of an interval setting left unset: it follows the others (see
 #: :meth:`LeaseSettings.__post_init__`).
 FOLLOW = 0
-DEFAULT_LEASE_MS = 30_000
+DEFAULT_LEASE_MS = 10_000
 #: The shortest shutdown timeout: the cold stop it turns into is RQ's second stop signal,
 #: which RQ ignores within a second of the first (a worker pool sends two).
 MIN_SHUTDOWN_TIMEOUT_MS = 1_000
@@ -56,9 +56,9 @@ class LeaseSettings:
     """Validated lease settings for one worker process."""
 
     # The three intervals compose: one left unset (0) follows the ones set, so that any
-    # one of them set alone gives a working worker, and the defaults are 30000/3000/5000.
+    # one of them set alone gives a working worker, and the defaults are 10000/1000/1666.
 
-    #: How long a lease lives without renewal (milliseconds). Unset: 30000, or 10 x an
+    #: How long a lease lives without renewal (milliseconds). Unset: 10000, or 10 x an
     #: explicit renew interval if that is longer.
     lease_ms: int = FOLLOW
     #: How often the lock manager renews every lease the process holds (milliseconds).

@@ -28,8 +28,8 @@ Now the standbys have two parts:
 A standby's listening ends after ``line = 2 lease`` at the most (each a random
 ``line/2 .. line``); the standby then checks the election once (``SET NX PX``) and listens
 again: that covers the sweeper and the deputy dying together (one host running both, a
-common crash). That residue is one ``SET`` per standby per ``3/4 line`` on average (0.022
-commands/s at the default 30 s lease): the one idle cost that still grows with the fleet.
+common crash). That residue is one ``SET`` per standby per ``3/4 line`` on average (0.067
+commands/s at the default 10 s lease): the one idle cost that still grows with the fleet.
 A call costs one ``LPOP`` per standby that hears it, once per deputy recruited. (The line
 was a ``BLPOP`` on a connection of each standby's own until the connection budget,
 :mod:`rq_emq.connection.budget`: a connection per worker for a wait that seldom ends.) A longer

@@ -67,11 +67,12 @@ def test_status_counts_waiting_in_flight_time_left_and_stalled_jobs(r: redis.Red
     Sweeper(r, ["q"], LeaseSettings()).sweep("q", mode="force")  # marks the dead one
     q = by_queue(cli_json(redis_url, "status"))["q"]
     assert (q["waiting"], q["in_flight"], q["stalled"], q["outbox"]) == (1, 3, 1, 0)
-    # the live leases have about 30 s left; a marked lease is re-indexed a grace ahead
-    assert q["by_remaining"]["15-60s"] == 2 and sum(q["by_remaining"].values()) == 3
+    # the live leases have about 10 s left (the default lease); a marked lease is
+    # re-indexed a grace ahead
+    assert q["by_remaining"]["5-15s"] == 2 and sum(q["by_remaining"].values()) == 3
     assert q["oldest_mark"]["job_id"] == dead and q["oldest_mark"]["age_ms"] >= 0
     # the oldest lease is the least recently renewed one the sweep has not marked
-    assert q["oldest_lease"]["job_id"] in live and 0 <= q["oldest_lease"]["age_ms"] < 30_000
+    assert q["oldest_lease"]["job_id"] in live and 0 <= q["oldest_lease"]["age_ms"] < 10_000
     assert q["counters"]["taken"] == 3 and q["counters"]["marked"] == 1 and q["counters"]["recovered"] == 0
     assert q["problems"] == [] and set(live).isdisjoint({dead})
 
@@ -103,7 +104,7 @@ def test_status_reports_an_overdue_lease_before_the_sweep_marks_it(r: redis.Redi
 def test_the_oldest_lease_age_is_its_real_age_whatever_lease_the_reader_is_configured_with(
     r: redis.Redis, redis_url: str, worker_lease_ms: int
 ) -> None:
-    """The CLI reads with its own lease_ms (30 s by default); the workers' may differ."""
+    """The CLI reads with its own lease_ms (10 s by default); the workers' may differ."""
     Queue("q", connection=r).enqueue("jobs.noop")
     assert Taker(r, "w1", LeaseSettings(lease_ms=worker_lease_ms)).pop(["q"]) is not None
     granted = time.monotonic()
@@ -436,7 +437,7 @@ def test_metrics_are_valid_prometheus_text_with_the_documented_names(r: redis.Re
     assert got[("rq_emq_stall_marks_total", (("queue", "q"),))] == 1
     assert got[("rq_emq_jobs_in_flight", (("queue", "q"),))] == 3
     assert got[("rq_emq_jobs_stalled", (("queue", "q"),))] == 1
-    assert got[("rq_emq_leases_by_remaining", (("queue", "q"), ("remaining", "15-60s")))] == 2
+    assert got[("rq_emq_leases_by_remaining", (("queue", "q"), ("remaining", "5-15s")))] == 2
     assert got[("rq_emq_oldest_stall_mark_age_seconds", (("queue", "q"),))] >= 0
     assert got[("rq_emq_jobs_waiting", (("queue", 'we"ird\\q'),))] == 1  # labels escaped
     lines = result.stdout.splitlines()

@@ -16,7 +16,7 @@ from rq_emq.run.startup import worker_settings
 
 def test_defaults() -> None:
     s = LeaseSettings.resolve(environ={})
-    assert (s.lease_ms, s.renew_interval_ms, s.sweep_interval_ms, s.max_attempts) == (30_000, 3_000, 5_000, 3)
+    assert (s.lease_ms, s.renew_interval_ms, s.sweep_interval_ms, s.max_attempts) == (10_000, 1_000, 1_667, 3)
     assert s.stop_on_lease_lost is True
 
 
@@ -210,7 +210,7 @@ def test_intervals_follow_the_lease() -> None:
     s = LeaseSettings.resolve({"renew_interval_ms": 20_000}, environ={})
     assert (s.lease_ms, s.renew_interval_ms, s.sweep_interval_ms) == (200_000, 20_000, 33_334)
     s = LeaseSettings.resolve({"sweep_interval_ms": 1_000}, environ={})
-    assert (s.lease_ms, s.renew_interval_ms, s.sweep_interval_ms) == (30_000, 600, 1_000)
+    assert (s.lease_ms, s.renew_interval_ms, s.sweep_interval_ms) == (10_000, 600, 1_000)
     s = LeaseSettings.resolve({"lease_ms": 60_000, "renew_interval_ms": 1_000}, environ={})
     assert s.sweep_interval_ms == 10_000
 

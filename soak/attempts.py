@@ -153,7 +153,8 @@ def _handed_back(previous: Run | None, run: Run, faults: list[Fault]) -> bool:
         and run.attempt == previous.attempt
         and any(
             f.kind == "cold_stop"
-            and previous.started <= f.started <= run.started
+            # its horse may have been forked ahead, listed before its start line
+            and f.covers(previous.started, run.started)
             and (f.hit(previous.pid) or f.hit(previous.ppid))
             for f in faults
         )

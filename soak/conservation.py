@@ -17,7 +17,9 @@ invariant 6), and a job queued while in flight or a copy of it queued beside ano
 and a job the producer was canceling or deleting as the sample ran (RQ's delete is not
 one step), or had canceled or deleted while a stock neighbour ran it (stock RQ's run
 finishes the canceled job, or re-creates the deleted one's hash in no place): RQ's
-semantics, not judged.
+semantics, not judged. So is a job the chaos enqueued again (``enqueue_again``) whose copy
+no run has taken yet, queued beside the one place it was (RQ's enqueue leaves the old run's
+end registry as it was).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from .dataloss import begun
 from .stockcredit import by_stock
 from .straycopies import copy_accounted_for
 from .verdict import Verdict
+from .witnesscheck import copy_not_yet_run
 
 #: KEYS: the places, in the order of PLACES; ARGV: job key prefix, lease key prefix, ids.
 #: Returns {id, places (comma-separated, sorted), ...} of each job whose hash exists and
@@ -129,6 +132,8 @@ def judged(line: str, ev: Any) -> str | None:
         return None  # queued while in flight: invariant 3 judges it, with its credits
     if "queued" in found and copy_accounted_for(f"{at} {job_id} queued beside another place", ev):
         return None  # a copy RQ's own client pushed, dropped unrun or run by stock RQ
+    if "queued" in found and len(found) == 2 and copy_not_yet_run(job_id, float(at), ev):
+        return None  # the user enqueued it again: RQ's enqueue leaves its old place as it was
     return "in " + ", ".join(sorted(found))
 
 

@@ -38,8 +38,12 @@ class Overlap:
     frozen: bool = False
 
 
-def run_end(run: Run, faults: list[Fault], horse_dies_with_worker: bool) -> float:
-    """The last moment ``run`` is known to have been alive (its threads included)."""
+def run_end(
+    run: Run, faults: list[Fault], horse_dies_with_worker: bool, next_in_process: float | None = None
+) -> float:
+    """The last moment ``run`` is known to have been alive (its threads included).
+    ``next_in_process``: when its process began its next run (a ``SimpleLeaseWorker`` runs
+    one job's frame at a time): a kill of that process after then ended another run."""
     threads = run.threads_seen if run.threads_seen is not None else 0.0
     if run.ended is not None:
         return max(run.ended, threads)
@@ -50,7 +54,22 @@ def run_end(run: Run, faults: list[Fault], horse_dies_with_worker: bool) -> floa
         if fault.kind in kills and fault.started >= run.started and fault.hit(run.pid)
     ]
     seen = run.last_seen if run.last_seen is not None else run.started
+    if next_in_process is not None:
+        deaths = [min(death, next_in_process) for death in deaths]
     return max(seen, min(deaths), threads) if deaths else max(seen, threads)
+
+
+def next_runs(runs: dict[str, list[Run]]) -> dict[tuple[int, float], float]:
+    """(pid, start) of each run -> when the same process began its next run, of any job."""
+    starts: dict[int, list[float]] = {}
+    for job_runs in runs.values():
+        for run in job_runs:
+            starts.setdefault(run.pid, []).append(run.started)
+    following: dict[tuple[int, float], float] = {}
+    for pid, times in starts.items():
+        ordered = sorted(times)
+        following.update({(pid, t): later for t, later in zip(ordered, ordered[1:], strict=False)})
+    return following
 
 
 def overlaps(
@@ -58,10 +77,12 @@ def overlaps(
 ) -> list[Overlap]:
     """Every pair of runs of one job where the earlier was alive after the later began."""
     found: list[Overlap] = []
+    following = next_runs(runs)
     for job_id, job_runs in runs.items():
         ordered = sorted(job_runs, key=lambda run: run.started)
         for i, earlier in enumerate(ordered):
-            end = run_end(earlier, faults, horse_dies_with_worker)
+            next_in_process = following.get((earlier.pid, earlier.started))
+            end = run_end(earlier, faults, horse_dies_with_worker, next_in_process)
             for later in ordered[i + 1 :]:
                 if later.pid == earlier.pid:
                     # one process runs one frame at a time (a SimpleLeaseWorker's runs), but

@@ -59,7 +59,13 @@ def copy_waiting(line: str, ev: Any) -> bool:
     parts = line.split(maxsplit=2)
     if len(parts) < 3 or parts[2] != "queued while leased":
         return False
-    at, job_id = float(parts[0]), parts[1]
+    return copy_not_yet_run(parts[1], float(parts[0]), ev)
+
+
+def copy_not_yet_run(job_id: str, at: float, ev: Any) -> bool:
+    """The job was enqueued again (``enqueue_again``) before ``at``, and no run of it began
+    since: the user's copy waits in its queue, beside where RQ put the old run's job (its
+    lease, or, if the old run had just ended, its end registry: RQ's enqueue leaves it there)."""
     fault = enqueued_again_before(job_id, at, ev.faults)
     if fault is None:
         return False

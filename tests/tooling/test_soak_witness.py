@@ -327,3 +327,50 @@ def test_a_horse_reaped_after_its_local_deadline_is_a_self_fenced_stop_said_once
         (WORKER, "c"),
         (WORKER, "c"),
     ]
+
+
+def test_a_copy_enqueued_as_its_run_ended_sits_beside_the_end_registry_until_it_runs() -> None:
+    """RQ's enqueue of a job that has just finished leaves it in its finished registry:
+    the user's copy, queued beside it, until a run takes it; anything else is no credit."""
+    runs = [
+        Run("j", HORSE, WORKER, 1.0, 1, 1.9, "ok"),
+        Run("j", OTHER_HORSE, OTHER_WORKER, 3.0, 1, 4.0, "ok"),
+    ]
+    ev = evidence(runs, [_enqueued_again(2.0)])
+    ev.conservation = ["2.500 j finished,queued 2.501"]
+    assert evaluate(ev).passed, evaluate(ev).violations
+    for line in ("3.500 j finished,queued 3.501", "2.500 j failed,finished,queued 2.501"):
+        ev.conservation = [line]
+        assert any("conservation sample" in v for v in evaluate(ev).violations)
+    plain = evidence(runs)
+    plain.conservation = ["2.500 j finished,queued 2.501"]
+    assert not evaluate(plain).passed
+
+
+def test_a_cold_stop_that_listed_a_horse_forked_ahead_explains_the_refund() -> None:
+    """A LeaseWorker forks its next horse ahead: a cold stop lists it before its start line."""
+    runs = [
+        Run("j", HORSE, WORKER, 1.5, 1, None, None),
+        Run("j", OTHER_HORSE, OTHER_WORKER, 3.0, 1, 4.0, "ok"),
+    ]
+    ev = evidence(runs, [fault("cold_stop", 1.45, ended=2.7)])
+    ev.stats["returned"] = 1
+    assert evaluate(ev).passed, evaluate(ev).violations
+
+
+def test_a_kill_of_a_simple_worker_ends_only_the_run_it_was_running(tmp_path: Path) -> None:
+    """A SimpleLeaseWorker's run stopped without an end line, then the process's next run:
+    a later kill of that process ended the next run, not the first."""
+    runs = [
+        Run("j", SIMPLE, SOAK, 1.0, 1, None, None),
+        Run("j", OTHER_HORSE, OTHER_WORKER, 2.5, 2, 4.0, "ok"),
+    ]
+    runs[0].last_seen = 1.5
+    other = Run("k", SIMPLE, SOAK, 2.0, 1, None, None)
+    ev = evidence(runs, [fault("kill_worker", 3.0, SIMPLE, SIMPLE)], simple=[SIMPLE])
+    ev.runs["k"] = [other]
+    assert went_on(evaluate(ev)) == []
+    # without the process's next run, the kill is the first run's last known moment
+    ev.runs.pop("k")
+    (violation,) = went_on(evaluate(ev))
+    assert "went on 500 ms" in violation

@@ -19,6 +19,8 @@ from redis.exceptions import NoPermissionError, ResponseError
 
 from rq_emq.run.job_lease import JobLease
 
+pytestmark = pytest.mark.rq_versions
+
 #: Commands queued after a good SET; each is refused by MULTI as it is queued.
 QUEUE_TIME: dict[str, Callable[[Pipeline], Any]] = {
     "wrong arity": lambda pipe: pipe.execute_command("HSET", "b", "field-without-value"),

@@ -17,6 +17,8 @@ from rq_emq import SimpleLeaseWorker, scripts
 from rq_emq.fence.fencing import Fence, LeaseLost, fenced
 from rq_emq.keys import QueueKeys, job_key
 
+pytestmark = pytest.mark.rq_versions
+
 
 def test_a_fenced_transaction_commits_and_releases_the_lease(r: redis.Redis) -> None:
     job, lease = leased_job(r)

@@ -16,6 +16,8 @@ from rq_emq.fence import watched_commit
 from rq_emq.fence.fencing import LeaseLost, fenced
 from rq_emq.keys import QueueKeys, job_key
 
+pytestmark = pytest.mark.rq_versions
+
 #: Under RQ 2.x a finish keeps the script (compat.SUCCESS_LOOP_RETRIES_WHOLE).
 RQ_3_FINISH = pytest.mark.skipif(
     not compat.SUCCESS_LOOP_RETRIES_WHOLE, reason="RQ 2.x's success loop drops the execution on a retry"

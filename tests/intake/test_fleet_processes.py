@@ -136,6 +136,7 @@ def test_lua_calls_and_wakes_per_job_do_not_grow_with_the_number_of_idle_workers
     print(f"per job (Lua calls, BLPOP): N=2 {lua_calls(small), waits[0]}, N=12 {lua_calls(large), waits[1]}")
 
 
+@pytest.mark.rq_versions
 def test_redis_commands_per_job_on_three_queues_stay_within_a_tenth_of_stock_rqs_at_any_fleet_size(
     own_server: RedisServer, procs: Processes
 ) -> None:

@@ -12,7 +12,7 @@ from django_rq_viewer import DjangoRQViewer
 from integration_scenarios import check_viewer_through_a_crash
 from procs import Processes
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.rq_versions]
 
 
 def test_django_rq_lists_leased_recovered_finished_and_failed_jobs(

@@ -11,7 +11,7 @@ import redis
 from integration_scenarios import QUEUE, check_viewer_through_a_crash, require
 from procs import Processes
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.rq_versions]
 
 
 class DashboardViewer:

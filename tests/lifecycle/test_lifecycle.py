@@ -28,6 +28,8 @@ from rq_emq.keys import QueueKeys, job_key
 from rq_emq.recover.sweep import Sweeper
 from rq_emq.settings import MAX_INTERVAL_MS, LeaseSettings, SettingsError
 
+pytestmark = pytest.mark.rq_versions
+
 SETTINGS = LeaseSettings(lease_ms=1_000, renew_interval_ms=200, sweep_interval_ms=313, sweep_batch=50)
 Q = QueueKeys("q")
 

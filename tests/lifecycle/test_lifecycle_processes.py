@@ -91,6 +91,7 @@ needs_fetch_many = pytest.mark.skipif(
 
 # -- 1. dependents ------------------------------------------------------------------------
 @needs_fetch_many
+@pytest.mark.rq_versions
 def test_a_worker_killed_between_reading_the_dependents_and_the_outcome_is_recovered(
     r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
 ) -> None:
@@ -190,6 +191,7 @@ def _fallen_due(r: redis.Redis) -> None:
         r.zadd(Q.started, {member: 1}, xx=True)
 
 
+@pytest.mark.rq_versions
 def test_a_job_stock_cleanup_failed_first_stays_failed_after_the_sweep(
     r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
 ) -> None:
@@ -209,6 +211,7 @@ def test_a_job_stock_cleanup_failed_first_stays_failed_after_the_sweep(
     assert stat(r, "default", "recovered") == 0
 
 
+@pytest.mark.rq_versions
 def test_a_job_stock_cleanup_requeued_through_retry_is_queued_once_and_runs_once_more(
     r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
 ) -> None:
@@ -271,6 +274,7 @@ def test_a_job_deleted_while_running_is_not_recreated_and_the_worker_goes_on(
 # -- 5. a refused start ---------------------------------------------------------------------
 # (a SimpleLeaseWorker's execution record rides in its run's start: refused with it)
 @pytest.mark.parametrize("worker_class", ["rq_emq.LeaseWorker", "rq_emq.SimpleLeaseWorker"])
+@pytest.mark.rq_versions
 def test_a_refused_start_leaves_no_stale_execution_behind(
     r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path, worker_class: str
 ) -> None:

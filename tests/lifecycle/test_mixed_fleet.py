@@ -25,7 +25,7 @@ from rq_emq.keys import QueueKeys
 from rq_emq.recover.sweep import Sweeper
 from rq_emq.settings import LeaseSettings
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.rq_versions]
 
 QUEUE = "mixed"
 SETTINGS = LeaseSettings(lease_ms=400, renew_interval_ms=100, sweep_interval_ms=157)

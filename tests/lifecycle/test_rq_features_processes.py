@@ -31,7 +31,7 @@ from rq.scheduler import RQScheduler
 
 import rq_emq
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.rq_versions]
 RQ_3 = int(rq.__version__.split(".")[0]) >= 3
 LEASE_S = int(FAST["RQ_EMQ_LEASE_MS"]) / 1000
 SWEEP_S = int(FAST["RQ_EMQ_SWEEP_INTERVAL_MS"]) / 1000

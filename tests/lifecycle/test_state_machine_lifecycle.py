@@ -54,6 +54,8 @@ from rq_emq.keys import QueueKeys, job_key
 from rq_emq.recover.sweep import Sweeper
 from rq_emq.settings import LeaseSettings
 
+pytestmark = pytest.mark.rq_versions
+
 SETTINGS = LeaseSettings(lease_ms=60_000, renew_interval_ms=10, sweep_interval_ms=16, max_attempts=3)
 Q = QueueKeys("q")
 HOLDERS = ["h1", "h2"]

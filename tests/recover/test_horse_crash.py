@@ -31,7 +31,7 @@ from rq_emq import LeaseWorker, events
 from rq_emq.events import LeaseEvent
 from rq_emq.keys import QueueKeys, job_key
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.rq_versions]
 Q = QueueKeys("default")
 
 #: A lease far longer than a crash recovery may take: a recovery within LEASE_S / 4 is the

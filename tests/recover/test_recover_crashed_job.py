@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import redis
 from helpers import rq_moves
 from rq import Queue
@@ -15,6 +16,8 @@ from rq_emq.intake.take import Taker
 from rq_emq.keys import QueueKeys, job_key
 from rq_emq.recover.horse_crash import read_crashes, recover_crashed
 from rq_emq.settings import LeaseSettings
+
+pytestmark = pytest.mark.rq_versions
 
 Q = QueueKeys("q")
 KILL = "work horse killed by signal 9 (SIGKILL; the OOM killer sends this)"

@@ -29,7 +29,7 @@ from rq_emq.recover.registries import LeaseQueue, LeaseStartedJobRegistry, lease
 from rq_emq.recover.sweep import Sweeper
 from rq_emq.settings import LeaseSettings
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.rq_versions]
 Q = QueueKeys("default")
 HOUR = 3600.0
 

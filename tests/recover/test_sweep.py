@@ -22,6 +22,8 @@ from rq_emq.keys import job_key
 from rq_emq.recover.sweep import Sweeper
 from rq_emq.settings import LeaseSettings
 
+pytestmark = pytest.mark.rq_versions
+
 
 def test_a_lapsed_lease_is_marked_first_and_recovered_only_by_a_later_round(r: redis.Redis) -> None:
     (job_id,) = stall(r)

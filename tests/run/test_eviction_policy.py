@@ -23,7 +23,7 @@ from rq import Queue
 from rq_emq.run.startup import check_redis
 from rq_emq.testing import RedisServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.rq_versions]
 
 #: every worker class of rq_emq (SpawnWorker is RQ 3's)
 WORKER_CLASSES = [

@@ -19,7 +19,10 @@ from rq import Queue
 from rq_emq.run.fork_ahead import Shared, StaleSpare
 from rq_emq.testing import RedisServer
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="Linux 5.3+ with Python 3.9+ only")
+pytestmark = [
+    pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="Linux 5.3+ with Python 3.9+ only"),
+    pytest.mark.rq_versions,
+]
 
 #: How long the worker waits idle before the job that reads its horse's age is enqueued.
 IDLE_S = 1.5

@@ -90,6 +90,7 @@ def test_the_fencing_token_goes_up_across_a_worker_killed_and_the_sweeps_recover
 
 
 @EVERY_CLASS
+@pytest.mark.rq_versions
 def test_the_fencing_token_goes_up_across_rqs_retry_while_the_attempts_start_over(
     r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path, worker_class: str
 ) -> None:
@@ -134,6 +135,7 @@ def test_a_fenced_pipeline_writes_while_the_lease_holds_and_nothing_once_it_is_l
 
 @EVERY_CLASS
 @pytest.mark.parametrize("lose_first", [True, False], ids=["lease lost", "lease held"])
+@pytest.mark.rq_versions
 def test_a_run_that_raised_lease_lost_runs_no_failure_callback(
     r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path, worker_class: str, lose_first: bool
 ) -> None:

@@ -200,6 +200,7 @@ def test_a_simple_workers_self_kill_ends_its_jobs_child_processes(
 
 
 @CHILDREN
+@pytest.mark.rq_versions
 def test_rqs_stop_command_ends_the_jobs_child_processes(
     r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, how: str
 ) -> None:

@@ -11,6 +11,8 @@ from rq import Queue, Worker
 
 from rq_emq import LeaseWorker, compat
 
+pytestmark = pytest.mark.rq_versions
+
 
 def heartbeat_commands(r: redis.Redis) -> int:
     stats = r.info("commandstats")

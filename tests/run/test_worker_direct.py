@@ -19,6 +19,8 @@ from rq.job import Job
 from rq_emq import LeaseWorker, SimpleLeaseWorker
 from rq_emq.keys import QueueKeys, job_key
 
+pytestmark = pytest.mark.rq_versions
+
 WORKERS = [LeaseWorker, SimpleLeaseWorker]
 
 

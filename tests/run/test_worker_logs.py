@@ -23,7 +23,7 @@ import rq_emq
 from rq_emq.compat import RQ_MAJOR
 from rq_emq.keys import sweeper_election_key
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.rq_versions]
 
 #: RQ's default ``--date-format`` (``%H:%M:%S``) and ``--log-format``, with our level and name
 TEXT_LINE = r"^\d\d:\d\d:\d\d (?P<level>[A-Z]+) Worker (?P<worker>[\w.-]+): (?P<message>.*)$"

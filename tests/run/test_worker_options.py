@@ -34,7 +34,7 @@ from rq_emq.keys import QueueKeys, sweeper_election_key
 from rq_emq.recover.sweep import Sweeper
 from rq_emq.settings import LeaseSettings
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.rq_versions]
 
 CUSTOM = (
     "--job-class",

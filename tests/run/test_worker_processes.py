@@ -139,6 +139,7 @@ def test_with_stop_on_lease_lost_off_the_job_finishes_but_its_outcome_is_fenced(
 
 
 @pytest.mark.parametrize("worker_class", WORKERS)
+@pytest.mark.rq_versions
 def test_a_cold_stop_hands_the_job_back_to_the_front_of_its_queue(
     r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path, worker_class: str
 ) -> None:
@@ -165,6 +166,7 @@ def test_a_cold_stop_hands_the_job_back_to_the_front_of_its_queue(
     assert stat(r, "default", "returned") == 1
 
 
+@pytest.mark.rq_versions
 def test_rq_semantics_hold_under_the_lease_worker(
     r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
 ) -> None:
@@ -189,6 +191,7 @@ def test_rq_semantics_hold_under_the_lease_worker(
     assert stat(r, "default", "taken") == 7 and stat(r, "default", "finished") == 7
 
 
+@pytest.mark.rq_versions
 def test_the_stop_job_command_stops_a_leased_job(
     r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
 ) -> None:
@@ -345,6 +348,7 @@ def test_an_idle_worker_on_several_queues_stops_on_sigterm(
     assert not r.exists(watch) and r.llen(watch.replace(":watch", ":wake")) == 1
 
 
+@pytest.mark.rq_versions
 def test_worker_pool_runs_lease_workers(r: redis.Redis, redis_url: str, procs: Processes) -> None:
     queue = Queue(connection=r)
     jobs = [queue.enqueue("jobs.add", i, i) for i in range(6)]
@@ -362,6 +366,7 @@ def test_worker_pool_runs_lease_workers(r: redis.Redis, redis_url: str, procs: P
     pool.wait(timeout=15)
 
 
+@pytest.mark.rq_versions
 def test_a_killed_worker_pool_members_job_is_recovered_and_finished_once_and_the_pool_respawns(
     r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
 ) -> None:
@@ -415,6 +420,7 @@ def test_an_unreadable_job_hash_goes_to_failed_with_a_reason_and_the_worker_goes
     assert after.latest_result().return_value == 3  # type: ignore[union-attr]
 
 
+@pytest.mark.rq_versions
 def test_a_fenced_failure_is_one_warning_line_not_rqs_traceback(
     r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
 ) -> None:

@@ -76,6 +76,7 @@ def check_attempts(ev: Any, v: Verdict) -> None:
                 base = previous.attempt or 0
             if run.attempt <= base and _handed_back(previous, run, ev.faults):
                 refunded += 1
+                takes += 1  # Redis counted the take: the refund undid the stopped run's
                 previous = run
                 continue
             stopper = _clock_stopped(clock_stops, job_id, run, previous) if run.attempt <= base else None
@@ -118,7 +119,9 @@ def check_attempts(ev: Any, v: Verdict) -> None:
     total_takes += returned
     skipped += returned
     taken = ev.stats.get("taken", 0)
-    if not 0 <= taken - total_takes <= _refused_starts(ev) + in_window:
+    # a cold stop's hand-back refunds a take that its run showed: counted in ``returned``
+    # too (at most once per cold stop that hit a run)
+    if not -_cold_stopped_runs(ev) <= taken - total_takes <= _refused_starts(ev) + in_window:
         v.violations.append(
             f"Redis counted {taken} takes; the runs' attempt numbers account for {total_takes}"
         )
@@ -158,6 +161,17 @@ def _handed_back(previous: Run | None, run: Run, faults: list[Fault]) -> bool:
             and (f.hit(previous.pid) or f.hit(previous.ppid))
             for f in faults
         )
+    )
+
+
+def _cold_stopped_runs(ev: Any) -> int:
+    """Cold stops that hit a run of ours: each may have handed its job back, its attempt
+    refunded (``returned``), after the run had read its number."""
+    runs = [run for job_runs in ev.runs.values() for run in job_runs]
+    return sum(
+        any(f.covers(r.started, r.ended or float("inf")) and (f.hit(r.pid) or f.hit(r.ppid)) for r in runs)
+        for f in ev.faults
+        if f.kind == "cold_stop"
     )
 
 

@@ -56,6 +56,9 @@ class Producer(SoakBase):
         roll = rng.random()
         bodies = ((0.1, "child"), (0.15, "gil"), (0.2, "pool"), (0.25, "thread"), (1.0, "sleep"))
         body = next(name for below, name in bodies if roll < below)
+        if body in ("pool", "thread"):
+            # long enough that a stop or kill lands mid-run, as its threads work on
+            seconds = rng.uniform(0.6, 2.2) * self.config.lease_ms / 1000
         # half of them write an effect at the end of their work, plain and fenced (soak/effects.py)
         kind = "fenced" if rng.random() < effects.SHARE else "plain"
         return Planned(str(uuid.uuid4()), round(seconds, 3), outcome, retries, fragile, kind=kind, body=body)

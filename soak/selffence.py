@@ -16,7 +16,7 @@ so too (one stop for a job however many of the two lines say it).
 
 A ``SimpleLeaseWorker``'s run is the worker process: past its local deadline its watchdog
 ends the worker whole and hands the job back ("rq-emq watchdog W: run P past its deadline
-..." then "... worker P is gone: job J back ..."; its job held the GIL in C code, which
+..." then "... worker P is gone: job J ..."; its job held the GIL in C code, which
 starves the renewal thread in that process, or the host starved it). That is the same
 stop, logged by the watchdog, and read as one: (P, J), P being both the run's and the
 worker's pid.
@@ -38,7 +38,7 @@ STOPPED_TRUSTING = re.compile(r"job (\S+): [^\n]*? after this worker stopped tru
 #: a watchdog that ended its SimpleLeaseWorker past the run's deadline, then handed its job back
 WATCHDOG_ENDED = re.compile(
     r"rq-emq watchdog \d+: run (\d+) past its deadline[^\n]*\n(?:[^\n]*\n)*?"
-    r"rq-emq watchdog \d+: worker \1 is gone: job (\S+) (?:back|failed)"
+    r"rq-emq watchdog \d+: worker \1 is gone: job (\S+) "
 )
 
 

@@ -55,6 +55,7 @@ HANDBACK = "tests/run/test_connection_handback.py"
 WATCHED = "tests/fence/test_watched_commit.py"
 SUSPENSION = "tests/run/test_suspension.py"
 EVICTION = "tests/run/test_eviction_policy.py"
+SIMPLE_STOP = "tests/run/test_simple_stop_ends_process.py"
 
 
 @dataclass(frozen=True)
@@ -504,15 +505,6 @@ CATALOG: list[Mutation] = [
         "  if state == 'ended' then\n",
         [f"{LIFE}::test_a_refused_write_in_the_middle_of_a_run_leaves_its_lock_and_its_lease"],
         "any refusal of RQ's end drops the lock, whoever says it: the run goes on unguarded",
-    ),
-    _m(
-        "simple_self_kill_keyed_by_job_id",
-        "rq_emq/run/run_guard.py",
-        "if self._running_job_id == job_id and self._run_serial == run:",
-        "if self._running_job_id == job_id:",
-        [f"{EVIDENCE}::test_a_simple_worker_runs_a_job_deleted_and_enqueued_again_itself_without_ending"],
-        "a SimpleLeaseWorker that runs a job id again right after a lease-lost stop ends itself mid-run",
-        fast=False,
     ),
     # -- the idle wait: one blocked BLMOVE per queue -------------------------------------------
     _m(
@@ -1590,7 +1582,7 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "simple_worker_run_not_watched",
-        "rq_emq/run/run_guard.py",
+        "rq_emq/run/simple_run.py",
         "self._horse_deadline.reset(me._run_deadline(lease), pid=os.getpid())",
         "pass",
         [
@@ -1634,26 +1626,61 @@ CATALOG: list[Mutation] = [
         "RQ's killpg alone: a job's child in a session of its own survives the stop",
         fast=False,
     ),
+    # -- a SimpleLeaseWorker's stopped run is over only when its process is (issue 46) -------
     _m(
-        "simple_cold_stop_hands_back_before_the_job_gives_way",
-        "rq_emq/run/worker.py",
-        'give way to the cold stop within {delay:.1f} s")\n        return False\n',
-        'give way to the cold stop within {delay:.1f} s")\n        return True\n',
+        "simple_stop_hands_back_as_the_frame_unwinds",
+        "rq_emq/run/simple_run.py",
+        "            self._end_process(stop)\n        # a job that returned",
+        "            self._hand_back_leases()  # type: ignore[attr-defined]\n        # a job that returned",
         [
-            f"{STOP_ORDER}::test_a_cold_stop_hands_the_job_back_only_after_its_finally_block_has_run[second-sigterm]",
-            f"{STOP_ORDER}::test_a_job_that_swallows_the_cold_stop_ends_with_its_worker_and_is_recovered[shutdown-timeout]",
+            f"{SIMPLE_STOP}::test_a_cold_stop_of_a_job_working_on_threads_hands_it_back_once_its_process_is_gone[pool]"
         ],
-        "a SimpleLeaseWorker's cold stop hands the job back while its finally (or bare except) runs on",
+        "a cold-stopped job moves as its frame unwinds, while threads it started work on beside the next run",
+        fast=False,
     ),
     _m(
-        "simple_lease_lost_stop_not_backed_by_a_self_kill",
+        "simple_lease_lost_stop_leaves_the_process_running",
         "rq_emq/run/worker.py",
-        "self._end_run_unless_it_gives_way(lease.job_id, why)",
+        "if self._stop_run(lease.job_id, why, code=1, hand_back=False):",
+        "if True:",
+        [
+            f"{SIMPLE_STOP}::test_a_lost_lease_ends_the_worker_process_and_its_jobs_threads_with_a_non_zero_exit[thread]",
+            f"{EVIDENCE}::test_a_simple_worker_whose_running_job_is_deleted_and_enqueued_again_ends_before_the_copy_runs[pool]",
+        ],
+        "a lost lease interrupts the job's frame only: its threads tick on and the worker takes the next job",
+        fast=False,
+    ),
+    _m(
+        "watchdog_ignores_the_hand_back_mode",
+        "rq_emq/run/watchdog.py",
+        "hand_back = deadline.hands_back",
+        "hand_back = False",
+        [
+            f"{SIMPLE_STOP}::test_a_cold_stop_of_a_job_working_on_threads_hands_it_back_once_its_process_is_gone[thread]"
+        ],
+        "a cold stop's job is recovered as a crash: an attempt counted for a stop, no fault of the job",
+        fast=False,
+    ),
+    _m(
+        "simple_stop_leaves_the_hand_back_mode_unset",
+        "rq_emq/run/simple_run.py",
+        "                deadline.hand_back_on_death()",
+        "                pass",
+        [
+            f"{STOP_ORDER}::test_a_cold_stop_hands_the_job_back_only_after_its_finally_block_has_run[second-sigterm]"
+        ],
+        "a cold stop's job is recovered as a crash: an attempt counted for a stop, no fault of the job",
+        fast=False,
+    ),
+    _m(
+        "simple_end_leaves_its_death_unregistered",
+        "rq_emq/run/simple_run.py",
+        "_within(me.register_death, budget)",
         "pass",
         [
-            f"{STOP_ORDER}::test_a_job_that_swallows_the_lease_lost_interrupt_ends_with_its_worker_within_the_self_kill_delay"
+            f"{SIMPLE_STOP}::test_a_lost_lease_ends_the_worker_process_and_its_jobs_threads_with_a_non_zero_exit[pool]"
         ],
-        "a SimpleLeaseWorker job swallowing the lease-lost interrupt runs on until its lease clock runs out",
+        "a worker ended by a stop stays listed by `rq info` until its key expires",
         fast=False,
     ),
     _m(
@@ -2076,10 +2103,10 @@ CATALOG: list[Mutation] = [
     ),
     _m(
         "stop_leaves_watchdog_asleep",
-        "rq_emq/run/run_guard.py",
+        "rq_emq/run/simple_run.py",
         "            if self._watchdog is not None:\n"
-        "                self._watchdog.poke()\n        timer = threading.Timer(",
-        "        timer = threading.Timer(",
+        "                self._watchdog.poke()\n        ender = threading.Thread(",
+        "        ender = threading.Thread(",
         [
             "tests/run/test_stop_order.py::"
             "test_a_simple_worker_frozen_after_a_stop_is_ended_by_its_watchdog_at_the_self_kill_moment"

@@ -39,7 +39,8 @@ if __package__:
 else:  # imported by the watchdog's own interpreter (rq_emq/run/watchdog.py run as a script)
     from process_tree import kill_tree, libc, parent_and_group  # type: ignore[no-redef]
 
-# bytes 0-7 the deadline (double), 8 settled, 9 stopping, 12-15 the watchdog's pid
+# bytes 0-7 the deadline (double), 8 settled, 9 stopping, 10 ended at its deadline, 11 the
+# held lease's mode (1: a cold stop, handed back; 0: recovered), 12-15 the watchdog's pid
 # (int32; 0: none), 16-23 the pid of the run (int64; 0: none), 24-31 when the watchdog
 # reads this memory again at the latest (double, monotonic; inf: only when poked); then
 # the job's newest report: 32-39 its number (even once written whole), 40-43 its length,
@@ -292,7 +293,17 @@ class HorseDeadline:
         data = text.encode()
         if len(data) > LEASE_LIMIT_BYTES:
             data = b""  # a job id or key of kilobytes: left to the sweep
+        self._memory[11] = 0  # a new lease, recovered as a crash unless a cold stop says so
         self._write_numbered(_LEASE_AT, data)
+
+    def hand_back_on_death(self) -> None:
+        """In the worker, a cold stop: its death hands the held lease back, no attempt
+        counted (``return_job_to_queue``), where any other death recovers it as a crash."""
+        self._memory[11] = 1
+
+    @property
+    def hands_back(self) -> bool:
+        return self._memory[11] == 1
 
     def held_lease(self) -> str | None:
         """The lease text the worker wrote last, whole; None if none or torn."""

@@ -8,21 +8,17 @@ stop the worker makes ends the run's whole tree (:mod:`rq_emq.run.process_tree`)
 
 - :class:`RunGuard` (in ``LeaseMixin``): the shared memory, the watchdog's life, a run's end.
 - :class:`HorseRunGuard` (``LeaseWorker``): a horse's pid and deadline, its tree kill.
-- :class:`SimpleRunGuard` (``SimpleLeaseWorker``): the worker as the run, its self-kill.
+- :class:`rq_emq.run.simple_run.SimpleRunGuard` (``SimpleLeaseWorker``): the worker as the run.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
-
-from rq.job import Job
 
 from .. import reporter
 from ..hold.held import Lease
@@ -207,107 +203,3 @@ class HorseRunGuard:
         if pid:
             kill_tree(pid, group=True)
             me.log.info("Worker %s: killed horse pid %s and its processes", me.name, pid)
-
-
-class SimpleRunGuard:
-    """Put before ``LeaseMixin``: a ``SimpleLeaseWorker``'s run is the worker itself."""
-
-    _horse_deadline: HorseDeadline | None
-    _watchdog: Watchdog | None
-    _run_is_horse = False
-    _watched_job_id: str | None = None
-    _running_job_id: str | None
-    #: When (monotonic) the run must have given way to a stop it was told of (the lease
-    #: lost, a cold stop): the self-kill's moment, whatever its lease says
-    _give_way_by = math.inf
-    #: Counts this process's runs: a self-kill is for one run, not for its job id (the same
-    #: id may run here again at once: deleted and enqueued again while its run went on)
-    _run_serial = 0
-
-    def _watch_run(self, job: Job) -> None:
-        """The watchdog ends this process (and its descendants) one check interval after
-        the self-kill's moment, even if no thread of it can run at all."""
-        me: Any = self
-        if self._watchdog is not None:
-            me._start_watchdog()  # again, if it was killed on its own
-        lease = me.lock_manager.get(job.id) if me.lock_manager is not None else None
-        self._watched_job_id = job.id
-        self._give_way_by = math.inf
-        self._run_serial += 1
-        if self._horse_deadline is not None and lease is not None:
-            self._horse_deadline.reset(me._run_deadline(lease), pid=os.getpid())
-            if self._watchdog is not None and self._horse_deadline.start_run(os.getpid()):
-                self._watchdog.poke()
-
-    def handle_execution_ended(self, job: Job, *args: Any, **kwargs: Any) -> Any:
-        # the job's own code has ended (success or failure): what follows is the outcome's
-        # fenced writes, which may wait out a blip; the self-kill spares them too
-        self._watched_job_id = None
-        if self._horse_deadline is not None:
-            self._horse_deadline.clear()
-        return super().handle_execution_ended(job, *args, **kwargs)  # type: ignore[misc]
-
-    def _self_kill_delay_s(self) -> float:
-        settings: Any = getattr(self, "lease_settings")  # noqa: B009
-        return float(settings.lease_margin_ms + settings.renew_interval_ms) / 2000.0
-
-    def _run_deadline(self, lease: Lease) -> float:
-        # one check interval after the self-kill's moment: a worker whose threads run ends
-        # itself first, with the log line that names the job
-        me: Any = self
-        check_s = me.lease_settings.lease_check_interval_s
-        by_lease = float(super()._run_deadline(lease)) + self._self_kill_delay_s()  # type: ignore[misc]
-        return min(by_lease, self._give_way_by) + check_s
-
-    def _end_run_unless_it_gives_way(self, job_id: str, why: str) -> None:
-        """The job was just interrupted (``why``: what stopped it). If its code has not
-        given way within the self-kill's delay (it swallows the interrupt, its clean-up
-        runs long, it is stuck in C code where no exception lands), end this process and
-        its descendants; the watchdog one check interval later, if no thread of it runs.
-        Nothing is handed back then: the lease lapses and the sweep recovers the job."""
-        me: Any = self
-        delay = self._self_kill_delay_s()
-        by = time.monotonic() + delay
-        if by >= self._give_way_by:
-            return  # an earlier stop's self-kill is already on its way
-        self._give_way_by = by
-        lease = me.lock_manager.get(job_id) if me.lock_manager is not None else None
-        if self._horse_deadline is not None and lease is not None and job_id == self._watched_job_id:
-            self._horse_deadline.set(self._run_deadline(lease))
-            # The watchdog sleeps until the deadline it last read, up to a lease away: told
-            # nothing, it ended a run that ignored its stop seconds late (4.7 s on a loaded host
-            # under RQ 2.12). A stop is rare; its poke costs a signal.
-            if self._watchdog is not None:
-                self._watchdog.poke()
-        timer = threading.Timer(delay, self._exit_if_still_running, args=(job_id, self._run_serial, why))
-        timer.daemon = True
-        timer.start()
-
-    def _exit_if_still_running(self, job_id: str, run: int, why: str) -> None:
-        if self._running_job_id == job_id and self._run_serial == run:
-            self._end_this_run(job_id, why)
-
-    def _on_lease_renewed(self, lease: Lease) -> None:
-        if self._horse_deadline is not None and lease.job_id == self._watched_job_id:
-            self._horse_deadline.set(self._run_deadline(lease))
-
-    def _outcome_committed(self) -> None:
-        super()._outcome_committed()  # type: ignore[misc]
-        if self._horse_deadline is not None:
-            self._horse_deadline.settle()
-
-    def _end_this_run(self, job_id: str, why: str) -> None:
-        """The self-kill: this process and its descendants (the job's own processes). The
-        lock manager's lines still queued (the lease lost) get as long as the watchdog's own
-        check interval, which would end the run that much later anyway."""
-        me: Any = self
-        reporter.flush(me.lease_settings.lease_check_interval_s)
-        logger.critical(
-            "job %s did not %s; ending the worker process",
-            job_id,
-            why,
-            extra={"job_id": job_id},
-        )
-        logging.shutdown()
-        spare = frozenset({self._watchdog.pid}) if self._watchdog is not None else frozenset()
-        kill_tree(os.getpid(), spare=spare)

@@ -2,7 +2,10 @@
 worker, ends the run's processes, waits until they are gone, then hands the lease the
 worker held back through ``recover_crashed_job`` (one attempt counted, fenced by the
 token, as for a horse the OOM killer took), instead of leaving it to lapse and to the sweep
-(a lease and up to two sweep intervals later).
+(a lease and up to two sweep intervals later). A ``SimpleLeaseWorker`` ended by a cold stop
+marks its lease ``hand back`` first (:meth:`rq_emq.run.horse_fence.HorseDeadline.hand_back_on_death`):
+its watchdog then runs ``return_job_to_queue`` instead, no attempt counted, since the
+process's death is the only proof that the run's threads are gone.
 
 Two halves, one per process:
 
@@ -49,6 +52,7 @@ def recovery_kit(connection: Any, default_max: int) -> bytes | None:
         if isinstance(value, (str, int, float, bool)) or value is None
     }
     script = scripts.load("recover_crashed_job")
+    returning = scripts.load("return_job_to_queue")
     return json.dumps(
         {
             "path": [entry for entry in sys.path if isinstance(entry, str)],
@@ -56,6 +60,8 @@ def recovery_kit(connection: Any, default_max: int) -> bytes | None:
             "settings": settings,
             "script": script.source,
             "sha": script.sha,
+            "return_script": returning.source,
+            "return_sha": returning.sha,
             "rq_prefix": RQ_PREFIX,
             "default_max": default_max,
             "failure_ttl": DEFAULT_FAILURE_TTL,
@@ -71,9 +77,10 @@ def lease_text(lease: Any) -> str:
     return json.dumps({"job_id": lease.job_id, "token": lease.token, "keys": keys})
 
 
-def recover(kit: dict[str, Any], lease: dict[str, Any], cause: str) -> str:
-    """In the watchdog, its worker and the run seen gone: the lease handed back (the
-    script's verdict, as one line)."""
+def recover(kit: dict[str, Any], lease: dict[str, Any], cause: str, hand_back: bool = False) -> str:
+    """In the watchdog, its worker and the run seen gone: the lease recovered as a crash,
+    or with ``hand_back`` (a cold stop) handed back with no attempt counted (the script's
+    verdict, as one line)."""
     for entry in kit["path"]:
         if entry not in sys.path:
             sys.path.append(entry)
@@ -83,24 +90,26 @@ def recover(kit: dict[str, Any], lease: dict[str, Any], cause: str) -> str:
     pool = redis.ConnectionPool(connection_class=getattr(redis.connection, kit["class"]), **kit["settings"])
     client = redis.Redis(connection_pool=pool)
     keys = lease["keys"]
-    ended_at = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
-    args = [
-        lease["job_id"],
-        lease["token"],
-        kit["rq_prefix"],
-        kit["default_max"],
-        kit["failure_ttl"],
-        ended_at,
-        cause,
-    ]
+    args = [lease["job_id"], lease["token"], kit["rq_prefix"]]
+    sha, source = kit["sha"], kit["script"]
+    if hand_back:
+        keys = keys[:8]  # the job's, its lease's, its queue's and RQ's started registry
+        sha, source = kit["return_sha"], kit["return_script"]
+    else:
+        ended_at = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
+        args += [kit["default_max"], kit["failure_ttl"], ended_at, cause]
     try:
         try:
-            reply = client.evalsha(kit["sha"], len(keys), *keys, *args)
+            reply = client.evalsha(sha, len(keys), *keys, *args)
         except redis.exceptions.NoScriptError:
-            reply = client.eval(kit["script"], len(keys), *keys, *args)
+            reply = client.eval(source, len(keys), *keys, *args)
     finally:
         pool.disconnect()
     verdict = int(reply[0])
+    if hand_back:
+        if verdict == 1:
+            return f"job {lease['job_id']} back at the front of its queue (cold stop: attempt refunded)"
+        return f"job {lease['job_id']} left as it is (its lease was no longer this worker's)"
     if verdict == 1:
         return f"job {lease['job_id']} back at the front of its queue (attempt {reply[1]} of {reply[2]})"
     if verdict == 2:

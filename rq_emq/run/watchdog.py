@@ -189,14 +189,16 @@ def _run(deadline: HorseDeadline, worker: int, group: bool, kit: dict[str, Any] 
 def _hand_back(
     deadline: HorseDeadline, kit: dict[str, Any] | None, worker: int, killed: set[int], group: int
 ) -> None:
-    """The lease the dead worker held, handed back (:mod:`.seen_death`) once every process
-    of its run is seen gone; else (no kit, no lease, a process that would not go, Redis
-    out of reach) left to the sweep."""
+    """The lease the dead worker held, recovered, or handed back if the worker said so as
+    a cold stop ended it (:mod:`.seen_death`), once the worker and every process of its run
+    are seen gone; else (no kit, no lease, a process that would not go, Redis out of reach)
+    left to the sweep."""
     text = deadline.held_lease()
     if kit is None or not text:
         return
+    hand_back = deadline.hands_back
     until = time.monotonic() + seen_death.GONE_WITHIN_S
-    while any(_alive(pid) for pid in killed) or (group and _group_alive(group)):
+    while any(_alive(pid) for pid in killed | {worker}) or (group and _group_alive(group)):
         if time.monotonic() > until:
             _say("its run did not end: its lease is left to the sweep")
             return
@@ -204,7 +206,10 @@ def _hand_back(
     try:
         import json
 
-        said = seen_death.recover(kit, json.loads(text), f"worker pid {worker} died (seen by its watchdog)")
+        lease = json.loads(text)
+        # what stopped the run, where the worker said so as it ended itself (a progress timeout)
+        cause = lease.get("cause") or f"worker pid {worker} died (seen by its watchdog)"
+        said = seen_death.recover(kit, lease, cause, hand_back=hand_back)
     except Exception as error:  # noqa: BLE001 (whatever went wrong, the sweep recovers it)
         _say(f"could not hand its lease back ({type(error).__name__}: {error}): left to the sweep")
         return

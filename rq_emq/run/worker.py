@@ -10,8 +10,9 @@ Operators switch with ``rq worker -w rq_emq.LeaseWorker`` (forking) or
   an execution record that a recovery removed;
 - finishing (success, failure, ``Retry``, stop, timeout) keeps RQ's code and is fenced
   (:mod:`rq_emq.fence.fencing`);
-- a lost lease stops the job; a horse dies with its worker; a cold stop hands the job back;
-  a horse that dies on its own (OOM kill, segfault) is a stall, recovered at once;
+- a lost lease stops the job; a horse dies with its worker; a cold stop hands the job back
+  (a ``SimpleLeaseWorker``'s once its process has ended, by its watchdog); a horse that dies
+  on its own (OOM kill, segfault) is a stall, recovered at once;
 - every stop ends the run whole (:mod:`rq_emq.run.process_tree`), and a watchdog process ends a
   run past its lease deadline whatever the worker and the run do (:mod:`rq_emq.run.watchdog`).
 
@@ -27,6 +28,7 @@ import math
 import os
 import signal
 import threading
+import time
 from types import FrameType
 from typing import Any
 
@@ -44,7 +46,8 @@ from .horse_end import HorseEnd
 from .horse_fence import die_with_parent
 from .lease_mixin import LeaseMixin
 from .process_tree import become_subreaper, lead_own_session, libc
-from .run_guard import HorseRunGuard, SimpleRunGuard
+from .run_guard import HorseRunGuard
+from .simple_run import SimpleRunGuard
 
 logger = logging.getLogger("rq_emq.lease")
 
@@ -219,7 +222,9 @@ class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, ForkAheadMixin, Wo
 
 
 class SimpleLeaseWorker(SimpleRunGuard, LeaseMixin, SimpleWorker):
-    """A non-forking RQ worker whose jobs hold lock leases; a thread renews while jobs run."""
+    """A non-forking RQ worker whose jobs hold lock leases; a thread renews while jobs run.
+    A run stopped before its job returned ends the worker process with it
+    (:mod:`rq_emq.run.simple_run`)."""
 
     _in_process_parts = True  # what an in-process class needs (rq_emq.run.worker_check)
     #: RQ's execution record and the run's start are consecutive steps of this thread:
@@ -228,15 +233,12 @@ class SimpleLeaseWorker(SimpleRunGuard, LeaseMixin, SimpleWorker):
 
     #: Delivered to the main thread to interrupt a job whose lease was lost.
     interrupt_signal = signal.SIGUSR1
-    #: The job a cold stop interrupted in this thread: handed back once its frame unwinds.
-    _cold_stopped_job_id: str | None = None
 
     def execute_job(self, job: Job, queue: Queue) -> Any:
         # `_signal`, not `signal`: without the enum conversions of a swap and back per job
         previous = _signal.signal(self.interrupt_signal, self._interrupt_lost_job)
         self._interrupt_job_id: str | None = None
         self._interrupt_job = job
-        self._cold_stopped_job_id = None
         self._watch_run(job)
         try:
             return super().execute_job(job, queue)
@@ -244,37 +246,31 @@ class SimpleLeaseWorker(SimpleRunGuard, LeaseMixin, SimpleWorker):
             _signal.signal(self.interrupt_signal, previous)
 
     def _stop_lost_job(self, lease: Lease) -> None:
-        """Interrupt the job; if its code does not give way (it swallows the interrupt, or
-        is stuck in C code, where no Python exception lands) within half the margin and
-        half a renew interval, end the whole process: a run that cannot be stopped must
-        not outlive its lease while another worker runs the job (the sweep's grace is at
-        least 1.25 renew intervals, so a self-kill on the lease clock still lands before
-        any recovery; on a lease found lost, the job may be running elsewhere already)."""
-        self._interrupt_job_id = lease.job_id
-        signal.pthread_kill(threading.main_thread().ident or 0, self.interrupt_signal)
-        why = "stop when its local lease clock ran out" if lease.expired else "stop when its lease was lost"
-        self._end_run_unless_it_gives_way(lease.job_id, why)
+        """Interrupt the job, and end this process once its frame has unwound, or half the
+        self-kill's delay later if its code does not give way (it swallows the interrupt,
+        or is stuck in C code, where no Python exception lands), exiting 1: its watchdog
+        then recovers the lease, fenced by its token (a lease found lost may be running
+        elsewhere already: it is left as it is)."""
+        why, cause = "stopped, its lease lost", ""
+        if lease.expired and time.monotonic() <= lease.valid_until:  # a renewal refused it, in time
+            cause = f"no progress for {lease.progress_timeout_ms} ms"
+            why = f"stopped, {cause} (its progress timeout)"
+        elif lease.expired:
+            why = "stopped when its local lease clock ran out"
+            cause = "its run passed its local lease deadline (no renewal landed in time)"
+        if self._stop_run(lease.job_id, why, code=1, hand_back=False, cause=cause):
+            self._interrupt_job_id = lease.job_id
+            signal.pthread_kill(threading.main_thread().ident or 0, self.interrupt_signal)
 
     def _stop_running_job(self) -> bool:
         """The cold stop, in the signal handler, in this very thread: the job is
-        interrupted by RQ's ``SystemExit``, raised next, and handed back only once its
-        frame has unwound (:meth:`handle_execution_ended`); a job that does not give way
-        within the self-kill's delay ends with this process, and is not handed back."""
+        interrupted by RQ's ``SystemExit``, raised next, and this process ends, as a stock
+        cold stop does (exit status 0), once its frame has unwound or half the self-kill's
+        delay later; its watchdog, seeing it gone, hands the job back."""
         job_id = self._running_job_id
         if job_id is None:
             return True  # no code of a job runs (before its start, or writing its outcome)
-        self._cold_stopped_job_id = job_id
-        delay = self._self_kill_delay_s()
-        self._end_run_unless_it_gives_way(job_id, f"give way to the cold stop within {delay:.1f} s")
-        return False
-
-    def handle_execution_ended(self, job: Job, *args: Any, **kwargs: Any) -> Any:
-        if self._cold_stopped_job_id == job.id:
-            # the job's frame has unwound: its run is over, and the job may move now. Its
-            # code has given way, so the self-kill stands down before the round trip.
-            self._running_job_id = None
-            self._hand_back_leases()
-        return super().handle_execution_ended(job, *args, **kwargs)
+        return not self._stop_run(job_id, "stopped cold", code=0, hand_back=True)
 
     def _interrupt_lost_job(self, signum: int, frame: FrameType | None) -> None:
         job_id, self._interrupt_job_id = self._interrupt_job_id, None

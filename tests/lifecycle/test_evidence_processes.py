@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 from helpers import STEADY, started_members, wait_status
-from jobs import runs
+from jobs import run_spans, runs
 from procs import Processes, wait_for
 from redis_server import RedisServer
 from rq import Queue
@@ -100,7 +100,8 @@ def test_after_redis_lost_its_data_the_old_run_stops_before_the_resubmitted_job_
     assert first_last < second_start, f"overlap {first_last - second_start:.3f} s"
     assert first_last - first_start < 8.0 - 1.0
     assert int(r.hget("rq:job:order-17", "emq_fence") or 0) > old_token
-    assert worker.poll() is None, procs.log(worker)
+    # a forking worker lives on; a SimpleLeaseWorker's stopped run ended its process
+    assert worker.poll() == (1 if worker_class == "rq_emq.SimpleLeaseWorker" else None), procs.log(worker)
 
 
 def each_run(log: str) -> list[tuple[float, float]]:
@@ -174,26 +175,35 @@ def test_a_running_job_deleted_and_enqueued_again_runs_again_only_once_the_old_r
     assert first_last < second_start, f"the runs overlapped for {overlap_ms:.0f} ms"
 
 
-def test_a_simple_worker_runs_a_job_deleted_and_enqueued_again_itself_without_ending(
-    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
+@pytest.mark.parametrize("how", ["pool", "thread"])
+def test_a_simple_worker_whose_running_job_is_deleted_and_enqueued_again_ends_before_the_copy_runs(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path, how: str
 ) -> None:
-    """One ``SimpleLeaseWorker``: the old run, interrupted as its lease is lost, gives way,
-    and the same worker takes the job's new entry at once. The self-kill armed by that stop
-    is for the old run, not for the job id: before, it ended the worker in the middle of the
-    new run ("did not stop when its lease was lost"), and the sweep ran the job a third time."""
+    """One ``SimpleLeaseWorker`` whose job works on threads (a ``ThreadPoolExecutor``, a
+    ``Thread`` it joins); the job deleted and enqueued again under its id. The renewal
+    finds the lease lost and interrupts the job, whose frame unwinds while its threads
+    work on: the worker process ends (exit 1, for its supervisor to start it again), and
+    the copy runs, on the other worker, only once its watchdog has seen it gone. Before,
+    the same worker took the copy at once and the old run's threads ticked beside it."""
     queue = Queue("q", connection=r)
     log = str(tmp_path / "runs.log")
     lease = {"RQ_EMQ_LEASE_MS": "3000", "RQ_EMQ_RENEW_INTERVAL_MS": "300"}
-    queue.enqueue("jobs.ticking_run", log, 8.0, 2.0, job_id="order-19", job_timeout=60)
+    args = ("thread_jobs.threaded_run", log, 30.0, how, 0.3)
+    queue.enqueue(*args, job_id="order-19", job_timeout=60)
     worker = procs.worker(redis_url, "q", worker_class="rq_emq.SimpleLeaseWorker", **lease)
-    wait_for(lambda: len(runs(log)) > 2, timeout=20, what="the first run to tick")
+    wait_for(lambda: len(runs(log)) > 3, timeout=20, what="the first run's threads to tick")
+    procs.worker(redis_url, "q", worker_class="rq_emq.SimpleLeaseWorker", **lease)  # idle
+    wait_for(lambda: len(Worker.all(connection=r)) == 2, timeout=20, what="the second worker")
     Job.fetch("order-19", connection=r).delete()
-    queue.enqueue("jobs.ticking_run", log, 8.0, 2.0, job_id="order-19", job_timeout=60)
+    queue.enqueue(*args, job_id="order-19", job_timeout=60)
     wait_status(r, "order-19", "finished", timeout=40)
-    spans = sorted(each_run(log))
-    assert len(spans) == 2, spans
-    assert spans[0][1] < spans[1][0]
-    assert worker.poll() is None and "ending the worker process" not in procs.log(worker)
+    assert worker.wait(timeout=10) == 1, procs.log(worker)
+    assert "ending the worker process" in procs.log(worker)
+    spans = run_spans(log)
+    assert sorted(spans) != [worker.pid] and len(spans) == 2, spans
+    second_start = min(start for pid, (start, _) in spans.items() if pid != worker.pid)
+    overlap_ms = (spans[worker.pid][1] - second_start) * 1000
+    assert overlap_ms < 0, f"the old run's threads ticked {overlap_ms:.0f} ms into the copy's run"
 
 
 @pytest.mark.parametrize("worker_class", ["rq_emq.LeaseWorker", "rq_emq.SimpleLeaseWorker"])

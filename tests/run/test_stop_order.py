@@ -1,11 +1,11 @@
 """A job moves only after the run that had it is over (issue 33, rule 3).
 
 A ``SimpleLeaseWorker`` runs the job in its own main thread: its cold stop (a second
-SIGTERM, or ``RQ_EMQ_SHUTDOWN_TIMEOUT_MS`` after one) interrupts the job there, and hands
-the job back to its queue only once the job's frame has unwound. A job that does not give
-way within the self-kill's delay (it swallows the interrupt) is ended with its worker
-process, not handed back: its lease lapses and the sweep recovers it, as after a crash.
-A job that swallows the interrupt of a lost lease is ended that long after the loss.
+SIGTERM, or ``RQ_EMQ_SHUTDOWN_TIMEOUT_MS`` after one) interrupts the job there, and ends
+the worker process once the job's frame has unwound (its ``finally`` blocks run), or half
+the self-kill's delay later if it does not give way (it swallows the interrupt); its
+watchdog, seeing the process gone, hands the job back. A job that swallows the interrupt
+of a lost lease is ended with its process that long after the loss.
 
 Real ``rq worker`` processes, real signals, a real Redis, and a second worker on the same
 queue that takes the job the moment it is handed back. Overlap is measured by the runs'
@@ -38,9 +38,10 @@ SHUTDOWN_TIMEOUT_MS = 1500
 STOPS = pytest.mark.parametrize("stop", ["second-sigterm", "shutdown-timeout"])
 
 #: a lease long enough that the self-kill's delay (half the margin plus half a renew
-#: interval: 8 s here) leaves a clean-up of CLEANUP_S time to finish and hand the job back
+#: interval: 8 s here, half of it for the job's code to give way) leaves a clean-up of
+#: CLEANUP_S time to finish before the process ends
 PATIENT = {"RQ_EMQ_LEASE_MS": "40000", "RQ_EMQ_RENEW_INTERVAL_MS": "8000"}
-#: 3/8 of PATIENT's self-kill delay: 5 s of room for a loaded host
+#: 3/4 of the 4 s PATIENT gives a job's code to give way: 1 s of room for a loaded host
 CLEANUP_S = 3.0
 #: a short lease, so that the sweep recovers a self-killed run's job within seconds
 BRIEF = {"RQ_EMQ_LEASE_MS": "2000", "RQ_EMQ_RENEW_INTERVAL_MS": "400", "RQ_EMQ_SWEEP_INTERVAL_MS": "625"}
@@ -102,15 +103,16 @@ def test_a_cold_stop_hands_the_job_back_only_after_its_finally_block_has_run(
     wait_for(lambda: status(r, job.id) == "finished", timeout=30, what="the job to finish")
     _, first_last, second_start = _first_run(log)
     assert first_last < second_start, f"runs overlap by {1000 * (first_last - second_start):.0f} ms"
-    # the clean-up ran to its end, and the job was handed back (not left to the sweep)
+    # the clean-up ran to its end, and the job was handed back by the worker's watchdog
+    # once the process was gone (not left to the sweep)
     assert [line.split()[0] for line in runs(log)].count("cleaned") == 1
     assert first_last - cold_at >= CLEANUP_S * 0.9  # the interrupt came with the cold stop
     assert stat(r, "default", "returned") == 1
-    assert "handed back to the front of queue" in procs.log(worker)
+    assert "back at the front of its queue (cold stop: attempt refunded)" in procs.log(worker)
 
 
 @STOPS
-def test_a_job_that_swallows_the_cold_stop_ends_with_its_worker_and_is_recovered(
+def test_a_job_that_swallows_the_cold_stop_ends_with_its_worker_and_is_handed_back(
     r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, stop: str
 ) -> None:
     log = str(tmp_path / "runs.log")
@@ -118,7 +120,8 @@ def test_a_job_that_swallows_the_cold_stop_ends_with_its_worker_and_is_recovered
     worker = _start(r, procs, redis_url, log, BRIEF, stop)
     cold_at = _cold_stop(worker, stop)
     wait_for(lambda: worker.poll() is not None, timeout=10, what="the worker to end itself")
-    assert worker.returncode == -signal.SIGKILL, procs.log(worker)
+    # a stock cold stop's status; SIGKILL if its watchdog came first (a loaded host)
+    assert worker.returncode in (0, -signal.SIGKILL), procs.log(worker)
     wait_for(lambda: status(r, job.id) == "finished", timeout=30, what="the job to finish")
     _, first_last, second_start = _first_run(log)
     assert first_last < second_start, f"runs overlap by {1000 * (first_last - second_start):.0f} ms"
@@ -128,10 +131,10 @@ def test_a_job_that_swallows_the_cold_stop_ends_with_its_worker_and_is_recovered
     bound = BRIEF_SETTINGS.lease_margin_ms / 2000 + BRIEF_SETTINGS.renew_interval_ms / 2000
     bound += BRIEF_SETTINGS.lease_check_interval_s
     assert first_last - cold_at < 3 * bound
-    # never handed back: the sweep recovered it, as after a crash
-    assert stat(r, "default", "returned") == 0
+    # handed back by its watchdog once the process was gone, the attempt refunded
+    assert stat(r, "default", "returned") == 1 and stat(r, "default", "crashed") == 0
     said = procs.log(worker)
-    assert "did not give way to the cold stop" in said or "past its deadline" in said, said
+    assert "stopped cold; ending the worker process" in said or "past its deadline" in said, said
 
 
 #: renewals every 400 ms of an 8 s lease: the self-kill's delay is 0.6 s (half the 800 ms
@@ -153,7 +156,8 @@ def test_a_job_that_swallows_the_lease_lost_interrupt_ends_with_its_worker_withi
     taken_at = time.monotonic()
     take_away(r, job.id, status="queued")
     wait_for(lambda: worker.poll() is not None, timeout=15, what="the worker to end itself")
-    assert worker.returncode == -signal.SIGKILL, procs.log(worker)
+    # exit 1, for a supervisor to start it again; SIGKILL if its watchdog came first
+    assert worker.returncode in (1, -signal.SIGKILL), procs.log(worker)
     assert "swallowed" in [line.split()[0] for line in runs(log)]  # the interrupt did land
     settings = WATCHFUL_SETTINGS
     # found lost within a renew interval, then the self-kill's delay (or a check interval
@@ -164,7 +168,7 @@ def test_a_job_that_swallows_the_lease_lost_interrupt_ends_with_its_worker_withi
     last = max(at for _, at in run_spans(log).values())
     assert last - taken_at < 2 * bound
     said = procs.log(worker)
-    assert "did not stop when its lease was lost" in said or "past its deadline" in said, said
+    assert "stopped, its lease lost; ending the worker process" in said or "past its deadline" in said, said
 
 
 def test_a_simple_worker_frozen_after_a_stop_is_ended_by_its_watchdog_at_the_self_kill_moment(
@@ -182,7 +186,7 @@ def test_a_simple_worker_frozen_after_a_stop_is_ended_by_its_watchdog_at_the_sel
     wait_for(lambda: "swallowed" in [line.split()[0] for line in runs(log)], timeout=15, what="the interrupt")
     settings = WATCHFUL_SETTINGS
     self_kill_s = (settings.lease_margin_ms + settings.renew_interval_ms) / 2000
-    time.sleep(self_kill_s / 4)  # the stop has moved the deadline; its self-kill is yet to come
+    time.sleep(self_kill_s / 8)  # the stop has moved the deadline; its end (half the delay) is yet to come
     frozen_at = time.monotonic()
     os.kill(worker.pid, signal.SIGSTOP)
     wait_for(lambda: worker.poll() is not None, timeout=15, what="the watchdog to end the worker")

@@ -192,7 +192,8 @@ def test_a_simple_workers_self_kill_ends_its_jobs_child_processes(
         timeout=10 * SETTINGS.lease_ms / 1000,
         what="the worker to end itself",
     )
-    assert cut_off.returncode == -signal.SIGKILL
+    # ended by itself (exit 1), or first by its watchdog (SIGKILL: a loaded host, the two race)
+    assert cut_off.returncode in (1, -signal.SIGKILL)
     proxy.heal()
     _recovered_elsewhere(r, procs, redis_url, log, job.id)
     _assert_no_overlap(log, first)

@@ -1641,7 +1641,7 @@ CATALOG: list[Mutation] = [
     _m(
         "simple_lease_lost_stop_leaves_the_process_running",
         "rq_emq/run/worker.py",
-        "if self._stop_run(lease.job_id, why, code=1, hand_back=False):",
+        "if self._stop_run(lease.job_id, why, code=1, hand_back=False, cause=cause):",
         "if True:",
         [
             f"{SIMPLE_STOP}::test_a_lost_lease_ends_the_worker_process_and_its_jobs_threads_with_a_non_zero_exit[thread]",

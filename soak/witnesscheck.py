@@ -16,8 +16,9 @@ what those faults need besides:
   is of a take whose horse never reached the job function, which no log line names.
 - **A slow log handler stops nothing.** A run of a worker whose handler was slow
   (``slow_log``) while it ran must end on its own: cut short (no ``end`` line) or stopped
-  by its worker's lease clock with no fault that may repeat work to explain it, it was a
-  healthy job killed because of logging, and fails the soak.
+  by its worker's lease clock with no fault that may repeat work to explain it (nor a
+  cancel or delete of its job by the producer: RQ ended it), it was a healthy job killed
+  because of logging, and fails the soak.
 - **A running job enqueued again** (``enqueue_again``) is queued while its old run still
   holds its lease until that run is over: the copy's take is held back (a queue sample
   then sees it queued while leased: the user's copy, not ours). A stock neighbour pops
@@ -155,9 +156,17 @@ def stopped_by_slow_logging(ev: Any) -> list[Run]:
                 continue
             stopped = run.ended is None or (run.job_id, run.started) in fenced
             others = [f for f in ev.faults if f.kind in REPEAT_EXCUSED]
-            if stopped and excused(run, following or until, others) is None:
+            if stopped and excused(run, following or until, others) is None and not _ended_by_rq(run, ev):
                 out.append(run)
     return out
+
+
+def _ended_by_rq(run: Run, ev: Any) -> bool:
+    """The producer canceled or deleted the job while ``run`` went on: RQ ended it, and the
+    run's stop is that (invariant 6 judges it)."""
+    planned = ev.jobs.get(run.job_id)
+    since = getattr(planned, "acting_since", None)
+    return getattr(planned, "kind", "") in ("cancel", "delete") and since is not None and since >= run.started
 
 
 def check_witness(ev: Any, v: Verdict, found: list[Overlap]) -> None:

@@ -234,6 +234,10 @@ def test_a_run_cut_short_while_its_workers_log_handler_was_slow_fails_the_soak()
     assert killed.counts["stopped_by_slow_logging"] == 0
     ended = [Run("j", HORSE, WORKER, 1.0, 1, 2.0, "ok")]
     assert evaluate(evidence(ended, slow)).counts["stopped_by_slow_logging"] == 0
+    # the producer deleted the job while it ran: RQ ended it, and so the run
+    deleted = evidence(_recovered_runs()[:1], slow)
+    deleted.jobs["j"].kind, deleted.jobs["j"].acting_since, deleted.jobs["j"].acted_at = "delete", 1.6, 1.7
+    assert evaluate(deleted).counts["stopped_by_slow_logging"] == 0
 
 
 def test_a_worker_only_kill_seen_by_its_watchdog_is_held_to_the_seen_death_bound() -> None:

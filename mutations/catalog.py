@@ -1639,15 +1639,15 @@ CATALOG: list[Mutation] = [
         fast=False,
     ),
     _m(
-        "simple_lease_lost_stop_leaves_the_process_running",
-        "rq_emq/run/worker.py",
-        "if self._stop_run(lease.job_id, why, code=1, hand_back=False, cause=cause):",
-        "if True:",
+        "simple_stop_leaves_the_process_running",
+        "rq_emq/run/simple_run.py",
+        "            os._exit(stop.code)",
+        "            return",
         [
             f"{SIMPLE_STOP}::test_a_lost_lease_ends_the_worker_process_and_its_jobs_threads_with_a_non_zero_exit[thread]",
             f"{EVIDENCE}::test_a_simple_worker_whose_running_job_is_deleted_and_enqueued_again_ends_before_the_copy_runs[pool]",
         ],
-        "a lost lease interrupts the job's frame only: its threads tick on and the worker takes the next job",
+        "a stopped run's frame unwinds, its threads tick on, and the worker process lives on",
         fast=False,
     ),
     _m(

@@ -212,11 +212,15 @@ def table(
     )
     for o in found:
         kind = blame(o, runs_of, ev.faults)
-        earlier = next((r for r in runs_of.get(o.job_id, []) if r.pid == o.earlier_pid), None)
+        job_runs = runs_of.get(o.job_id, [])
+        earlier = next((r for r in job_runs if r.pid == o.earlier_pid), None)
+        later = next((r for r in reversed(job_runs) if r.pid == o.later_pid), None)
         kinds = {kind} & set(KINDS)
         if earlier is not None and _threaded_in_simple(earlier, ev):
             kinds.add("threads")
-        if enqueued_again_before(o.job_id, max(r.started for r in runs_of.get(o.job_id, [])), ev.faults):
+        # the job enqueued again while the earlier run went on, before the later began
+        again = enqueued_again_before(o.job_id, later.started, ev.faults) if later is not None else None
+        if again is not None and earlier is not None and again.started >= earlier.started:
             kinds.add("enqueue_again")
         for k in kinds:
             rows[k]["overlaps"] += 1

@@ -249,9 +249,16 @@ def check_crashes(ev: Any, v: Verdict) -> None:
             for f in faults
             if f.kind in CRASH_EXCUSED and f.worker_pid == crash.worker_pid and f.started <= crash.started
         ] + startup_exit_in_window(crash, faults)
-        if crash.worker_pid in getattr(ev, "simple_workers", []) and any(
-            pid == crash.worker_pid for pid, _job in getattr(ev, "self_fenced", [])
-        ):
+        simple = crash.worker_pid in getattr(ev, "simple_workers", [])
+        if simple and "ended itself after a stop of its run" in crash.detail:
+            # a SimpleLeaseWorker ends its process once a stop of its run (lease lost, RQ
+            # ended the job) leaves no other proof that the run is over: no crash; the stop
+            # itself is judged with its job (repeats, overlaps)
+            v.counts["simple_workers_ended_after_a_stop"] = (
+                v.counts.get("simple_workers_ended_after_a_stop", 0) + 1
+            )
+            continue
+        if simple and any(pid == crash.worker_pid for pid, _job in getattr(ev, "self_fenced", [])):
             # a SimpleLeaseWorker its own watchdog ended past its run's deadline: a
             # self-fenced stop (soak/selffence.py), not a crash
             v.counts["ended_by_own_watchdog"] = v.counts.get("ended_by_own_watchdog", 0) + 1

@@ -18,6 +18,11 @@ from .base import SoakBase
 from .faults import Fault
 from .fleet import QUEUE
 
+#: What a SimpleLeaseWorker logs as it ends its own process after a stop of its run, and
+#: what the soak notes on the exit (soak/outcomes.py: no crash).
+ENDED_ITSELF = "ending the worker process, the only proof that the run is over"
+ENDED_AFTER_A_STOP = "ended itself after a stop of its run"
+
 
 class Watchers(SoakBase):
     def supervise(self) -> None:
@@ -42,6 +47,10 @@ class Watchers(SoakBase):
                         log = (self.fleet.log_dir / f"{name}.log").read_text(errors="replace")
                         # RQ's CLI exits before any worker code runs when it cannot reach Redis
                         never = "" if "started with PID" in log else "; never started"
+                        # a SimpleLeaseWorker ends its process after a stop of its run (the
+                        # only proof that the run is over, threads and all)
+                        if ENDED_ITSELF in log:
+                            never += "; " + ENDED_AFTER_A_STOP
                         crash = Fault(kind, time.time(), name, pid, detail=f"exit status {code}{never}")
                         crash.ended = crash.started
                         self.faults.append(crash)

@@ -378,3 +378,18 @@ def test_a_kill_of_a_simple_worker_ends_only_the_run_it_was_running(tmp_path: Pa
     ev.runs.pop("k")
     (violation,) = went_on(evaluate(ev))
     assert "went on 500 ms" in violation
+
+
+def test_a_simple_worker_that_ended_itself_after_a_stop_of_its_run_is_no_crash() -> None:
+    """A SimpleLeaseWorker ends its process once a stop leaves no other proof that its run
+    is over (soak/watchers.py notes it on the exit); a fork worker's exit is still a crash."""
+    runs = [Run("j", SIMPLE, SOAK, 1.0, 1, 2.0, "ok")]
+    ended = Fault(
+        "crash", 2.5, "soak-w3-1", SIMPLE, detail="exit status 1; ended itself after a stop of its run"
+    )
+    verdict = evaluate(evidence(runs, [ended], simple=[SIMPLE]))
+    assert verdict.passed, verdict.violations
+    assert verdict.counts["simple_workers_ended_after_a_stop"] == 1
+    assert any("crashed" in v for v in evaluate(evidence(runs, [ended])).violations)
+    bare = Fault("crash", 2.5, "soak-w3-1", SIMPLE, detail="exit status 1")
+    assert any("crashed" in v for v in evaluate(evidence(runs, [bare], simple=[SIMPLE])).violations)

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import redis
-from redis.sentinel import Sentinel
+from redis.sentinel import MasterNotFoundError, Sentinel
 
 from . import RedisServer, free_port, require_server_binary
 
@@ -31,6 +31,24 @@ def _wait(predicate: object, timeout: float, what: str) -> None:
             pass
         time.sleep(0.05)
     raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+
+
+def named_master_port(sentinel: Sentinel, timeout: float = 10.0) -> int:
+    """The port of the master ``sentinel``'s sentinels name, waiting up to ``timeout`` for
+    one to name it.
+
+    Valkey's ``SENTINEL FAILOVER`` (9.1) flags the master it fails over ``s_down`` itself,
+    until the sentinel's next look at it (up to about 0.1 s here), and redis-py's
+    ``discover_master`` finds no master meanwhile (``MasterNotFoundError``); Redis's keeps
+    naming the old master. A killed master is named by none until its replica is promoted."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return int(sentinel.discover_master(SERVICE)[1])
+        except MasterNotFoundError:
+            if time.monotonic() >= deadline:
+                raise
+        time.sleep(0.02)
 
 
 class SentinelGroup:
@@ -80,8 +98,9 @@ class SentinelGroup:
             redis.Redis(port=port, socket_timeout=2).sentinel_slaves(SERVICE) for port in self.ports
         ) and bool(self.sentinel.discover_slaves(SERVICE))
 
-    def primary_port(self) -> int:
-        return int(self.sentinel.discover_master(SERVICE)[1])
+    def primary_port(self, timeout: float = 10.0) -> int:
+        """The primary Sentinel names now (:func:`named_master_port`)."""
+        return named_master_port(self.sentinel, timeout)
 
     def client(self) -> redis.Redis:
         return self.sentinel.master_for(SERVICE, socket_timeout=5)

@@ -6,7 +6,11 @@ and keep going through a failover to the replica.
 primary stays writable (its writes later discarded by its resync) until Sentinel demotes
 it, up to 10 s on. Here a lease longer than that window keeps the one job's run alive
 across it; what a failover may cost with short leases (reruns, never a lost job or a
-failure callback for a finished one) is tests/connection/test_failover.py's, for both failover kinds."""
+failure callback for a finished one) is tests/connection/test_failover.py's, for both failover kinds.
+
+The same on Valkey (its ``valkey-server --sentinel``), whose sentinel names no master for a
+moment as ``SENTINEL FAILOVER`` starts: the failover test breaks the worker's connections
+then, so that they reconnect in it."""
 
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ from rq import Queue
 
 from rq_emq.keys import sweeper_election_key, watch_key
 from rq_emq.testing import RedisServer, free_port
+from rq_emq.testing.sentinel import named_master_port
 
 pytestmark = pytest.mark.slow
 SERVICE = "rq-emq-primary"
@@ -71,7 +76,8 @@ class SentinelSetup:
             return False
 
     def primary_port(self) -> int:
-        return int(self.sentinel.discover_master(SERVICE)[1])
+        # waits out the moment after SENTINEL FAILOVER in which Valkey's sentinel names no master
+        return named_master_port(self.sentinel)
 
     def client(self) -> redis.Redis:
         return self.sentinel.master_for(SERVICE, socket_timeout=5)
@@ -102,6 +108,19 @@ def sentinel(tmp_path: Path) -> Iterator[SentinelSetup]:
     setup = SentinelSetup(directory, binary)
     yield setup
     setup.stop()
+
+
+def break_client_connections(port: int) -> int:
+    """Close every client connection of the server on ``port`` but the sentinels' links and
+    the replicas'; returns how many were closed."""
+    server = redis.Redis(port=port, socket_timeout=2)
+    own = server.client_id()
+    closed = 0
+    for client in server.client_list():
+        if int(client["id"]) == own or client["name"].startswith("sentinel-") or "S" in client["flags"]:
+            continue
+        closed += server.execute_command("CLIENT KILL ID", client["id"])
+    return closed
 
 
 def sentinel_worker(
@@ -157,10 +176,19 @@ def test_a_sentinel_failover_during_a_job_outlived_by_its_lease_leaves_it_finish
     )
     wait_for(lambda: starts(log) == 1, timeout=30, what="the job to start")
     redis.Redis(port=sentinel.port).execute_command("SENTINEL", "FAILOVER", SERVICE)
+    # Valkey's sentinel flags the master s_down as the failover starts and names no master
+    # until its next look at it; the worker's connections, broken now, reconnect in that
+    # moment (its pubsub at once) and must take it as a blip, as they do on Redis, whose
+    # sentinel sends them back to the old master until the switch
+    assert break_client_connections(old_primary) > 0
     wait_for(lambda: sentinel.primary_port() != old_primary, timeout=30, what="the failover")
     assert sentinel.primary_port() == sentinel.replica.port
     wait_status(r, job.id, "finished", timeout=60)
+    # and it goes on taking jobs, on the new primary
+    after = Queue(connection=r).enqueue("jobs.add", 2, 3)
+    wait_status(r, after.id, "finished", timeout=30)
     time.sleep(1.0)  # a few more renew and sweep rounds on the new primary
     assert [line.split()[0] for line in runs(log)] == ["start", "end"]
     assert stat(r, "default", "recovered") == 0
     assert worker.poll() is None, procs.log(worker)
+    assert "Traceback" not in procs.log(worker), procs.log(worker)

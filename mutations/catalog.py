@@ -1693,12 +1693,59 @@ CATALOG: list[Mutation] = [
         fast=False,
     ),
     _m(
-        "horse_dies_with_worker_before_the_watchdog_looks",
+        "lifeline_not_armed",
         "rq_emq/run/worker.py",
-        "if not self._watched:",
-        "if True:",
-        [f"{WHOLE}::test_a_horse_whose_watchdog_is_gone_still_ends_itself_whole[kill]"],
-        "PDEATHSIG ends the horse as its worker dies: its children in other sessions escape the watchdog",
+        "self._arm_lifeline()",
+        "pass",
+        [
+            f"{WHOLE}::test_a_horse_holding_the_gil_ends_at_once_when_its_worker_and_watchdog_die_together"
+            "[rq_emq.LeaseWorker-forked for its job]"
+        ],
+        "a GIL-holding horse whose worker and watchdog die together runs on beside the job's next run",
+        fast=False,
+    ),
+    _m(
+        "lifeline_not_armed_in_a_spare",
+        "rq_emq/run/fork_ahead.py",
+        "me._arm_lifeline()",
+        "pass",
+        [
+            f"{WHOLE}::test_a_horse_holding_the_gil_ends_at_once_when_its_worker_and_watchdog_die_together"
+            "[rq_emq.LeaseWorker-forked ahead]"
+        ],
+        "a horse forked ahead runs its job unarmed: a double fault leaves it running",
+        fast=False,
+    ),
+    _m(
+        "lifeline_write_end_kept_by_forks",
+        "rq_emq/run/lifeline.py",
+        "os.register_at_fork(after_in_child=_close_write_ends)",
+        "pass",
+        [
+            f"{WHOLE}::test_a_horse_holding_the_gil_ends_at_once_when_its_worker_and_watchdog_die_together"
+            "[rq_emq.LeaseWorker-forked for its job]"
+        ],
+        "a horse holding the lifeline's write end itself never sees it close",
+        fast=False,
+    ),
+    _m(
+        "watchdog_not_holding_the_lifeline",
+        "rq_emq/run/watchdog.py",
+        "pass_fds=(fd, self.lifeline_fd) if self.lifeline_fd >= 0 else (fd,)",
+        "pass_fds=(fd,)",
+        [f"{WHOLE}::test_a_horse_outlives_its_worker_while_its_watchdog_holds_the_lifeline"],
+        "the horse's group dies with its worker: its children in other sessions escape the watchdog",
+        fast=False,
+    ),
+    _m(
+        "dead_watchdog_replaced_only_by_the_next_run",
+        "rq_emq/run/run_guard.py",
+        "self._keeper.start()",
+        "pass",
+        [
+            f"{WHOLE}::test_a_watchdog_killed_mid_run_is_replaced_at_once_so_a_gil_holding_horse_still_ends[kill]"
+        ],
+        "a run goes on without its backstop until its worker's next run",
         fast=False,
     ),
     _m(
@@ -1706,17 +1753,8 @@ CATALOG: list[Mutation] = [
         "rq_emq/run/horse_fence.py",
         "kill_tree(os.getpid(), group=os.getpgrp() == os.getpid())",
         "os.kill(os.getpid(), signal.SIGKILL)",
-        [f"{WHOLE}::test_a_horse_whose_watchdog_is_gone_still_ends_itself_whole[freeze]"],
+        [f"{WHOLE}::test_a_horse_whose_watchdog_is_gone_and_worker_frozen_ends_itself_whole_at_its_deadline"],
         "a horse fencing itself without its watchdog leaves the job's children working",
-        fast=False,
-    ),
-    _m(
-        "horse_ignores_its_workers_death",
-        "rq_emq/run/horse_fence.py",
-        'gone = bool(getattr(self, "_worker_pid", 0)) and os.getppid() != self._worker_pid',
-        "gone = False",
-        [f"{WHOLE}::test_a_horse_whose_watchdog_is_gone_still_ends_itself_whole[kill]"],
-        "a horse without PDEATHSIG whose worker and watchdog died runs on until its deadline",
         fast=False,
     ),
     # -- the job's own lease (rq_emq.current_lease()) -----------------------------------------
@@ -1786,15 +1824,6 @@ CATALOG: list[Mutation] = [
         "redis.call('HDEL', job_key, 'emq_token')",
         [f"{REPORTS}::test_a_report_goes_when_the_lease_ends_by_a_finish_a_hand_back_or_a_recovery"],
         "a recovered job shows its dead run's report (and progress clock) as if it were live",
-    ),
-    _m(
-        "dead_watchdog_replaced_only_at_the_next_run",
-        "rq_emq/run/lease_mixin.py",
-        "            self._replace_dead_watchdog()\n",
-        "            pass\n",
-        [f"{WHOLE}::test_a_watchdog_killed_mid_run_is_replaced_at_once_so_a_gil_holding_horse_still_ends"],
-        "a watchdog killed mid-run leaves a GIL-holding horse running beside its job's next run",
-        fast=False,
     ),
     _m(
         "horse_leads_no_session_of_its_own",
@@ -2149,8 +2178,8 @@ CATALOG: list[Mutation] = [
     _m(
         "horse_fence_kills_without_saying_so",
         "rq_emq/run/horse_fence.py",
-        "            if past:\n                self.end_at_deadline()\n",
-        "",
+        "            self.end_at_deadline()\n            kill_tree(",
+        "            kill_tree(",
         [
             "tests/recover/test_horse_crash.py::"
             "test_a_horse_ended_at_its_deadline_is_no_crash_though_a_late_renewal_landed_after"

@@ -54,7 +54,6 @@ from rq.queue import Queue
 
 from .. import compat
 from .horse_end import HorseEnd
-from .horse_fence import die_with_parent, outlive_parent
 from .process_tree import become_subreaper, lead_own_session, libc
 
 logger = logging.getLogger("rq_emq.lease")
@@ -358,7 +357,7 @@ class ForkAheadMixin:
         if not self._spares_wanted():
             return
         # what the horse finds in its memory, as a horse forked for its job does
-        me._worker_pid = os.getpid()
+        me._lifeline_for_horses()
         libc()
         if me._horse_deadline is None:
             me._horse_deadline = me._new_run_deadline()
@@ -417,7 +416,7 @@ class ForkAheadMixin:
             if lender is not None and lender._lent is not None and fd is None:
                 raise StaleSpare("the connection it would get cannot be passed")
             payload = spare.shared.dumps(
-                (job, queue, me.lock_manager.get(job.id), me._held_back_record, me._watched)
+                (job, queue, me.lock_manager.get(job.id), me._held_back_record)
                 + (compat.execution_state(self),)
             )
         except Exception as error:  # noqa: BLE001 - whatever will not travel, the job forks as RQ does
@@ -448,10 +447,11 @@ class ForkAheadMixin:
             lead_own_session()
             become_subreaper()
             me._horse_end = HorseEnd.for_spare(horses)
-            # a spare holds nothing: it goes with its worker, even where another process
-            # forked from the worker since (RQ's scheduler, restarted) holds a copy of the
-            # socket it waits on, whose end it would then never read
-            die_with_parent(me._worker_pid)
+            # armed from its fork, as a horse forked for its job is from its start: the
+            # kernel ends it once its worker and watchdog are both gone, even where another
+            # process forked from the worker since (RQ's scheduler, restarted) holds a copy
+            # of the socket it waits on, whose end it would then never read
+            me._arm_lifeline()
             # what needs no job is made before it comes: off the job's path
             manager = me._new_lock_manager(me.connection)  # never started: it fences the run
             lender = me._lender
@@ -460,12 +460,9 @@ class ForkAheadMixin:
             if handed is None:
                 os._exit(0)  # its worker stopped, or ended it
             data, fd = handed
-            job, queue, lease, held_back, watched, executions = shared.loads(data)
+            job, queue, lease, held_back, executions = shared.loads(data)
             os.environ["RQ_WORKER_ID"] = me.name
             os.environ["RQ_JOB_ID"] = job.id
-            me._watched = watched
-            if watched:
-                outlive_parent()  # the watchdog ends the whole run as its worker dies
             me._horse_job_id = job.id
             me._held_back_record = held_back
             compat.restore_execution_state(self, executions)

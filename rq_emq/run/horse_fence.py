@@ -8,7 +8,8 @@ when it passes, before the sweep may hand the job to another worker.
 The same memory tells the worker's watchdog (:mod:`rq_emq.run.watchdog`), a process of its
 own, which run to end and when: it does not depend on the horse's thread getting the GIL
 (a job in C code holds it) nor on the worker being scheduled. The horse's thread stays as
-a second line (a watchdog killed on its own).
+a second line (a watchdog killed on its own, its worker frozen); a horse whose worker and
+watchdog are both gone is ended by the kernel (:mod:`rq_emq.run.lifeline`).
 
 A horse frozen together with its worker (SIGSTOP of both) is ended by the watchdog while
 frozen; frozen with its watchdog too (a paused container), it must not run on after it is
@@ -35,9 +36,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 if __package__:
-    from .process_tree import kill_tree, libc, parent_and_group
+    from .process_tree import kill_tree, parent_and_group
 else:  # imported by the watchdog's own interpreter (rq_emq/run/watchdog.py run as a script)
-    from process_tree import kill_tree, libc, parent_and_group  # type: ignore[no-redef]
+    from process_tree import kill_tree, parent_and_group  # type: ignore[no-redef]
 
 # bytes 0-7 the deadline (double), 8 settled, 9 stopping, 10 ended at its deadline, 11 the
 # held lease's mode (1: a cold stop, handed back; 0: recovered), 12-15 the watchdog's pid
@@ -341,12 +342,12 @@ class HorseDeadline:
             if self._memory[0:8] == first:
                 return float(struct.unpack("d", first)[0])
 
-    def guard(self, interval_s: float, worker_pid: int = 0) -> None:
+    def guard(self, interval_s: float) -> None:
         """In the horse (its main thread): start the thread that ends it past the
-        deadline (or, given ``worker_pid``, once that worker is gone), and check the
-        deadline the moment the horse is resumed from a stop. The thread runs until the
-        horse exits; a kill in the fenced finish writes nothing half-done."""
-        self._worker_pid = worker_pid
+        deadline, and check the deadline the moment the horse is resumed from a stop. The
+        thread runs until the horse exits; a kill in the fenced finish writes nothing
+        half-done. (A horse whose worker and watchdog are gone is ended by the kernel:
+        :mod:`rq_emq.run.lifeline`.)"""
         # Python runs a signal's handler in the main thread before that thread's next
         # instruction (a sleep is interrupted for it): a resumed horse past its deadline
         # ends before any more of the job's code runs, however the scheduler orders its
@@ -358,14 +359,9 @@ class HorseDeadline:
         _thread.start_new_thread(self._watch, (interval_s,))
 
     def check(self) -> None:
-        """End this process and its whole tree (SIGKILL) if the deadline has passed, or
-        its worker is gone (a horse without ``PDEATHSIG``: the watchdog ends it then, and
-        this covers a watchdog gone with the worker)."""
-        gone = bool(getattr(self, "_worker_pid", 0)) and os.getppid() != self._worker_pid
-        past = time.monotonic() > self.get()
-        if past or (gone and not self.settled):
-            if past:
-                self.end_at_deadline()
+        """End this process and its whole tree (SIGKILL) if the deadline has passed."""
+        if time.monotonic() > self.get():
+            self.end_at_deadline()
             kill_tree(os.getpid(), group=os.getpgrp() == os.getpid())
 
     def _on_resume(self, signum: int, frame: object) -> None:
@@ -376,25 +372,3 @@ class HorseDeadline:
             self.check()
             time.sleep(interval_s)
 
-
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to SIGKILL this horse when its worker dies, so a lapsed lease means that
-    nobody works on the job any more (RQ puts the horse in its own process group)."""
-    try:
-        libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except AttributeError:  # not Linux (no prctl): the worker's cold stop still kills it
-        return
-    if os.getppid() != parent_pid:  # the worker died before prctl took effect
-        os._exit(1)
-
-
-def outlive_parent() -> None:
-    """Undo :func:`die_with_parent` (a horse forked ahead, handed a run its worker's
-    watchdog ends whole as the worker dies: the horse alone is not killed first)."""
-    try:
-        libc().prctl(_PR_SET_PDEATHSIG, 0, 0, 0, 0)
-    except AttributeError:
-        return

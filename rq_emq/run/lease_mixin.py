@@ -264,12 +264,9 @@ class LeaseMixin(DequeueMixin, HeartbeatMixin, JobWritesMixin, RunGuard):
         )
 
     def _on_tick(self, pipe: Pipeline, leases: list[Lease]) -> None:
-        """Each renewal tick, in the lock manager's thread: a watchdog that died mid-run is
-        replaced (a fork and exec, once per death; never raises, so the renewal goes out
-        whatever becomes of it), then RQ's heartbeats ride with the renewal (RQ's log line
-        about it goes to the reporter thread: ``HeartbeatMixin.log``)."""
-        if leases:
-            self._replace_dead_watchdog()
+        """Each renewal tick, in the lock manager's thread: the idle watch is kept, and RQ's
+        heartbeats ride with the renewal (RQ's log line about it goes to the reporter
+        thread: ``HeartbeatMixin.log``)."""
         idle_watch = self._taker.watch if self._taker is not None else None
         if idle_watch is not None:
             try:

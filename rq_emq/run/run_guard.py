@@ -17,6 +17,7 @@ import math
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,7 @@ from ..hold.held import Lease
 from . import seen_death
 from .horse_fence import HorseDeadline
 from .job_lease import lease_clock
+from .lifeline import Lifeline, arm
 from .process_tree import end_session, kill_tree
 from .watchdog import Watchdog
 
@@ -38,6 +40,17 @@ class RunGuard:
     _watchdog: Watchdog | None = None
     #: the run is a horse leading its own process group (else: the worker itself)
     _run_is_horse = True
+    #: what ends a horse whose worker and watchdog are both gone (:mod:`.lifeline`)
+    _lifeline: Lifeline | None = None
+
+    def _lifeline_for_horses(self) -> Lifeline | None:
+        """The worker's lifeline, made once: a horse arms its read end as it starts."""
+        if self._run_is_horse and self._lifeline is None:
+            try:
+                self._lifeline = Lifeline()
+            except OSError as error:  # no descriptor to be had: the horse's own fence remains
+                logger.warning("no lifeline for this worker's horses: %s", error)
+        return self._lifeline
 
     def _new_run_deadline(self) -> HorseDeadline:
         return HorseDeadline.in_memfd()  # shared with forked horses and the watchdog
@@ -63,33 +76,61 @@ class RunGuard:
                 except Exception:  # noqa: BLE001 - whatever it lacks, a dead worker's job waits for the sweep
                     logger.debug("no seen-death hand-back for this worker", exc_info=True)
                     kit = None
-                self._watchdog = Watchdog(self._horse_deadline, group=self._run_is_horse, kit=kit)
+                lifeline = self._lifeline_for_horses()
+                self._watchdog = Watchdog(
+                    self._horse_deadline,
+                    group=self._run_is_horse,
+                    kit=kit,
+                    lifeline_fd=lifeline.write_fd if lifeline is not None else -1,
+                )
             if not self._watchdog.alive:  # killed on its own: a new one for the next run
                 self._watchdog.start()
+                if self._keeper is None or not self._keeper.is_alive():
+                    self._keeper = threading.Thread(
+                        target=self._keep_watchdog,
+                        args=(self._watchdog,),
+                        name="rq-emq-watchdog-keeper",
+                        daemon=True,
+                    )
+                    self._keeper.start()
 
-    def _replace_dead_watchdog(self) -> None:
-        """A watchdog that died while a run goes on (killed on its own: an operator, a
-        stray ``pkill python``, the OOM killer) is replaced now, from the lock manager's
-        thread, which runs while the job holds the GIL in the horse: waiting for the next
-        run would leave this one without its backstop, and a worker frozen or killed next
-        would leave a GIL-holding horse running beside its job's next run. The new one
-        reads the run's pid and deadline from the shared memory as it starts."""
+    _keeper: threading.Thread | None = None
+
+    def _keep_watchdog(self, watchdog: Watchdog) -> None:
+        """The keeper thread: waits on the watchdog process (the GIL released) and starts
+        a new one the moment it dies on its own (an operator, a stray ``pkill python``,
+        the OOM killer). A run is without its backstop for the few milliseconds of a
+        start, not until the next renewal or run, and no Redis round trip waits on it."""
+        while not watchdog.stopping:
+            watchdog.wait()
+            if watchdog.stopping:
+                return
+            if not self._replace_dead_watchdog():
+                time.sleep(1.0)  # no process to be had now (EAGAIN, ENOMEM): try again
+
+    def _replace_dead_watchdog(self) -> bool:
+        """A new watchdog for one that died; the new one reads the run's pid and deadline
+        from the shared memory as it starts. False when none could be started."""
         watchdog = self._watchdog
         if watchdog is None or not watchdog.pid or watchdog.alive:
-            return  # none (not wanted), stopped on purpose, or alive
+            return True  # none (not wanted), stopped on purpose, or alive
         dead = watchdog.pid
         try:
             self._start_watchdog()
-        except OSError as error:  # no process to be had now (EAGAIN, ENOMEM): the next tick tries again
-            if self._watchdog_refused != dead:  # said once per dead watchdog, not per tick
+        except OSError as error:
+            if self._watchdog_refused != dead:  # said once per dead watchdog, not per try
                 self._watchdog_refused = dead
                 logger.error("the watchdog (pid %d) died and none could be started: %s", dead, error)
-            return
+            return False
         logger.warning("the watchdog (pid %d) died; started a new one (pid %d)", dead, watchdog.pid)
+        return True
 
     def _stop_watchdog(self) -> None:
         if self._watchdog is not None:
             self._watchdog.stop()
+        if self._lifeline is not None:  # no horse runs any more: nothing for it to end
+            self._lifeline.close()
+            self._lifeline = None
 
     def _run_ended(self) -> None:
         """The run's process is gone: nothing for the watchdog to end or hand back any more."""
@@ -133,7 +174,16 @@ class HorseRunGuard:
 
     _horse_deadline: HorseDeadline | None
     _watchdog: Watchdog | None
-    _watched = False  # the horse's worker runs a watchdog (copied into the horse by the fork)
+    #: in a spawned horse: the lifeline's read end its worker handed down (a forked horse
+    #: reads it from its copy of the worker's ``_lifeline``)
+    _lifeline_fd = -1
+
+    def _arm_lifeline(self) -> None:
+        """In a horse (or a spare) leading its process group (:func:`.lifeline.arm`)."""
+        me: Any = self
+        fd = me._lifeline.read_fd if me._lifeline is not None else self._lifeline_fd
+        if fd >= 0:
+            arm(fd)
 
     def _end_dead_run(self, horse_pid: Any) -> None:
         """After a dead horse's group (recover/horse_crash.py): its session, which it leads
@@ -164,7 +214,6 @@ class HorseRunGuard:
         me: Any = self
         if self._watchdog is not None:
             me._start_watchdog()
-        self._watched = self._watchdog is not None and self._watchdog.alive
         if self._horse_deadline is not None:
             self._horse_deadline.reset(deadline)
 

@@ -1,18 +1,17 @@
 """Leases for RQ 3's ``SpawnWorker``, whose horse is a new interpreter, not a fork.
 
 A forked horse inherits what fences it: its lease (in the lock manager's memory), the
-pid of the worker it must die with, and the local lease deadline in memory shared with
-the worker. A horse started with ``posix_spawn`` inherits none of it, only the
+worker's lifeline (:mod:`rq_emq.run.lifeline`), and the local lease deadline in memory
+shared with the worker. A horse started with ``posix_spawn`` inherits none of it, only the
 environment. So the worker hands it over there, just before the spawn:
 
 - ``RQ_EMQ_HORSE_LEASE``: the lease token of the job (the horse's start and outcome are
   then fenced, as a forked horse's are);
-- ``RQ_EMQ_HORSE_PARENT``: the worker's pid (the horse asks Linux to SIGKILL it when the
-  worker dies, and exits at once if the worker is already gone);
 - ``RQ_EMQ_HORSE_DEADLINE``: a small file (in ``/dev/shm``) that the worker, its watchdog
   and each horse map, holding the local lease deadline the horse ends itself at;
-- ``RQ_EMQ_HORSE_WATCHED``: ``1`` when the worker's watchdog runs (it, not ``PDEATHSIG``,
-  ends the horse whole as the worker dies);
+- ``RQ_EMQ_HORSE_LIFELINE_FD``: the number of the lifeline's read end, which the spawn inherits
+  (the horse arms it: the kernel ends its group once the worker and its watchdog are both
+  gone; it ends at once if they are gone already);
 - ``RQ_EMQ_HORSE_GRANT``: the take's attempt and fencing token (``<attempt>:<token>``),
   which the job reads through ``rq_emq.current_lease()``;
 - ``RQ_EMQ_HORSE_CONFIG``: the settings module of ``rq worker -c`` ("" for none), whose
@@ -38,13 +37,12 @@ from ..recover.registries import given_queue_class
 from ..settings import job_max_attempts
 from .dequeue import META_MAX_ATTEMPTS
 from .horse_fence import HorseDeadline
+from .lifeline import ENV_LIFELINE
 from .startup import ENV_CONFIG, settings_module_name
 from .worker import LeaseWorker
 
 ENV_LEASE = "RQ_EMQ_HORSE_LEASE"
-ENV_PARENT = "RQ_EMQ_HORSE_PARENT"
 ENV_DEADLINE = "RQ_EMQ_HORSE_DEADLINE"
-ENV_WATCHED = "RQ_EMQ_HORSE_WATCHED"
 ENV_GRANT = "RQ_EMQ_HORSE_GRANT"
 
 
@@ -58,8 +56,7 @@ class SpawnLeaseMixin:
     _record_rides_in_start = False  # nor of the worker's memory: the record is written first
 
     _horse_deadline: HorseDeadline | None
-    _worker_pid: int
-    _watched: bool
+    _lifeline_fd: int
 
     def _new_run_deadline(self) -> HorseDeadline:
         return HorseDeadline.shared_file()
@@ -69,12 +66,11 @@ class SpawnLeaseMixin:
         if self._horse_deadline is None:
             self._horse_deadline = self._new_run_deadline()
         lease = me.lock_manager.get(job.id) if me.lock_manager is not None else None
-        watchdog = me._watchdog
+        lifeline = me._lifeline_for_horses()
         handed = {
             ENV_LEASE: lease.token if lease is not None else "",
-            ENV_PARENT: str(os.getpid()),
             ENV_DEADLINE: self._horse_deadline.path or "",
-            ENV_WATCHED: "1" if watchdog is not None and watchdog.alive else "",
+            ENV_LIFELINE: str(lifeline.read_fd) if lifeline is not None else "",
             ENV_GRANT: f"{lease.attempt}:{lease.fencing_token}" if lease is not None else "",
             ENV_CONFIG: settings_module_name() or "",
         }
@@ -98,12 +94,11 @@ class SpawnLeaseMixin:
             me.queue_class = composed
 
     def main_work_horse(self, job: Job, queue: Queue) -> None:
-        """In the spawned horse: the lease, the parent and the deadline, from the worker."""
-        if os.environ.get(ENV_PARENT):
-            self._worker_pid = int(os.environ[ENV_PARENT])
+        """In the spawned horse: the lease, the lifeline and the deadline, from the worker."""
+        if ENV_LEASE in os.environ:
             path = os.environ.get(ENV_DEADLINE)
             self._horse_deadline = HorseDeadline(path) if path else None
-            self._watched = os.environ.get(ENV_WATCHED) == "1"
+            self._lifeline_fd = int(os.environ.get(ENV_LIFELINE) or -1)
             self._adopt_lease(job, queue, os.environ.get(ENV_LEASE, ""))
         super().main_work_horse(job, queue)  # type: ignore[misc]
 

@@ -21,9 +21,10 @@ reach it: a supervisor that kills the worker's group (supervisord's ``killasgrou
 starts in a session of its own, out of that group's reach, where nothing else but the
 horse's own fence thread would stop it. It dies with its worker (``PDEATHSIG``), and as
 it goes it ends a forked horse whole: a
-horse whose worker runs a watchdog gets no ``PDEATHSIG`` of its own, so that the watchdog
-still finds the horse's descendants (the kernel would re-parent them as it ended the
-horse). It ignores SIGINT and SIGTERM: a warm stop (Ctrl+C, systemd's SIGTERM to the whole
+horse gets no ``PDEATHSIG`` of its own, so that the watchdog still finds the horse's
+descendants (the kernel would re-parent them as it ended the horse); its lifeline
+(:mod:`rq_emq.run.lifeline`), whose write end the watchdog holds, fires only once the
+watchdog is gone too. It ignores SIGINT and SIGTERM: a warm stop (Ctrl+C, systemd's SIGTERM to the whole
 group) lets the running job finish, and the job stays guarded until then.
 
 Signals it waits for: ``POKE`` (a new run, re-read now: from a forked horse as it starts,
@@ -46,15 +47,16 @@ from typing import Any
 
 if __package__:
     from . import seen_death
-    from .horse_fence import _PR_SET_PDEATHSIG, POKE, HorseDeadline
+    from .horse_fence import POKE, HorseDeadline
     from .process_tree import kill_tree, libc, parent_and_group
 else:  # the watchdog's own interpreter: this file as a script, its neighbours by path
     sys.path.append(os.path.dirname(os.path.abspath(__file__)))
     import seen_death  # type: ignore[no-redef]
-    from horse_fence import _PR_SET_PDEATHSIG, POKE, HorseDeadline  # type: ignore[no-redef]
+    from horse_fence import POKE, HorseDeadline  # type: ignore[no-redef]
     from process_tree import kill_tree, libc, parent_and_group  # type: ignore[no-redef]
 
 GONE = signal.SIGHUP
+_PR_SET_PDEATHSIG = 1
 #: How soon the watchdog reads the memory again when a run's start held its lock.
 LOCK_RETRY_S = 0.01
 #: blocked from the start: a poke, a hangup or a Ctrl+C in its first instants must not end it
@@ -64,20 +66,27 @@ _BLOCKED = {POKE, GONE, signal.SIGINT, signal.SIGTERM}
 class Watchdog:
     """The worker's handle on its watchdog process."""
 
-    def __init__(self, deadline: HorseDeadline, group: bool, kit: bytes | None = None) -> None:
+    def __init__(
+        self, deadline: HorseDeadline, group: bool, kit: bytes | None = None, lifeline_fd: int = -1
+    ) -> None:
         """``group``: the runs lead process groups of their own (horses); else the run is
         the worker process itself (``SimpleLeaseWorker``). ``kit``: what it needs to hand
         the worker's lease back should the worker die (:mod:`.seen_death`), sent on its
-        stdin as it starts."""
+        stdin as it starts. ``lifeline_fd``: the write end of the worker's lifeline
+        (:mod:`.lifeline`), which it holds, unread, for as long as it lives."""
         self.deadline = deadline
         self.group = group
         self.kit = kit
+        self.lifeline_fd = lifeline_fd
         self.pid = 0
+        #: stopped on purpose (the worker stops): its keeper starts no other
+        self.stopping = False
         self._process: Any = None  # its subprocess.Popen
 
     def start(self) -> None:
         import subprocess  # the worker's; the watchdog's own interpreter never loads it
 
+        self.stopping = False
         fd = self.deadline.open_fd()
         args = [str(fd), str(os.getpid()), "1" if self.group else "0"]
         # the signal mask survives the exec: blocked until the watchdog waits for them
@@ -85,7 +94,7 @@ class Watchdog:
         try:
             self._process = subprocess.Popen(
                 [sys.executable, "-I", "-S", os.path.abspath(__file__), *args],
-                pass_fds=(fd,),
+                pass_fds=(fd, self.lifeline_fd) if self.lifeline_fd >= 0 else (fd,),
                 stdin=subprocess.PIPE if self.kit else subprocess.DEVNULL,
                 # out of the worker's process group: a kill of that group (a supervisor's
                 # killasgroup, ``kill -9 -PGID``) ends the worker, not its watchdog, which
@@ -116,8 +125,15 @@ class Watchdog:
     def alive(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
+    def wait(self) -> None:
+        """Until this watchdog process is gone (the GIL released meanwhile)."""
+        process = self._process
+        if process is not None:
+            process.wait()
+
     def stop(self) -> None:
         """As the worker stops (no run in flight any more)."""
+        self.stopping = True
         if self._process is not None:
             self.deadline.watchdog_pid = 0
             self._process.kill()

@@ -25,7 +25,6 @@ from __future__ import annotations
 import _signal
 import logging
 import math
-import os
 import signal
 import threading
 import time
@@ -43,7 +42,6 @@ from ..hold.held import Lease
 from ..recover.horse_crash import HorseCrashMixin
 from .fork_ahead import ForkAheadMixin
 from .horse_end import HorseEnd
-from .horse_fence import die_with_parent
 from .lease_mixin import LeaseMixin
 from .process_tree import become_subreaper, lead_own_session, libc
 from .run_guard import HorseRunGuard
@@ -77,19 +75,16 @@ class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, ForkAheadMixin, Wo
             # regroup, and its children when their parent exits
             lead_own_session()
             become_subreaper()
-        if not self._watched:
-            # no watchdog to end the whole run as the worker dies: the horse alone, then
-            die_with_parent(self._worker_pid)
+            # the kernel ends this horse's group once its worker and watchdog are both gone
+            self._arm_lifeline()
         if self._horse_deadline is not None and self.lease_settings.stop_on_lease_lost:
             # the worker may be frozen before it writes the pid and pokes its watchdog
             self._horse_deadline.run_started_here()
-            self._horse_deadline.guard(
-                self.lease_settings.lease_check_interval_s, self._worker_pid if self._watched else 0
-            )
+            self._horse_deadline.guard(self.lease_settings.lease_check_interval_s)
         super().main_work_horse(job, queue)
 
     def fork_work_horse(self, job: Job, queue: Queue) -> None:
-        self._worker_pid = os.getpid()
+        self._lifeline_for_horses()
         libc()
         # the horse fences itself on the local lease deadline, which it reads from memory
         # shared with this worker and its watchdog: a frozen or dead worker, or a job

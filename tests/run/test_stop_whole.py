@@ -158,6 +158,36 @@ def test_a_killed_workers_run_ends_with_its_child_processes(
     _assert_no_overlap(log, first)
 
 
+def test_a_horse_outlives_its_worker_while_its_watchdog_holds_the_lifeline(
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path
+) -> None:
+    """The lifeline fires only once the worker and its watchdog are both gone: with the
+    watchdog alive (frozen here, so that it cannot act yet) the horse and its child in a
+    session of its own run on after the worker's SIGKILL; the watchdog, resumed, finds them
+    all and ends them (the kernel's kill would have left that child re-parented to init,
+    out of anyone's reach)."""
+    log = str(tmp_path / "runs.log")
+    job_id = _enqueue_with_child(r, log, "session")
+    killed = procs.worker(redis_url, **RECOVERER)
+    first, child = _first_run(log)
+    watchdog = _watchdog_of(killed.pid, besides=first)
+    os.kill(watchdog, signal.SIGSTOP)
+    try:
+        os.kill(killed.pid, signal.SIGKILL)
+        killed.wait(timeout=10)
+        time.sleep(0.3)  # the kernel's kill lands at the close itself: long past by now
+        assert pid_alive(first) and pid_alive(child)
+    finally:
+        os.kill(watchdog, signal.SIGCONT)
+    wait_for(
+        lambda: not pid_alive(child) and not pid_alive(first),
+        timeout=SETTINGS.lease_ms / 1000,
+        what="the run to end",
+    )
+    _recovered_elsewhere(r, procs, redis_url, log, job_id)
+    _assert_no_overlap(log, first)
+
+
 def test_a_worker_killed_with_its_horse_leaves_no_child_of_the_run(
     r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path
 ) -> None:
@@ -399,35 +429,65 @@ def test_kill_tree_ends_a_process_its_group_and_descendants_in_other_sessions() 
             root.kill()
 
 
-@pytest.mark.parametrize("fault", ["freeze", "kill"])
-def test_a_horse_whose_watchdog_is_gone_still_ends_itself_whole(
-    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, fault: str
+def test_a_horse_whose_watchdog_is_gone_and_worker_frozen_ends_itself_whole_at_its_deadline(
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path
 ) -> None:
-    """The horse's own fence is the second line (a watchdog killed on its own): past
-    its deadline (its worker frozen) or as soon as its worker is gone (it has no
-    ``PDEATHSIG`` while a watchdog runs: the kernel would end it before it could look),
-    it ends its group and descendants, here a child in a session of its own. The lease
-    here is 3 s, so a horse ended for its worker's death (checked every 50 ms) ends long
-    before its deadline (2.7 s past the last renewal) could explain it."""
+    """The horse's own fence is the second line (a watchdog killed on its own, then the
+    worker frozen before a new one starts): past its deadline it ends its group and
+    descendants, here a child in a session of its own."""
     lease = {**LEASE, "RQ_EMQ_LEASE_MS": "3000"}
     log = str(tmp_path / "runs.log")
     job_id = _enqueue_with_child(r, log, "session")
     victim = procs.worker(redis_url, **lease)
     first, child = _first_run(log)
+    os.kill(victim.pid, signal.SIGSTOP)  # first: a running worker replaces its watchdog at once
     os.kill(_watchdog_of(victim.pid, besides=first), signal.SIGKILL)
-    os.kill(victim.pid, signal.SIGSTOP if fault == "freeze" else signal.SIGKILL)
     try:
-        if fault == "kill":
-            wait_for(
-                lambda: not pid_alive(child) and not pid_alive(first), timeout=1.0, what="the run to end"
-            )
         procs.worker(redis_url, **lease)
         wait_for(lambda: len(run_spans(log)) >= 2, timeout=20, what="a second run")
         wait_for(lambda: status(r, job_id) == "finished", timeout=20, what="the job to finish")
         _assert_no_overlap(log, first)
+        assert not pid_alive(child)
     finally:
-        if fault == "freeze":
-            os.kill(victim.pid, signal.SIGCONT)
+        os.kill(victim.pid, signal.SIGCONT)
+
+
+@pytest.mark.parametrize(
+    ("worker_class", "horse"),
+    [
+        ("rq_emq.LeaseWorker", "forked for its job"),
+        ("rq_emq.LeaseWorker", "forked ahead"),
+        pytest.param(
+            "rq_emq.SpawnLeaseWorker",
+            "spawned",
+            marks=pytest.mark.skipif(not _SPAWN, reason="RQ 3 only"),
+        ),
+    ],
+)
+def test_a_horse_holding_the_gil_ends_at_once_when_its_worker_and_watchdog_die_together(
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, worker_class: str, horse: str
+) -> None:
+    """A double fault within one check: the watchdog SIGKILLed, then its worker at once,
+    while the job holds the GIL in C code (the horse's fence thread cannot run). The
+    kernel ends the horse's group as the lifeline's last write end closes: the horse is
+    gone within a lease (it would run on for the seconds its C call takes), long before
+    the sweep hands the job to another worker. The horse is the first job's (forked for
+    it) or a second job's (forked ahead, while the first ran: armed from its fork)."""
+    log = str(tmp_path / "runs.log")
+    queue = Queue(connection=r)
+    # a spare as old as this test may take the job: it must be the one that runs it
+    worker = procs.worker(redis_url, worker_class=worker_class, **LEASE, RQ_EMQ_SPARE_MAX_AGE_MS="60000")
+    if horse == "forked ahead":
+        warm_up = queue.enqueue("jobs.noop")
+        wait_for(lambda: status(r, warm_up.id) == "finished", timeout=15, what="the first job")
+    job = queue.enqueue("jobs.hold_gil_first_run", log, GIL_LETTERS, job_timeout=120)
+    wait_for(lambda: runs(log), timeout=15, what="the first run to start")
+    first = int(runs(log)[0].split()[1])
+    os.kill(_watchdog_of(worker.pid, besides=first), signal.SIGKILL)
+    os.kill(worker.pid, signal.SIGKILL)
+    wait_for(lambda: not pid_alive(first), timeout=SETTINGS.lease_ms / 1000, what="the horse to end")
+    _recovered_elsewhere(r, procs, redis_url, log, job.id)
+    _assert_no_overlap(log, first)
 
 
 @pytest.mark.parametrize("worker_class", ["rq_emq.LeaseWorker", "rq_emq.SimpleLeaseWorker"])
@@ -460,8 +520,8 @@ def test_a_watchdog_killed_mid_run_is_replaced_at_once_so_a_gil_holding_horse_st
     """The watchdog is killed on its own while a horse holds the GIL (its fence thread
     cannot run), then the worker is killed or frozen. A watchdog replaced only at the next
     fork left the horse running beside the job's next run (2.4-2.8 s later); the worker's
-    lock manager replaces it within a tick, and the new one ends the horse: at once when
-    its worker dies, at the run's deadline when its worker is frozen."""
+    keeper thread replaces it as it dies, and the new one ends the horse: at once when its
+    worker dies, at the run's deadline when its worker is frozen."""
     log = str(tmp_path / "runs.log")
     job = Queue(connection=r).enqueue("jobs.hold_gil_first_run", log, GIL_LETTERS, job_timeout=120)
     worker = procs.worker(redis_url, **LEASE)
@@ -473,7 +533,7 @@ def test_a_watchdog_killed_mid_run_is_replaced_at_once_so_a_gil_holding_horse_st
     def replaced() -> list[int]:
         return [pid for pid in tree(worker.pid) if pid not in (worker.pid, first, dead) and _is_watchdog(pid)]
 
-    # within a few ticks (renewals every 200 ms; slack for a loaded host: 5 s)
+    # at once (slack for a loaded host: 5 s)
     wait_for(replaced, timeout=5, what="a new watchdog while the run goes on")
     # the worker says so (its line follows the new watchdog's start: waited for, not raced)
     wait_for(lambda: "died; started a new one" in procs.log(worker), timeout=5, what="the worker's line")

@@ -1749,6 +1749,18 @@ CATALOG: list[Mutation] = [
         fast=False,
     ),
     _m(
+        "library_lines_of_the_sweeper_reach_the_handlers",
+        "rq_emq/reporter.py",
+        'if getattr(_local, "renewal", False) or os.getpid() == _libraries_kept_off_in:',
+        'if getattr(_local, "renewal", False):',
+        [
+            "tests/shared/test_reporter.py::test_a_librarys_line_made_on_any_thread_of_the_worker_goes_to_the_reporter",
+            "tests/run/test_slow_log_handler.py::"
+            "test_redis_stalls_under_a_log_handler_that_takes_seconds_per_record_lose_no_lease",
+        ],
+        "redis-py's line about a sweep's failed command holds the shared connection through a slow handler",
+    ),
+    _m(
         "horse_fence_ends_only_its_pid",
         "rq_emq/run/horse_fence.py",
         "kill_tree(os.getpid(), group=os.getpgrp() == os.getpid())",

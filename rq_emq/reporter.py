@@ -13,9 +13,12 @@ logger. The record keeps the time, the place in the code and the thread of the c
   methods the tick calls log through the worker's ``log``, which on those threads is one
   too (:class:`rq_emq.hold.heartbeats.HeartbeatMixin`). On any other thread a call is the
   logger's own, at once, as before.
-- redis-py logs a DEBUG line when a command or a connection fails: its loggers get a
-  filter (:func:`keep_libraries_off`) that hands such a record, made on one of those
-  threads, to the reporter instead of the handlers.
+- redis-py logs a DEBUG line when a command or a connection fails, on the thread of the
+  call and with the connection still checked out: its loggers get a filter
+  (:func:`keep_libraries_off`) that hands such a record to the reporter instead of the
+  handlers, made on any thread of the process whose lock manager installed it (the worker:
+  its sweeper and main thread share the control connection with the renewals, and a
+  slow handler there held a renewal back for the length of two records).
 - The queue holds at most :data:`CAPACITY` lines: past that, new ones are dropped and
   counted (:func:`dropped`), and the reporter says how many once it has caught up. A put
   never waits: not on a handler, not on the reporter.
@@ -230,6 +233,7 @@ class _Reporter:
         return self._queue.qsize()
 
     def _run(self) -> None:
+        _local.reporting = True  # a library's record handed on here is not queued again
         while True:
             item = self._queue.get()
             if isinstance(item, threading.Event):  # a flush: what was dropped is said first
@@ -282,21 +286,29 @@ def _hand_on(item: _Line | logging.LogRecord) -> None:
 
 
 class _LibraryLines(logging.Filter):
-    """On a library's logger: a record made on a renewal thread goes to the reporter."""
+    """On a library's logger: a record made on a renewal thread, or on any thread of the
+    process that installed the filter, goes to the reporter (but for the reporter's own
+    hand-on of it)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if getattr(_local, "renewal", False):
+        if getattr(_local, "reporting", False):
+            return True
+        if getattr(_local, "renewal", False) or os.getpid() == _libraries_kept_off_in:
             _reporter().put(record)
             return False
         return True
 
 
 _library_filter = _LibraryLines()
+#: the process whose library lines all go to the reporter (a forked horse's do not)
+_libraries_kept_off_in = 0
 
 
 def keep_libraries_off(names: Iterable[str] = LIBRARY_LOGGERS) -> None:
-    """Give each of these loggers the filter that takes records made on a renewal thread
+    """Give each of these loggers the filter that takes their records made in this process
     off to the reporter (once per logger)."""
+    global _libraries_kept_off_in
+    _libraries_kept_off_in = os.getpid()
     for name in names:
         library = logging.getLogger(name)
         if _library_filter not in library.filters:

@@ -10,6 +10,7 @@ hands every log line to a thread of its own (rq_emq/reporter.py).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,8 @@ from helpers import stat, wait_status
 from jobs import runs
 from procs import Processes, wait_for
 from rq import Queue
+
+from rq_emq.testing import RedisServer
 
 pytestmark = pytest.mark.slow
 
@@ -68,3 +71,40 @@ def test_a_job_runs_once_to_its_end_under_a_log_handler_that_takes_seconds_per_r
     wait_for(lambda: seen.exists() and "slowed rq.worker" in seen.read_text(), what="a slowed record")
     slowed = [line for line in seen.read_text().splitlines() if " slowed " in line]
     assert any("heartbeat" in line for line in slowed), slowed
+
+
+def test_redis_stalls_under_a_log_handler_that_takes_seconds_per_record_lose_no_lease(
+    own_server: RedisServer, procs: Processes, tmp_path: Path
+) -> None:
+    """redis-py logs a DEBUG line when a command fails, on the calling thread, with the
+    connection still checked out. The worker's sweeper shares its connection with the
+    renewals: a sweep that failed in a Redis stall held it for as long as the slow handler
+    took over that line, and the renewal behind it lost the lease (a false recovery, found
+    under load). Three stalls of 0.3 lease, each longer than the control client's socket
+    timeout (so whatever is in flight fails), while the handler takes 2.5 leases a record:
+    the job still runs once, to its end."""
+    r = redis.Redis.from_url(own_server.url)
+    runs_log, seen = str(tmp_path / "runs.log"), tmp_path / "seen.log"
+    job = Queue(connection=r).enqueue(
+        "slow_logging.slow_logs_while_running", runs_log, 2 * JOB_S, job_timeout=120
+    )
+    worker = procs.worker(
+        own_server.url,
+        args=("-c", "slow_logging", "--logging_level", "DEBUG"),
+        EMQ_TEST_SLOW_LOG_WHILE=str(tmp_path / "slow"),
+        EMQ_TEST_SLOW_LOG_SECONDS=str(HANDLER_S),
+        EMQ_TEST_SLOW_LOG_SEEN=str(seen),
+        **SETTINGS,
+    )
+    wait_for(lambda: runs(runs_log), timeout=30, what="the run to start")
+    for _ in range(3):
+        own_server.pause()
+        time.sleep(0.3 * LEASE_S)
+        own_server.resume()
+        time.sleep(0.5 * LEASE_S)
+    done = wait_status(r, job.id, "finished", "failed", timeout=30 * LEASE_S)
+    said = procs.log(worker)
+    assert done == "finished", procs.describe()
+    assert [line.split()[0] for line in runs(runs_log)] == ["start", "end"], said
+    for counter in ("lease_lost", "marked", "recovered", "failed", "crashed"):
+        assert stat(r, "default", counter) == 0, (counter, said)

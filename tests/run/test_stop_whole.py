@@ -188,6 +188,24 @@ def test_a_horse_outlives_its_worker_while_its_watchdog_holds_the_lifeline(
     _assert_no_overlap(log, first)
 
 
+def test_a_simple_worker_killed_alone_leaves_no_child_of_its_run_beside_the_next(
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path
+) -> None:
+    """A ``SimpleLeaseWorker`` runs its job in its own process: SIGKILLed alone, its job's
+    child (in the worker's process group, which the worker leads) is orphaned, out of any
+    tree walk's reach. Its watchdog ends the group the worker led before it hands the job
+    back, so the child does not tick beside the job's next run (it did, by 11-1015 ms in
+    the soak)."""
+    log = str(tmp_path / "runs.log")
+    job_id = _enqueue_with_child(r, log, "group")
+    killed = procs.worker(redis_url, worker_class="rq_emq.SimpleLeaseWorker", **RECOVERER)
+    first, child = _first_run(log)
+    os.kill(killed.pid, signal.SIGKILL)
+    wait_for(lambda: not pid_alive(child), timeout=SETTINGS.lease_ms / 1000, what="the run's child to end")
+    _recovered_elsewhere(r, procs, redis_url, log, job_id)
+    _assert_no_overlap(log, first)
+
+
 def test_a_worker_killed_with_its_horse_leaves_no_child_of_the_run(
     r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path
 ) -> None:

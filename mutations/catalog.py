@@ -485,8 +485,8 @@ CATALOG: list[Mutation] = [
     _m(
         "seen_death_left_to_the_sweep",
         "rq_emq/run/watchdog.py",
-        "            _hand_back(deadline, kit, worker, killed, pid if group else (worker if worker_leads_group else 0))",
-        "            pass",
+        "_hand_back(deadline, kit, worker, killed, ",
+        "pass  # ",
         ["tests/run/test_seen_death.py"],
         "a worker whose death its own watchdog saw still waits a whole lease before its job runs again",
     ),

@@ -43,6 +43,7 @@ LONG_TESTS = (
     "test_fleet_sweep.py::",
     "test_failover.py::test_a_failover_costs_at_most_reruns",
     "test_worker_processes.py::test_a_job_running_20_times",
+    "test_dashboard_browser_safety.py::",
 )
 
 

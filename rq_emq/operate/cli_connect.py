@@ -80,9 +80,7 @@ def connect(
     per change of state; bad settings and a password problem still fail at once."""
     module: dict[str, Any] = {}
     if config:
-        if "." not in sys.path:
-            sys.path.append(".")  # as rq's default --path
-        importlib.invalidate_caches()  # a module written a moment ago (tests, scripts)
+        _import_from_the_current_directory()
         try:
             module = read_config_file(config)
         except Exception as error:  # an import runs arbitrary code: any failure is bad input
@@ -168,12 +166,22 @@ def select_queues(
     return names
 
 
+def _import_from_the_current_directory() -> None:
+    """Modules found in the current directory, as rq's default ``--path`` finds them: the
+    directory's finder made anew, so that it reads the directory the process is in now
+    (Python 3.10 kept the one it made first, for a directory left since) and a module
+    written a moment ago (tests, scripts)."""
+    if "." not in sys.path:
+        sys.path.append(".")
+    sys.path_importer_cache.pop(".", None)
+    importlib.invalidate_caches()
+
+
 def load_class(path: str | None, option: str, base: type) -> Any:
     """The class named by ``--job-class`` / ``--queue-class`` (None: ``base``, RQ's)."""
     if not path:
         return base
-    if "." not in sys.path:
-        sys.path.append(".")  # as rq's default --path
+    _import_from_the_current_directory()
     from rq.utils import import_attribute
 
     try:
@@ -189,8 +197,7 @@ def load_serializer(path: str | None) -> Any:
     """The serializer named by ``--serializer`` (None: RQ's default), resolved by RQ."""
     if not path:
         return None
-    if "." not in sys.path:
-        sys.path.append(".")  # as rq's default --path
+    _import_from_the_current_directory()
     from rq.serializers import resolve_serializer
 
     try:

@@ -76,14 +76,12 @@ class RunGuard:
                 except Exception:  # noqa: BLE001 - whatever it lacks, a dead worker's job waits for the sweep
                     logger.debug("no seen-death hand-back for this worker", exc_info=True)
                     kit = None
-                lifeline = self._lifeline_for_horses()
-                self._watchdog = Watchdog(
-                    self._horse_deadline,
-                    group=self._run_is_horse,
-                    kit=kit,
-                    lifeline_fd=lifeline.write_fd if lifeline is not None else -1,
-                )
+                self._watchdog = Watchdog(self._horse_deadline, group=self._run_is_horse, kit=kit)
             if not self._watchdog.alive:  # killed on its own: a new one for the next run
+                # this worker's lifeline now (a worker object's work() may run again, and
+                # each run of it makes its own)
+                lifeline = self._lifeline_for_horses()
+                self._watchdog.lifeline_fd = lifeline.write_fd if lifeline is not None else -1
                 self._watchdog.start()
                 if self._keeper is None or not self._keeper.is_alive():
                     self._keeper = threading.Thread(

@@ -153,10 +153,13 @@ def ticking_run(log: str, seconds: float, later_s: float | None = None) -> str:
     return "done"
 
 
-def ticking_run_saving_meta(log: str, seconds: float, save_at: float, later_s: float | None = None) -> str:
-    """A :func:`ticking_run` that saves its own meta ``save_at`` seconds in (a job that
-    reports its progress the RQ way: ``job.meta[...] = ...; job.save_meta()``) and goes on
-    whatever the save raised (a ``save`` line records the error's name, or ``ok``)."""
+def ticking_run_saving_meta(
+    log: str, seconds: float, save_at: float | str, later_s: float | None = None
+) -> str:
+    """A :func:`ticking_run` that saves its own meta ``save_at`` seconds in, or once the
+    file named by ``save_at`` exists (a job that reports its progress the RQ way:
+    ``job.meta[...] = ...; job.save_meta()``), and goes on whatever the save raised (a
+    ``save`` line records the error's name, or ``ok``)."""
     from rq import get_current_job
 
     def line(tag: str) -> None:
@@ -169,7 +172,8 @@ def ticking_run_saving_meta(log: str, seconds: float, save_at: float, later_s: f
     until, saved = started + seconds, False
     while time.monotonic() < until:
         time.sleep(0.02)
-        if not saved and time.monotonic() >= started + save_at:
+        due = os.path.exists(save_at) if isinstance(save_at, str) else time.monotonic() >= started + save_at
+        if not saved and due:
             saved, job = True, get_current_job()
             assert job is not None
             job.meta["progress"] = 0.5

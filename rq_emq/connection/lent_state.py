@@ -160,7 +160,9 @@ class LentState:
             and fields.get("sub") == "0"
             and fields.get("psub") == "0"
             and fields.get("ssub", "0") == "0"
-            and fields.get("multi") == "-1"
+            # no MULTI open: inside one this CLIENT INFO would have been queued, not
+            # answered; Redis says -1, Valkey 9 says 0 after an EXEC
+            and fields.get("multi") in ("-1", "0")
             and (fields["watch"] == "0" if "watch" in fields else unwatched)
         )
 

@@ -371,4 +371,3 @@ class HorseDeadline:
         while True:
             self.check()
             time.sleep(interval_s)
-

@@ -79,7 +79,7 @@ def test_the_lock_managers_threads_call_no_log_handler_and_no_event_hook(
     reported, lost = queue.enqueue("jobs.noop"), queue.enqueue("jobs.noop")
     silent = queue.enqueue("jobs.noop", meta=rq_emq.progress_timeout(3 * RENEW_MS))
     worker = LeaseWorker([queue], connection=r, lease_ms=LEASE_MS, renew_interval_ms=RENEW_MS, name="w-path")
-    replace = worker._replace_dead_watchdog
+    beat = worker._tick_heartbeats
     taken = worker.dequeue_job_and_maintain_ttl(None)  # the lock manager ticks from here
     manager = worker.lock_manager
     try:
@@ -101,13 +101,13 @@ def test_the_lock_managers_threads_call_no_log_handler_and_no_event_hook(
         r.hset(job_key(lost.id), "emq_token", "someone-else")  # its next renewal is refused
         failing = [True]
 
-        def fail_once() -> None:  # the tick's own error: "lock manager tick failed"
+        def fail_once(*args: object) -> None:  # the tick's own error: "lock manager tick failed"
             if failing:
                 failing.clear()
                 raise RuntimeError("a tick that fails")
-            replace()
+            beat(*args)  # type: ignore[arg-type]
 
-        worker._replace_dead_watchdog = fail_once  # type: ignore[method-assign]
+        worker._tick_heartbeats = fail_once  # type: ignore[method-assign]
         # a command of the tick that fails and is retried (redis-py logs it at DEBUG)
         r.client_kill_filter(_id=manager.client.client_id())
         wanted = {
@@ -131,7 +131,7 @@ def test_the_lock_managers_threads_call_no_log_handler_and_no_event_hook(
 
         wait_for(all_seen, timeout=30 * RENEW_MS / 1000 + 10, what="every path's line and event")
     finally:
-        worker._replace_dead_watchdog = replace  # type: ignore[method-assign]
+        worker._tick_heartbeats = beat  # type: ignore[method-assign]
         events.unsubscribe(hook)
         horse.kill()
         horse.wait()

@@ -221,8 +221,10 @@ def test_a_running_job_enqueued_again_waits_for_its_old_run_though_the_run_saves
     queue = Queue("q", connection=r)
     log = str(tmp_path / "runs.log")
     lease = {"RQ_EMQ_LEASE_MS": "3000", "RQ_EMQ_RENEW_INTERVAL_MS": "300"}
-    # 4 s, the save 1 s in; a later run lasts 0.3 s
-    args = ("jobs.ticking_run_saving_meta", log, 4.0, 1.0, 0.3)
+    # 8 s, the save once the copy is enqueued (whenever a loaded host has the second
+    # worker ready); a later run lasts 0.3 s
+    enqueued = tmp_path / "enqueued again"
+    args = ("jobs.ticking_run_saving_meta", log, 8.0, str(enqueued), 0.3)
     queue.enqueue(*args, job_id="order-20", job_timeout=60)
     procs.worker(redis_url, "q", worker_class=worker_class, **lease)
     wait_for(lambda: len(runs(log)) > 2, timeout=20, what="the first run to tick")
@@ -232,6 +234,7 @@ def test_a_running_job_enqueued_again_waits_for_its_old_run_though_the_run_saves
         queue.enqueue_job(Job.fetch("order-20", connection=r))
     else:
         queue.enqueue(*args, job_id="order-20", job_timeout=60)
+    enqueued.touch()
     wait_for(lambda: any(line.startswith("save:") for line in runs(log)), timeout=20, what="the save")
     wait_for(lambda: len(each_run(log)) == 2 and runs(log)[-1].startswith("end"), timeout=40, what="2 runs")
     saves = [line.split()[0] for line in runs(log) if line.startswith("save:")]

@@ -2137,8 +2137,8 @@ CATALOG: list[Mutation] = [
         "rq_emq/run/lease_mixin.py",
         "        if not isinstance(error, LeaseJobInterrupted | LeaseLost):",
         "        if True:",
-        [f"{WORKER_LOGS}::test_a_simple_workers_progress_timeout_stop_is_one_line_not_a_traceback"],
-        "a SimpleLeaseWorker prints a whole traceback at each lease stop",
+        [f"{WORKER_LOGS}::test_a_run_whose_guarded_write_was_refused_is_one_line_not_a_traceback"],
+        "a run whose guarded write was refused prints a whole traceback, as if the job failed",
     ),
     _m(
         "unstarted_run_failure_callback_kept",

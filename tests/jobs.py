@@ -114,6 +114,20 @@ def lose_lease_and_succeed(log: str) -> str:
     return "done"
 
 
+def lose_lease_then_save_meta(log: str) -> str:
+    """A job whose lease is taken away while it runs, then saves its meta: the guarded
+    write is refused, and the refusal (``LeaseLost``) propagates out of the job."""
+    from rq import get_current_job
+
+    job = get_current_job()
+    assert job is not None
+    record(log, "start")
+    job.connection.hset(job.key, "emq_token", "someone-else")
+    job.meta["progress"] = 1
+    job.save_meta()
+    return "done"
+
+
 def sleep_first_run_and_record(log: str, seconds: float) -> str:
     """Like sleep_and_record, but only the first run sleeps: a job killed mid-run whose
     rerun is quick."""

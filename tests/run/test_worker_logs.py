@@ -223,3 +223,21 @@ def test_a_simple_workers_progress_timeout_stop_is_one_line_not_a_traceback(
     said = f"job {job.id}: stopped, no progress for 800 ms (its progress timeout); ending the worker process"
     (line,) = [m for m in ours(procs.log(worker)) if said in m["message"]]
     assert line["worker"] == "w-simple"
+
+
+def test_a_run_whose_guarded_write_was_refused_is_one_line_not_a_traceback(
+    r: redis.Redis, redis_url: str, procs: Processes, tmp_path: Path
+) -> None:
+    """The job's own write (``save_meta``) is refused once its lease is no longer its
+    worker's, and the refusal propagates out of the job: the run did not fail (the sweep
+    decides what becomes of the job), so RQ's traceback of it is one line of ours."""
+    log = str(tmp_path / "runs.log")
+    job = Queue("logs-refused", connection=r).enqueue("jobs.lose_lease_then_save_meta", log)
+    worker = procs.worker(redis_url, "logs-refused", burst=True, name="w-refused", **STEADY)
+    assert worker.wait(timeout=30) == 0, procs.log(worker)
+    said = procs.log(worker)
+    assert "Traceback" not in said, said
+    (line,) = [
+        m for m in ours(said) if m["message"].startswith(f"job {job.id} on queue logs-refused: run stopped")
+    ]
+    assert line["level"] == "WARNING" and "no longer this worker's" in line["message"]

@@ -1770,6 +1770,17 @@ CATALOG: list[Mutation] = [
         fast=False,
     ),
     _m(
+        "finish_reads_the_lease_off_a_closed_connection",
+        "rq_emq/fence/fencing.py",
+        "            except ResponseError:\n                # an error reply leaves the connection in step",
+        "            except BaseException:\n                # an error reply leaves the connection in step",
+        [
+            "tests/fence/test_fenced_writes.py::"
+            "test_a_finishs_watched_read_cut_by_a_restarting_redis_is_a_watch_error_rqs_loop_retries"
+        ],
+        "a finish cut by a restarting Redis fails a job whose code succeeded, its failure callback run",
+    ),
+    _m(
         "horse_fence_ends_only_its_pid",
         "rq_emq/run/horse_fence.py",
         "kill_tree(os.getpid(), group=os.getpgrp() == os.getpid())",

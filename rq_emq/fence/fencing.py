@@ -230,8 +230,13 @@ class FencedPipelineMixin(WatchedCommitMixin):
                 watched = error
             try:
                 reply = pipe.parse_response(conn, args[0], **options)
-            finally:
-                lease = pipe.parse_response(conn, "HMGET") if reads_lease else None
+            except ResponseError:
+                # an error reply leaves the connection in step: the lease's reply follows
+                if reads_lease:
+                    pipe.parse_response(conn, "HMGET")
+                raise
+            # (a connection error closed the connection: nothing more is read from it)
+            lease = pipe.parse_response(conn, "HMGET") if reads_lease else None
             if watched is None and isinstance(lease, list):
                 self._emq_lease_read = lease
         except (RedisConnectionError, RedisTimeoutError) as error:

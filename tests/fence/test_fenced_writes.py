@@ -13,6 +13,7 @@ from helpers import leased_job
 from rq import Queue
 from rq.job import Job
 
+import rq_emq
 from rq_emq import SimpleLeaseWorker, scripts
 from rq_emq.fence.fencing import Fence, LeaseLost, fenced
 from rq_emq.keys import QueueKeys, job_key
@@ -282,3 +283,39 @@ def test_a_finish_that_runs_a_script_of_its_own_is_checked_then_committed(r: red
         with pytest.raises(LeaseLost):
             pipe.execute()
     assert r.get("counter") == b"1" and r.hget(job_key(other.id), "status") == b"queued"
+
+
+@pytest.mark.skipif(
+    not rq_emq.compat.SUCCESS_LOOP_RETRIES_WHOLE, reason="a finish reads its lease with RQ 3's watch"
+)
+def test_a_finishs_watched_read_cut_by_a_restarting_redis_is_a_watch_error_rqs_loop_retries(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The finish's WATCH, RQ's read and the lease's read go in one send. A Redis that is
+    loading its data after a restart answers the read with ``LOADING``, which redis-py
+    raises as a connection error and closes the connection on: the lease's reply is not
+    read from the closed connection (that raised AttributeError, which RQ took for the
+    job's own failure and ran its failure callback for a run that succeeded). It is a
+    WatchError, which RQ's finish loop retries, within the blip budget."""
+    from redis.connection import AbstractConnection
+
+    job, lease = leased_job(r)
+    scripts.load_all(r)
+    dependents = f"rq:job:{job.id}:dependents"
+    original = AbstractConnection.read_response
+    reads: list[int] = []
+
+    def loading_on_the_read(self: AbstractConnection, *args: object, **kwargs: object) -> object:
+        reads.append(1)
+        if len(reads) == 2:  # the WATCH's reply was read; RQ's read meets a loading Redis
+            self.disconnect()
+            raise redis.exceptions.BusyLoadingError("Redis is loading the dataset in memory")
+        return original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    with fenced(r, lease.fence):
+        with r.pipeline() as pipe:
+            pipe.watch(dependents)
+            monkeypatch.setattr(AbstractConnection, "read_response", loading_on_the_read)
+            with pytest.raises(redis.WatchError):
+                pipe.smembers(dependents)
+            monkeypatch.undo()

@@ -153,7 +153,7 @@ FROZEN_PAIR_OVERLAP_MS = 100.0
 def check_overlap(ev: Any, v: Verdict, lease: bool) -> list[Overlap]:
     """No two runs of one job overlap in time (:mod:`soak.overlap`); returns the overlaps
     that failed it (not stock RQ's, not a frozen pair's moment after its resume)."""
-    from .witnesscheck import stock_ran_the_copy
+    from .witnesscheck import stock_ran_the_copy, stock_ran_the_original
 
     found = overlaps(ev.runs, ev.faults, horse_dies_with_worker=lease)
     v.counts["overlapping_runs"] = len(found)
@@ -164,8 +164,12 @@ def check_overlap(ev: Any, v: Verdict, lease: bool) -> list[Overlap]:
         later = next((run for run in ev.runs.get(o.job_id, []) if run.pid == o.later_pid), None)
         if later is not None and rq_ran_its_own_copy(o.job_id, later, ev):
             continue  # counted with the repeats: stock RQ's
-        if later is not None and stock_ran_the_copy(o.job_id, later, ev):
-            # a user's copy of a running job that a stock neighbour popped without a lease
+        earlier = next((run for run in ev.runs.get(o.job_id, []) if run.pid == o.earlier_pid), None)
+        if later is not None and (
+            stock_ran_the_copy(o.job_id, later, ev)
+            or (earlier is not None and stock_ran_the_original(o.job_id, earlier, later, ev))
+        ):
+            # a user's copy of a running job, beside a stock neighbour's run without a lease
             v.counts["stock_ran_an_enqueued_copy"] = v.counts.get("stock_ran_an_enqueued_copy", 0) + 1
             continue
         if o.ms > (FROZEN_PAIR_OVERLAP_MS if o.frozen else 0.0):

@@ -81,6 +81,16 @@ def stock_ran_the_copy(job_id: str, later: Run, ev: Any) -> bool:
     return enqueued_again_before(job_id, later.started, ev.faults) is not None
 
 
+def stock_ran_the_original(job_id: str, earlier: Run, later: Run, ev: Any) -> bool:
+    """``earlier`` is a stock neighbour's run, and the job was enqueued again while it ran,
+    before ``later`` began: a stock run holds no lease, so nothing holds the copy back (two
+    stock workers run both as well)."""
+    if earlier.ppid not in set(getattr(ev, "stock_workers", [])):
+        return False
+    again = enqueued_again_before(job_id, later.started, ev.faults)
+    return again is not None and again.started >= earlier.started
+
+
 def _holding_run(runs: list[Run], at: float, patience_s: float) -> Run | None:
     """The run a push at ``at`` took the job from: the last begun before it, while it
     still held the job (see the module's docstring); None for a take no run names."""

@@ -189,6 +189,20 @@ def test_a_stock_neighbour_that_runs_the_copy_at_once_is_stock_rqs_overlap() -> 
     assert went_on(evaluate(evidence(ours, [_enqueued_again(2.0)], stock=[stock_worker])))
 
 
+def test_one_of_ours_running_the_copy_beside_a_stock_neighbours_run_is_stock_rqs_overlap() -> None:
+    """The job ran on a stock neighbour (no lease) when it was enqueued again: nothing holds
+    the copy back, and one of ours runs it beside the stock run, as a second stock worker
+    would. With no enqueue in between, the same overlap fails."""
+    stock_worker, stock_horse = 500, 501
+    runs = [
+        Run("j", stock_horse, stock_worker, 1.0, None, 4.0, "ok"),
+        Run("j", HORSE, WORKER, 2.1, 1, 3.0, "ok"),
+    ]
+    verdict = evaluate(evidence(runs, [_enqueued_again(2.0)], stock=[stock_worker]))
+    assert went_on(verdict) == [] and verdict.counts["stock_ran_an_enqueued_copy"] == 1
+    assert went_on(evaluate(evidence(runs, stock=[stock_worker])))
+
+
 # -- false recoveries, a slow log handler ----------------------------------------------
 
 

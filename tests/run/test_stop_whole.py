@@ -103,6 +103,20 @@ def _enqueue_with_child(r: redis.Redis, log: str, how: str) -> str:
     )
 
 
+def _ends_whole_then_runs_elsewhere(
+    r: redis.Redis, procs: Processes, redis_url: str, log: str, job_id: str, first: int, child: int
+) -> None:
+    """The first run and its child end within a lease (not at its end: a death was seen),
+    the job then runs on a healthy worker, and never beside the first run."""
+    wait_for(
+        lambda: not pid_alive(child) and not pid_alive(first),
+        timeout=SETTINGS.lease_ms / 1000,
+        what="the run to end",
+    )
+    _recovered_elsewhere(r, procs, redis_url, log, job_id)
+    _assert_no_overlap(log, first)
+
+
 @CHILDREN
 def test_a_lease_lost_stop_ends_the_jobs_child_processes(
     r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, proxy: TcpProxy, how: str
@@ -148,14 +162,7 @@ def test_a_killed_workers_run_ends_with_its_child_processes(
     killed = procs.worker(redis_url, worker_class=worker_class, **RECOVERER)
     first, child = _first_run(log)
     os.kill(killed.pid, signal.SIGKILL)  # the worker alone, as the OOM killer would
-    # at once, not at the lease's end: the watchdog saw its worker go
-    wait_for(
-        lambda: not pid_alive(child) and not pid_alive(first),
-        timeout=SETTINGS.lease_ms / 1000,
-        what="the run to end",
-    )
-    _recovered_elsewhere(r, procs, redis_url, log, job_id)
-    _assert_no_overlap(log, first)
+    _ends_whole_then_runs_elsewhere(r, procs, redis_url, log, job_id, first, child)
 
 
 def test_a_horse_outlives_its_worker_while_its_watchdog_holds_the_lifeline(
@@ -179,13 +186,7 @@ def test_a_horse_outlives_its_worker_while_its_watchdog_holds_the_lifeline(
         assert pid_alive(first) and pid_alive(child)
     finally:
         os.kill(watchdog, signal.SIGCONT)
-    wait_for(
-        lambda: not pid_alive(child) and not pid_alive(first),
-        timeout=SETTINGS.lease_ms / 1000,
-        what="the run to end",
-    )
-    _recovered_elsewhere(r, procs, redis_url, log, job_id)
-    _assert_no_overlap(log, first)
+    _ends_whole_then_runs_elsewhere(r, procs, redis_url, log, job_id, first, child)
 
 
 def test_a_simple_worker_killed_alone_leaves_no_child_of_its_run_beside_the_next(

@@ -6,7 +6,8 @@ worker class, plus the parts that depend on how that class runs a job:
 
 - a forking worker (``Worker`` and its subclasses: ``HerokuWorker``, ``RoundRobinWorker``,
   ``RandomWorker``, a user's own) needs :class:`rq_emq.LeaseWorker`'s horse parts: the
-  horse dies with its worker and ends itself at its local lease deadline;
+  horse dies once its worker and watchdog are gone and ends itself at its local lease
+  deadline;
 - a non-forking worker (``SimpleWorker`` and subclasses) needs
   :class:`rq_emq.SimpleLeaseWorker`'s: a lost lease interrupts the job in place;
 - ``SpawnWorker`` (RQ 3) starts its horse as a fresh interpreter with ``posix_spawn``:

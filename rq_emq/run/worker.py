@@ -10,7 +10,8 @@ Operators switch with ``rq worker -w rq_emq.LeaseWorker`` (forking) or
   an execution record that a recovery removed;
 - finishing (success, failure, ``Retry``, stop, timeout) keeps RQ's code and is fenced
   (:mod:`rq_emq.fence.fencing`);
-- a lost lease stops the job; a horse dies with its worker; a cold stop hands the job back
+- a lost lease stops the job; a horse dies once its worker and its watchdog are gone
+  (:mod:`rq_emq.run.lifeline`); a cold stop hands the job back
   (a ``SimpleLeaseWorker``'s once its process has ended, by its watchdog); a horse that dies
   on its own (OOM kill, segfault) is a stall, recovered at once;
 - every stop ends the run whole (:mod:`rq_emq.run.process_tree`), and a watchdog process ends a

@@ -74,6 +74,14 @@ class HorseEnd:
         except (AttributeError, OSError):  # Python < 3.9 or Linux < 5.3: wait for the exit
             self.close()
 
+    def over_within(self, timeout_s: float) -> bool:
+        """Whether the run ends (told, or the horse gone) within ``timeout_s``; nothing is
+        read, so :meth:`wait_told` still finds it."""
+        if self._ours is None or self._pidfd < 0:
+            return False
+        ready, _, _ = select.select([self._ours.fileno(), self._pidfd], [], [], timeout_s)
+        return bool(ready)
+
     def wait_told(self, horse_pid: int) -> bool:
         """Wait until the horse says its run is over (True) or it ends without saying so
         (False: reap it as RQ does). A signal's handler that raises (RQ's monitoring

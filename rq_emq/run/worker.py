@@ -50,6 +50,12 @@ from .simple_run import SimpleRunGuard
 
 logger = logging.getLogger("rq_emq.lease")
 
+#: How long a job taken after an idle wait has its start to itself before the worker forks
+#: the next horse: a fork beside the new horse's first steps, on 2 CPUs shared with Redis
+#: and the producer, put 3-10 ms on the slowest twentieth of idle pick-ups
+#: (benchmarks/pickup.py); a job over by then leaves the fork to the next idle wait.
+SPARE_AFTER_IDLE_START_S = 0.05
+
 
 class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, ForkAheadMixin, Worker):
     """A forking RQ worker whose jobs hold lock leases (``rq worker -w rq_emq.LeaseWorker``);
@@ -148,7 +154,11 @@ class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, ForkAheadMixin, Wo
             return pid, 0, None
         return super().wait_for_horse()
 
+    #: the job being taken waited for in an idle wait (not taken straight after the last)
+    _taken_after_idle_wait = False
+
     def _before_idle_wait(self) -> None:
+        self._taken_after_idle_wait = True
         if self._horse_end is not None:
             self._horse_end.reap_exited(block=True)  # no <defunct> horse beside an idle worker
         if not self._spare_expired:
@@ -186,8 +196,11 @@ class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, ForkAheadMixin, Wo
             self._horse_deadline.set(self._run_deadline(lease))
 
     def monitor_work_horse(self, job: Job, queue: Queue, *args: Any) -> None:
-        self._fork_spare()  # while this horse runs: the next one, waiting for its job
+        after_idle, self._taken_after_idle_wait = self._taken_after_idle_wait, False
+        end = self._horse_end
         try:
+            if not (after_idle and end is not None and end.over_within(SPARE_AFTER_IDLE_START_S)):
+                self._fork_spare()  # while this horse runs: the next one, waiting for its job
             super().monitor_work_horse(job, queue, *args)
         except InvalidJobOperation:  # RQ < 2.1 trips on a job deleted while it ran
             logger.warning(

@@ -76,7 +76,12 @@ def commit_pending(job_id: str, state: dict[str, Any], ev: Any) -> bool:
 
 
 def _reason_ok(
-    planned: Any, state: dict[str, Any], runs: list[Run], faults: list[Fault], lease: bool
+    planned: Any,
+    state: dict[str, Any],
+    runs: list[Run],
+    faults: list[Fault],
+    lease: bool,
+    self_fenced: frozenset[tuple[int, str]] = frozenset(),
 ) -> str | None:
     """None when the job's final state is one the invariants allow, else what is wrong."""
     status = state["status"]
@@ -91,6 +96,10 @@ def _reason_ok(
         crashed = any(f.kind in HORSE_KILLS and set(f.horse_pids) & horses for f in faults)
         workers = {r.ppid for r in runs} | horses  # a SimpleLeaseWorker's run is its worker
         seen = any(f.kind in WORKER_KILLS and f.worker_pid in workers for f in faults)
+        # a SimpleLeaseWorker that its own watchdog ended past its run's deadline (its job
+        # held the GIL past the lease, so no renewal ran: the documented limit), told in the
+        # watchdog's own line: a death seen, as a kill would be
+        seen = seen or any((r.pid, planned.job_id) in self_fenced for r in runs)
         if (
             state["failure"] != expected
             and not (crashed and _crash_failure(state))
@@ -154,6 +163,7 @@ def _reason_kind(state: dict[str, Any]) -> str:
 def check_outcomes(ev: Any, v: Verdict, lease: bool) -> None:
     """1, 2: outcomes; lost; failed while running (failed although a run completed fine)."""
     cfg, faults = ev.config, ev.faults
+    self_fenced = frozenset((int(pid), job_id) for pid, job_id in getattr(ev, "self_fenced", []))
     lost, bad, failed_running, finished, failed, stranded_by_stock = [], [], [], 0, 0, 0
     unexplained_failures = 0
     for job_id, planned in ev.jobs.items():
@@ -176,7 +186,7 @@ def check_outcomes(ev: Any, v: Verdict, lease: bool) -> None:
                 f"in {', '.join(where) or 'no queue or registry'}"
             )
             continue
-        problem = _reason_ok(planned, state, runs, faults, lease)
+        problem = _reason_ok(planned, state, runs, faults, lease, self_fenced)
         if problem == NO_RESULT and commit_pending(job_id, state, ev):
             v.counts["failure_commit_pending"] = v.counts.get("failure_commit_pending", 0) + 1
             problem = None  # its Result comes when the drainer's claim lapses, past the drain

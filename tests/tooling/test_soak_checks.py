@@ -395,6 +395,27 @@ def test_a_job_whose_horses_the_soak_killed_may_fail_at_max_attempts_naming_sigk
     assert not evaluate(evidence(runs, final=final, faults=[], taken=5)).passed
 
 
+def test_a_simple_workers_run_its_own_watchdog_ended_may_fail_at_max_attempts() -> None:
+    """A SimpleLeaseWorker whose job held the GIL past the lease renews nothing: its
+    watchdog ends the worker at the run's deadline (its line read into ``self_fenced``) and
+    recovers the lease as a seen death, failing a job at its max. No fault of the soak's
+    explains it; the watchdog's own line does, and nothing else may."""
+    runs = [run(1, 1.0, None, pid=WORKER, ppid=1)]
+    final = {
+        "status": "failed",
+        "failure": f"worker pid {WORKER} died (seen by its watchdog) on attempt 1 of 1",
+        "max_attempts": "1",
+        "reason": "JobStalled: job j ...",
+    }
+    ev = evidence(runs, final=final, taken=1, worker="lease")
+    ev.jobs["j"] = Planned("j", 2.9, "ok", 0, max_attempts=1)
+    ev.self_fenced = [(WORKER, "j")]
+    verdict = evaluate(ev)
+    assert verdict.passed, verdict.violations
+    ev.self_fenced = [(OTHER_WORKER, "j")]  # another process's stop explains nothing here
+    assert any("seen by its watchdog" in v for v in evaluate(ev).violations)
+
+
 def test_a_job_without_its_own_max_may_fail_at_the_workers_default() -> None:
     runs = [run(i + 1, float(i), None, pid=HORSE + 10 * i) for i in range(5)]
     faults = [kill("kill_group", i + 0.5, horse=HORSE + 10 * i) for i in range(5)]

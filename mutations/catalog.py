@@ -27,6 +27,7 @@ SWEEP = "tests/recover/test_sweep.py"
 WAKE = "tests/intake/test_wake.py"
 SOAK = "tests/tooling/test_soak_checks.py"
 BUDGET = "tests/intake/test_connection_budget.py"
+HANDOVER = "tests/intake/test_watch_handover.py"
 SETTINGS_T = "tests/shared/test_settings.py"
 MODEL = "tests/lifecycle/test_state_machine.py::test_the_lease_protocol_holds_its_invariants"
 OPTIONS = "tests/run/test_worker_options.py"
@@ -105,6 +106,24 @@ CATALOG: list[Mutation] = [
         "        if idle:\n            pass",
         [f"{BUDGET}::test_a_push_to_an_idle_set_is_taken_by_its_watcher_and_no_standby_wakes"],
         "a push to an idle set of queues waits for a standby's wait to run out (two leases)",
+    ),
+    _m(
+        "watch_start_blind_to_a_reconnect",
+        "rq_emq/intake/watch.py",
+        "if isinstance(tracking, Exception) or self._losses != losses:",
+        "if isinstance(tracking, Exception):",
+        [f"{HANDOVER}::test_a_watch_whose_pubsub_connection_reconnected_during_its_start_starts_again"],
+        "a reconnect of the pubsub connection told during a watch's start leaves the watcher deaf for a third of a hold",
+    ),
+    _m(
+        "watch_start_keeps_a_broken_tracking",
+        "rq_emq/intake/watch.py",
+        '        # refuses the same prefixes again: off first, in the same round trip\n'
+        '        pipe.execute_command("CLIENT", "TRACKING", "OFF")',
+        '        # refuses the same prefixes again: off first, in the same round trip\n'
+        "        pipe.ping()",
+        [f"{HANDOVER}::test_a_watch_whose_pubsub_connection_reconnected_during_its_start_starts_again"],
+        "a watch started again over a tracking left on is refused (its prefixes overlap) until its connection is replaced",
     ),
     _m(
         "busy_watcher_wakes_nobody",

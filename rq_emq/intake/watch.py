@@ -237,6 +237,9 @@ class QueueSetWatch:
         self._vacant_maybe = True
         #: Monotonic time before which a watch that could not start is not tried again
         self._retry_at = 0.0
+        #: How many times the tracking was lost (:meth:`lost`), watching or not: a start
+        #: that a loss overtook redirects to a pubsub connection that may be gone
+        self._losses = 0
 
     # -- RQ's pubsub thread --------------------------------------------------------------
 
@@ -361,6 +364,7 @@ class QueueSetWatch:
         trip). The pubsub connection is found by its name each time (a ``CLIENT LIST`` of the
         pubsub clients, one per worker, as a watch starts): an id kept from before a Redis
         restart may name another client since, ids starting again from 1."""
+        losses = self._losses
         redirect = self.line.find(self.control)
         if redirect is None:
             return self._not_now()
@@ -368,10 +372,16 @@ class QueueSetWatch:
             self._written = set()
         self.arrived.clear()
         pipe = self.control.pipeline(transaction=False)
+        # a tracking left on (its redirect broken by a reconnect of the pubsub connection)
+        # refuses the same prefixes again: off first, in the same round trip
+        pipe.execute_command("CLIENT", "TRACKING", "OFF")
         pipe.execute_command(*self._tracking(redirect))
         pipe.exists(*self.queue_keys)
-        tracking, waiting = pipe.execute(raise_on_error=False)
-        if isinstance(tracking, Exception):  # the pubsub connection gone again meanwhile
+        _, tracking, waiting = pipe.execute(raise_on_error=False)
+        # the pubsub connection gone again meanwhile; or it connected again after the
+        # lookup (its loss, told before ``watching`` is set, ends nothing): the redirect may
+        # name the connection that is gone, and no keep would see it for a third of a hold
+        if isinstance(tracking, Exception) or self._losses != losses:
             return self._not_now()
         self.watching = True
         self._kept_at = time.monotonic()
@@ -430,6 +440,7 @@ class QueueSetWatch:
         The watcher stops watching and its wait ends, so that RQ's loop meets the trouble
         (and, after a restart, registers the worker again) and looks at its queues; it
         takes the watch again, vacant or its own, at its next wait."""
+        self._losses += 1
         if not self.watching:
             return
         self.watching = False
@@ -461,7 +472,10 @@ class QueueSetWatch:
         if _untracked(info):
             redirect = self.line.find(self.control)
             if redirect is not None:
-                self.control.execute_command(*self._tracking(redirect))
+                pipe = self.control.pipeline(transaction=False)
+                pipe.execute_command("CLIENT", "TRACKING", "OFF")  # on, its redirect broken
+                pipe.execute_command(*self._tracking(redirect))
+                pipe.execute()
                 # what was pushed while nobody tracked was heard by nobody: look once
                 self.heard(None)
         self._kept_at = sent

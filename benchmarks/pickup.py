@@ -81,7 +81,8 @@ def main() -> None:
                         f"{idle[worker_class][0]:.1f}",
                     ]
                 )
-    print(table(["queues", "worker", "pick-ups", "pick-up p50 ms", "pick-up p95 ms", "idle Redis cmds/s"], rows))
+    headers = ["queues", "worker", "pick-ups", "pick-up p50 ms", "pick-up p95 ms", "idle Redis cmds/s"]
+    print(table(headers, rows))
 
 
 if __name__ == "__main__":

@@ -113,17 +113,16 @@ CATALOG: list[Mutation] = [
         "if isinstance(tracking, Exception) or self._losses != losses:",
         "if isinstance(tracking, Exception):",
         [f"{HANDOVER}::test_a_watch_whose_pubsub_connection_reconnected_during_its_start_starts_again"],
-        "a reconnect of the pubsub connection told during a watch's start leaves the watcher deaf for a third of a hold",
+        "a reconnect of the pubsub connection told as a watch starts leaves it deaf for a third of a hold",
     ),
     _m(
         "watch_start_keeps_a_broken_tracking",
         "rq_emq/intake/watch.py",
-        '        # refuses the same prefixes again: off first, in the same round trip\n'
+        "        # refuses the same prefixes again: off first, in the same round trip\n"
         '        pipe.execute_command("CLIENT", "TRACKING", "OFF")',
-        '        # refuses the same prefixes again: off first, in the same round trip\n'
-        "        pipe.ping()",
+        "        # refuses the same prefixes again: off first, in the same round trip\n        pipe.ping()",
         [f"{HANDOVER}::test_a_watch_whose_pubsub_connection_reconnected_during_its_start_starts_again"],
-        "a watch started again over a tracking left on is refused (its prefixes overlap) until its connection is replaced",
+        "a watch started again over a tracking left on is refused (its prefixes overlap)",
     ),
     _m(
         "busy_watcher_wakes_nobody",

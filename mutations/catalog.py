@@ -125,6 +125,17 @@ CATALOG: list[Mutation] = [
         "a watch started again over a tracking left on is refused (its prefixes overlap)",
     ),
     _m(
+        "no_spare_beside_a_job_taken_after_an_idle_wait",
+        "rq_emq/run/worker.py",
+        "            if end is None or not end.over_within(SPARE_AFTER_IDLE_START_S):",
+        "            if end is None:",
+        [
+            f"{FORK_AHEAD}::"
+            "test_a_job_taken_after_an_idle_wait_that_runs_on_has_the_next_horse_forked_beside_it"
+        ],
+        "the job behind one taken after an idle wait is forked at its take, as RQ does",
+    ),
+    _m(
         "busy_watcher_wakes_nobody",
         "rq_emq/intake/watch.py",
         "        elif self.watching:\n            self._wake_soon()",

@@ -197,9 +197,10 @@ class LeaseWorker(HorseCrashMixin, HorseRunGuard, LeaseMixin, ForkAheadMixin, Wo
 
     def monitor_work_horse(self, job: Job, queue: Queue, *args: Any) -> None:
         after_idle, self._taken_after_idle_wait = self._taken_after_idle_wait, False
-        end = self._horse_end
         try:
-            if not (after_idle and end is not None and end.over_within(SPARE_AFTER_IDLE_START_S)):
+            # (a worker that forks no spare does not wait for one)
+            end = self._horse_end if after_idle and self._spares_wanted() else None
+            if end is None or not end.over_within(SPARE_AFTER_IDLE_START_S):
                 self._fork_spare()  # while this horse runs: the next one, waiting for its job
             super().monitor_work_horse(job, queue, *args)
         except InvalidJobOperation:  # RQ < 2.1 trips on a job deleted while it ran

@@ -102,6 +102,22 @@ def test_a_job_runs_in_a_horse_forked_before_it_was_taken(own_server: RedisServe
     assert pid != worker.pid
 
 
+def test_a_job_taken_after_an_idle_wait_that_runs_on_has_the_next_horse_forked_beside_it(
+    own_server: RedisServer, procs: Processes, tmp_path: object
+) -> None:
+    """The first job after an idle wait has its start to itself (the next horse is forked
+    once it has run ``SPARE_AFTER_IDLE_START_S``, 50 ms), and a job that runs longer still
+    has the next one's horse forked while it runs: the job queued behind it starts in a
+    horse about as old as that run (1 s; asserted: half of it)."""
+    worker, queue = _idle_with_a_spare(own_server.url, procs)
+    time.sleep(IDLE_S)
+    first = queue.enqueue("jobs.sleep_and_record", os.path.join(str(tmp_path), "runs.log"), 1.0)
+    behind = queue.enqueue("jobs.process_age")
+    _finished(first)
+    _, age = _finished(behind)  # type: ignore[misc]
+    assert age >= 0.5, (age, procs.log(worker))
+
+
 def test_with_fork_ahead_off_the_horse_is_forked_for_its_job(
     own_server: RedisServer, procs: Processes
 ) -> None:

@@ -118,9 +118,9 @@ CATALOG: list[Mutation] = [
     _m(
         "watch_start_keeps_a_broken_tracking",
         "rq_emq/intake/watch.py",
-        "        # refuses the same prefixes again: off first, in the same round trip\n"
+        '        prefixes again. Two replies, the second the tracking\'s."""\n'
         '        pipe.execute_command("CLIENT", "TRACKING", "OFF")',
-        "        # refuses the same prefixes again: off first, in the same round trip\n        pipe.ping()",
+        '        prefixes again. Two replies, the second the tracking\'s."""\n        pipe.ping()',
         [f"{HANDOVER}::test_a_watch_whose_pubsub_connection_reconnected_during_its_start_starts_again"],
         "a watch started again over a tracking left on is refused (its prefixes overlap)",
     ),

@@ -372,10 +372,7 @@ class QueueSetWatch:
             self._written = set()
         self.arrived.clear()
         pipe = self.control.pipeline(transaction=False)
-        # a tracking left on (its redirect broken by a reconnect of the pubsub connection)
-        # refuses the same prefixes again: off first, in the same round trip
-        pipe.execute_command("CLIENT", "TRACKING", "OFF")
-        pipe.execute_command(*self._tracking(redirect))
+        self._track(pipe, redirect)
         pipe.exists(*self.queue_keys)
         _, tracking, waiting = pipe.execute(raise_on_error=False)
         # the pubsub connection gone again meanwhile; or it connected again after the
@@ -396,11 +393,15 @@ class QueueSetWatch:
         self._retry_at = time.monotonic() + 1.0
         return ALL
 
-    def _tracking(self, redirect: int) -> list[Any]:
+    def _track(self, pipe: Any, redirect: int) -> None:
+        """Queue the tracking, redirected to ``redirect``: off first, since a tracking left
+        on (its redirect broken by a reconnect of the pubsub connection) refuses the same
+        prefixes again. Two replies, the second the tracking's."""
+        pipe.execute_command("CLIENT", "TRACKING", "OFF")
         args: list[Any] = ["CLIENT", "TRACKING", "ON", "REDIRECT", redirect, "BCAST"]
         for prefix in self.prefixes:
             args += ["PREFIX", prefix]
-        return args
+        pipe.execute_command(*args)
 
     def _hold(self) -> bool:
         """Take the watch where it is vacant (nobody holds it, and no token waits in the
@@ -473,8 +474,7 @@ class QueueSetWatch:
             redirect = self.line.find(self.control)
             if redirect is not None:
                 pipe = self.control.pipeline(transaction=False)
-                pipe.execute_command("CLIENT", "TRACKING", "OFF")  # on, its redirect broken
-                pipe.execute_command(*self._tracking(redirect))
+                self._track(pipe, redirect)
                 pipe.execute()
                 # what was pushed while nobody tracked was heard by nobody: look once
                 self.heard(None)

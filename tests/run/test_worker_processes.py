@@ -379,7 +379,9 @@ def test_a_killed_worker_pool_members_job_is_recovered_and_finished_once_and_the
     log = str(tmp_path / "runs.log")
     pool = procs.start(
         [RQ_BIN, "worker-pool", "-w", "rq_emq.LeaseWorker", "--url", redis_url, "-n", "2", "default"],
-        env=procs.env(**FAST),
+        # a lease the sweep cannot win against the member's watchdog: its hand-back imports
+        # redis-py first, which on a loaded host outlasted FAST's 800 ms lease
+        env=procs.env(**{**FAST, "RQ_EMQ_LEASE_MS": "10000"}),
         name="pool",
     )
     wait_for(lambda: r.scard("rq:workers") == 2, timeout=30, what="two pool members to register")

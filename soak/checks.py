@@ -84,7 +84,7 @@ def evaluate(ev: Any) -> Verdict:
         # a job a stock neighbour's copy finished (its double enqueue) is RQ's ended job too:
         # the sweep rightly leaves where RQ put it the lease one of ours held on the other copy
         ended |= {job_id for job_id in ev.runs if stock_doubled(job_id, ev)}
-        check_recovery_bound(cfg, ev.faults, v, ended)
+        check_recovery_bound(cfg, ev.faults, v, ended, ev.final)
     found = check_overlap(every_run, v, lease)  # 7, across a loss of Redis's data too
     check_tokens(every_run, v)  # fencing tokens: one per run, above every one before a loss
     check_callbacks(ev, v)

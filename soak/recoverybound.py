@@ -22,7 +22,11 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def check_recovery_bound(
-    cfg: Any, faults: list[Fault], v: Verdict, ended: frozenset[str] | set[str] = frozenset()
+    cfg: Any,
+    faults: list[Fault],
+    v: Verdict,
+    ended: frozenset[str] | set[str] = frozenset(),
+    final: dict[str, dict[str, Any]] | None = None,
 ) -> None:
     """A dead (or long-stopped, or cut-off) holder's job must leave it within the bound,
     lease + 2 sweep intervals from the fault, plus a stated slack for a loaded machine; a
@@ -72,7 +76,12 @@ def check_recovery_bound(
                 f"({what}) + {cfg.bound_slack_s:.2f}s slack"
             )
     for f in not_back:
-        v.violations.append(f"{f.job_id}: never left its holder after its {f.kind} at {f.started:.3f}")
+        state = (final or {}).get(f.job_id or "", {})
+        v.violations.append(
+            f"{f.job_id}: never left its holder after its {f.kind} at {f.started:.3f} "
+            f"(on {f.slot}; its token and its lease stood to the end; it ended {state.get('status')}, "
+            f"last run by {state.get('worker')}, {state.get('attempts')} attempt(s))"
+        )
     after_fault = [t for f, t in zip(seen, after_fault, strict=True) if not seen_death(f)]
     v.latency = {
         "crash_samples": len(after_crash),

@@ -58,7 +58,12 @@ class Watchers(SoakBase):
 
     def watch_requeues(self) -> None:
         """Sees a lapsed job leave its dead holder: its owner token changes (the sweep removes
-        it on recovery; a later take records another). Resolution: one poll, 20 ms."""
+        it on recovery; a later take records another), or its lease leaves the queue's lease
+        index while the token stands (RQ had put the job elsewhere meanwhile, a web process
+        enqueueing it again say, so the sweep drops only the lease and leaves the job as RQ
+        put it; a stock worker that then runs it writes no token of ours). Resolution: one
+        poll, 20 ms."""
+        leases = QueueKeys(QUEUE).leases
         while not self._stop.is_set():
             with self._guard:
                 watched = [
@@ -71,12 +76,13 @@ class Watchers(SoakBase):
                     pipe = self.client.pipeline(transaction=False)
                     for f in watched:
                         pipe.hget(f"rq:job:{f.job_id}", "emq_token")
-                    tokens = pipe.execute()
+                        pipe.zscore(leases, f.job_id)
+                    replies = pipe.execute()
                 except redis.RedisError:
-                    tokens = [None] * 0
+                    replies = []
                 seen = time.time()
-                for f, token in zip(watched, tokens, strict=False):
-                    if token == f.token:
+                for f, token, leased in zip(watched, replies[::2], replies[1::2], strict=False):
+                    if token == f.token and leased is not None:
                         continue
                     if token is not None and token == b"done:" + (f.token or b""):
                         f.detail += " finished by its holder (no lapse)!"

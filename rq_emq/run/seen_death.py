@@ -15,7 +15,9 @@ Two halves, one per process:
   take, the lease it now holds, written in the memory it shares with its watchdog
   (:meth:`rq_emq.run.horse_fence.HorseDeadline.hold_lease`), forgotten as the run ends;
 - the watchdog's: :func:`recover`, which opens a connection only then (a live worker's
-  watchdog holds none), runs the script and closes it.
+  watchdog holds none), runs the script and closes it; over TCP or a Unix socket it
+  speaks RESP itself (:mod:`.resp`: no import of redis-py, whose import on a loaded host
+  could outlast a short lease), over TLS through redis-py.
 
 What cannot be handed over is left to the sweep, as before: a connection whose class is
 not redis-py's own TCP, TLS or Unix socket one (Sentinel, a custom class), settings that
@@ -31,6 +33,9 @@ from typing import Any
 
 #: redis-py's connection classes a watchdog can build from their settings alone.
 PLAIN_CONNECTIONS = ("Connection", "SSLConnection", "UnixDomainSocketConnection")
+#: Those the watchdog reaches with its own few lines of RESP (:mod:`.resp`), never
+#: importing redis-py.
+PLAIN_SOCKETS = ("Connection", "UnixDomainSocketConnection")
 #: How long the watchdog gives a killed run's processes to be gone before it acts.
 GONE_WITHIN_S = 5.0
 
@@ -77,10 +82,8 @@ def lease_text(lease: Any) -> str:
     return json.dumps({"job_id": lease.job_id, "token": lease.token, "keys": keys})
 
 
-def recover(kit: dict[str, Any], lease: dict[str, Any], cause: str, hand_back: bool = False) -> str:
-    """In the watchdog, its worker and the run seen gone: the lease recovered as a crash,
-    or with ``hand_back`` (a cold stop) handed back with no attempt counted (the script's
-    verdict, as one line)."""
+def _call_with_redis_py(kit: dict[str, Any], sha: str, source: str, keys: list[str], args: list[Any]) -> Any:
+    """The script call over a connection only redis-py builds (TLS)."""
     for entry in kit["path"]:
         if entry not in sys.path:
             sys.path.append(entry)
@@ -89,6 +92,19 @@ def recover(kit: dict[str, Any], lease: dict[str, Any], cause: str, hand_back: b
 
     pool = redis.ConnectionPool(connection_class=getattr(redis.connection, kit["class"]), **kit["settings"])
     client = redis.Redis(connection_pool=pool)
+    try:
+        try:
+            return client.evalsha(sha, len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            return client.eval(source, len(keys), *keys, *args)
+    finally:
+        pool.disconnect()
+
+
+def recover(kit: dict[str, Any], lease: dict[str, Any], cause: str, hand_back: bool = False) -> str:
+    """In the watchdog, its worker and the run seen gone: the lease recovered as a crash,
+    or with ``hand_back`` (a cold stop) handed back with no attempt counted (the script's
+    verdict, as one line)."""
     keys = lease["keys"]
     args = [lease["job_id"], lease["token"], kit["rq_prefix"]]
     sha, source = kit["sha"], kit["script"]
@@ -98,13 +114,15 @@ def recover(kit: dict[str, Any], lease: dict[str, Any], cause: str, hand_back: b
     else:
         ended_at = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
         args += [kit["default_max"], kit["failure_ttl"], ended_at, cause]
-    try:
-        try:
-            reply = client.evalsha(sha, len(keys), *keys, *args)
-        except redis.exceptions.NoScriptError:
-            reply = client.eval(source, len(keys), *keys, *args)
-    finally:
-        pool.disconnect()
+    if kit["class"] in PLAIN_SOCKETS:
+        # imported only now: a live worker's watchdog holds no socket module either
+        if __package__:
+            from .resp import call_script
+        else:  # the watchdog's own interpreter: its neighbours by path
+            from resp import call_script  # type: ignore[no-redef]
+        reply = call_script(kit["settings"], sha, source, keys, args)
+    else:
+        reply = _call_with_redis_py(kit, sha, source, keys, args)
     verdict = int(reply[0])
     if hand_back:
         if verdict == 1:

@@ -9,12 +9,14 @@ read someone else's count and are left out; so are a stock neighbour's runs (no 
 and, with Sentinel, runs begun in a failover's window. After a running job was enqueued
 again (``enqueue_again``) its copy's count may start over; after a cold stop (which hands
 the job back, its attempt refunded) the next run reads the stopped run's number again.
-A job failed at max attempts was failed on attempt max ("stalled on attempt n of n");
+A job failed at max attempts was failed on attempt max ("stalled on attempt n of n"), or
+past it after it was enqueued again;
 once its Result is written, like a finished job, it holds no ``emq_attempts``.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Any
 
@@ -97,7 +99,9 @@ def check_attempts(ev: Any, v: Verdict) -> None:
             # itself is cleared when the failure's Result is committed through finish_job)
             last = previous.attempt if previous is not None and previous.attempt else 0
             held = failed_on_attempt(state["failure"]) or 0
-            if held != int(state["max_attempts"] or -1):
+            most = int(state["max_attempts"] or -1)
+            # a copy a web process enqueued while it ran may go on from the old run's count
+            if held != most and not (held > most and enqueued_again_before(job_id, math.inf, ev.faults)):
                 v.violations.append(f"{job_id}: failed at max attempts on attempt {held}")
             if state["attempts"] is not None and not commit_pending(job_id, state, ev):
                 v.violations.append(f"{job_id}: failed, its Result written, still holds emq_attempts")

@@ -92,6 +92,11 @@ def _reason_ok(
     reason = state["reason"] or ""
     if lease and state["failure"]:
         expected = f"stalled on attempt {state['max_attempts']} of {state['max_attempts']}"
+        # enqueued again while it ran: its copy's take may go on from the old run's count
+        # (docs/guarantees.md), so its failure may come past the max
+        again = any(f.kind == "enqueue_again" and f.job_id == planned.job_id for f in faults)
+        if again and _at_or_past_max(state, "stalled on attempt"):
+            expected = state["failure"]
         horses = {r.pid for r in runs}
         crashed = any(f.kind in HORSE_KILLS and set(f.horse_pids) & horses for f in faults)
         workers = {r.ppid for r in runs} | horses  # a SimpleLeaseWorker's run is its worker
@@ -102,8 +107,8 @@ def _reason_ok(
         seen = seen or any((r.pid, planned.job_id) in self_fenced for r in runs)
         if (
             state["failure"] != expected
-            and not (crashed and _crash_failure(state))
-            and not (seen and _seen_death_failure(state))
+            and not (crashed and _crash_failure(state, again))
+            and not (seen and _seen_death_failure(state, again))
         ):
             return f"failed: {state['failure']}"
         if planned.max_attempts is not None and str(planned.max_attempts) != state["max_attempts"]:
@@ -133,16 +138,24 @@ def failed_on_attempt(failure: str) -> int | None:
     return int(found.group(1) or found.group(2)) if found else None
 
 
-def _crash_failure(state: dict[str, Any]) -> bool:
-    """A horse crash's failure at max attempts: it names SIGKILL (the soak's kill) and the max."""
-    failure = state["failure"] or ""
-    return "signal 9 (SIGKILL" in failure and str(failed_on_attempt(failure)) == state["max_attempts"]
+def _crash_failure(state: dict[str, Any], again: bool = False) -> bool:
+    """A horse crash's failure at max attempts: it names SIGKILL (the soak's kill) and the max
+    (or, ``again``, a count past it)."""
+    return _at_or_past_max(state, "signal 9 (SIGKILL", again)
 
 
-def _seen_death_failure(state: dict[str, Any]) -> bool:
-    """A worker death its watchdog saw, at max attempts: the watchdog's cause and the max."""
+def _seen_death_failure(state: dict[str, Any], again: bool = False) -> bool:
+    """A worker death its watchdog saw, at max attempts: the watchdog's cause and the max
+    (or, ``again``, a count past it)."""
+    return _at_or_past_max(state, "(seen by its watchdog)", again)
+
+
+def _at_or_past_max(state: dict[str, Any], cause: str, past: bool = True) -> bool:
+    """The failure names ``cause`` and the attempt it failed on is the job's max (or, with
+    ``past``, above it)."""
     failure = state["failure"] or ""
-    return "(seen by its watchdog)" in failure and str(failed_on_attempt(failure)) == state["max_attempts"]
+    held, most = failed_on_attempt(failure), int(state["max_attempts"] or -1)
+    return cause in failure and held is not None and (held == most or past and held > most)
 
 
 def _reason_kind(state: dict[str, Any]) -> str:

@@ -1548,3 +1548,21 @@ def test_fencing_tokens_rise_across_a_loss_and_no_two_runs_share_one() -> None:
     assert not went_back.passed and went_back.counts["tokens_not_above_the_loss"] == 1
     shared = verdict_for(1000, 1000)
     assert not shared.passed and shared.counts["tokens_shared"] == 1
+
+
+def test_a_job_enqueued_again_while_it_ran_may_fail_past_its_max_attempts() -> None:
+    """A web process enqueued the running job (max attempts 1) again; its copy's take went
+    on from the old run's count, and a kill of the copy's horse failed it on attempt 2 of 1."""
+    again = Fault("enqueue_again", 1.5, "w", WORKER, [HORSE], "j", b"t", ended=1.5)
+    runs = [run(1, 1.0, 2.0, "ok"), run(2, 3.0, pid=OTHER_HORSE, ppid=OTHER_WORKER)]
+    final = {
+        "status": "failed",
+        "max_attempts": "1",
+        "failure": "work horse killed by signal 9 (SIGKILL; the OOM killer sends this) on attempt 2 of 1",
+        "reason": "JobStalled: job j ...",
+    }
+    killed = kill("kill_horse", 3.5, OTHER_WORKER, OTHER_HORSE)
+    verdict = evaluate(evidence(runs, final=final, faults=[again, killed], taken=2))
+    assert verdict.passed, verdict.violations
+    # the same count past the max with no enqueue again is a finding
+    assert not evaluate(evidence(runs, final=final, faults=[killed], taken=2)).passed

@@ -57,6 +57,7 @@ WATCHED = "tests/fence/test_watched_commit.py"
 SUSPENSION = "tests/run/test_suspension.py"
 EVICTION = "tests/run/test_eviction_policy.py"
 SIMPLE_STOP = "tests/run/test_simple_stop_ends_process.py"
+STAND_IN = "tests/run/test_stand_in.py"
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,39 @@ def _m(
 
 
 CATALOG: list[Mutation] = [
+    # -- the watchdog's stand-in renewal of a SimpleLeaseWorker's lease ----------------------
+    _m(
+        "no_stand_in_renewal",
+        "rq_emq/run/watchdog.py",
+        'stand_in = StandIn(kit, worker) if not group and kit and "renew_sha" in kit else None',
+        "stand_in = None",
+        [f"{STAND_IN}::test_a_job_holding_the_gil_for_leases_keeps_its_lease_and_runs_once"],
+        "a SimpleLeaseWorker's job that holds the GIL past the lease is ended and run again",
+    ),
+    _m(
+        "stand_in_unadopted",
+        "rq_emq/hold/lease.py",
+        "        self._adopt_outside_renewal(lease)\n",
+        "",
+        [f"{STAND_IN}::test_a_job_holding_the_gil_for_leases_keeps_its_lease_and_runs_once"],
+        "the worker's lease clock runs out on a lease its watchdog kept, and stops the run",
+    ),
+    _m(
+        "stand_in_for_a_frozen_worker",
+        "rq_emq/run/stand_in.py",
+        'RUNNING_STATES = (b"R", b"S", b"D")',
+        'RUNNING_STATES = (b"R", b"S", b"D", b"T")',
+        [f"{STAND_IN}::test_a_frozen_worker_is_stood_in_for_by_no_one"],
+        "a SIGSTOPped worker's lease is kept by its watchdog: its job waits for it for ever",
+    ),
+    _m(
+        "stand_in_ignores_a_refusal",
+        "rq_emq/run/stand_in.py",
+        "        if job_id in refused:",
+        "        if False:",
+        [f"{STAND_IN}::test_a_run_whose_job_was_deleted_is_not_kept_alive_by_its_watchdog"],
+        "the watchdog goes on renewing a lease Redis refused: the run outlives its lease",
+    ),
     # -- the connection budget and the idle watch (issue 35) ---------------------------------
     _m(
         "horse_opens_its_own_connection",

@@ -80,6 +80,10 @@ class LockManager(BackgroundLoop):
         #: of its last successful renewal; ``on_expired`` stops a job past that.
         self.margin_ms = margin_ms
         self.on_expired = on_expired
+        #: When a renewal sent outside this process's ticks last landed for a lease
+        #: (monotonic send time; None: none), set by a worker whose watchdog renews in its
+        #: place (rq_emq/run/stand_in.py)
+        self.outside_renewal: Callable[[Lease], float | None] | None = None
         self.on_renewed = on_renewed
         self.on_no_progress = on_no_progress
         super().__init__(name)
@@ -125,6 +129,7 @@ class LockManager(BackgroundLoop):
         thread looks). ``ended``: the run is already over (the line says so). Returns
         whether this call marked it."""
         now_m = time.monotonic() if now_m is None else now_m
+        self._adopt_outside_renewal(lease)
         with self._claims:
             if lease.expired or lease.lost or lease.settled or lease.valid_until >= now_m:
                 return False
@@ -143,6 +148,20 @@ class LockManager(BackgroundLoop):
         )
         events.emit("lease_lost", lease.queue, [lease.job_id], self.name)
         return True
+
+    def _adopt_outside_renewal(self, lease: Lease) -> None:
+        """A renewal this process's ticks did not send (its watchdog's, standing in while the
+        job kept this process's threads from running) moves the local deadline as a tick's
+        would. Its sender sent each one before the local deadline as its own earlier ones
+        had moved it, so a chain of them is adopted whole, from its last."""
+        if self.outside_renewal is None or lease.expired or lease.lost:
+            return
+        sent_at = self.outside_renewal(lease)
+        if sent_at is None or self.deadline(sent_at) <= lease.valid_until:
+            return
+        lease.valid_until = self.deadline(sent_at)
+        if self.on_renewed is not None:
+            self.on_renewed(lease)
 
     def _claim_loss(self, lease: Lease, expired: bool = False) -> bool:
         """Mark ``lease`` lost (and ``expired``) unless something marked it first; the

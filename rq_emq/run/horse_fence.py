@@ -55,7 +55,10 @@ POKE = signal.SIGUSR2
 _WAKES_AT = 24
 _REPORT_AT = 32
 _LEASE_AT = _REPORT_AT + 12 + REPORT_LIMIT_BYTES + 4  # 8-byte aligned
-_SIZE = _LEASE_AT + 12 + LEASE_LIMIT_BYTES
+#: when the watchdog sent the last renewal it made in a SimpleLeaseWorker's place that
+#: Redis granted (double, monotonic; 0: none for the lease held: rq_emq/run/stand_in.py)
+_STAND_IN_AT = (_LEASE_AT + 12 + LEASE_LIMIT_BYTES + 7) // 8 * 8
+_SIZE = _STAND_IN_AT + 8
 
 
 class HorseDeadline:
@@ -295,7 +298,21 @@ class HorseDeadline:
         if len(data) > LEASE_LIMIT_BYTES:
             data = b""  # a job id or key of kilobytes: left to the sweep
         self._memory[11] = 0  # a new lease, recovered as a crash unless a cold stop says so
+        self.stand_in_renewed = 0.0  # no renewal of the watchdog's is this lease's yet
         self._write_numbered(_LEASE_AT, data)
+
+    @property
+    def stand_in_renewed(self) -> float:
+        """When the watchdog sent its last renewal of the held lease that Redis granted,
+        in the worker's place (monotonic; 0: none): :mod:`rq_emq.run.stand_in`."""
+        while True:  # two reads that agree: a torn read is never acted on
+            first = self._memory[_STAND_IN_AT : _STAND_IN_AT + 8]
+            if self._memory[_STAND_IN_AT : _STAND_IN_AT + 8] == first:
+                return float(struct.unpack("d", first)[0])
+
+    @stand_in_renewed.setter
+    def stand_in_renewed(self, sent_at: float) -> None:
+        self._memory[_STAND_IN_AT : _STAND_IN_AT + 8] = struct.pack("d", sent_at)
 
     def hand_back_on_death(self) -> None:
         """In the worker, a cold stop: its death hands the held lease back, no attempt

@@ -61,11 +61,20 @@ def read_reply(stream: Any) -> Any:
     raise ConnectionError(f"not a RESP2 reply: {line[:40]!r}")
 
 
-def call_script(settings: dict[str, Any], sha: str, source: str, keys: list[str], args: list[Any]) -> Any:
+def call_script(
+    settings: dict[str, Any],
+    sha: str,
+    source: str,
+    keys: list[str],
+    args: list[Any],
+    timeout: float | None = None,
+) -> Any:
     """``EVALSHA`` (``EVAL`` when the server lacks the script) on a connection of its own,
-    closed before returning. Raises :class:`ReplyError` or an ``OSError``."""
-    timeout = settings.get("socket_timeout") or DEFAULT_TIMEOUT_S
-    connect_timeout = settings.get("socket_connect_timeout") or timeout
+    closed before returning; ``timeout`` (seconds) bounds each wait on the socket below the
+    worker's own. Raises :class:`ReplyError` or an ``OSError``."""
+    own = settings.get("socket_timeout") or DEFAULT_TIMEOUT_S
+    timeout = own if timeout is None else max(min(own, timeout), 0.001)
+    connect_timeout = min(settings.get("socket_connect_timeout") or timeout, timeout)
     if settings.get("path"):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(connect_timeout)

@@ -58,6 +58,7 @@ def recovery_kit(connection: Any, default_max: int) -> bytes | None:
     }
     script = scripts.load("recover_crashed_job")
     returning = scripts.load("return_job_to_queue")
+    renewing = scripts.load("renew_leases")
     return json.dumps(
         {
             "path": [entry for entry in sys.path if isinstance(entry, str)],
@@ -67,6 +68,8 @@ def recovery_kit(connection: Any, default_max: int) -> bytes | None:
             "sha": script.sha,
             "return_script": returning.source,
             "return_sha": returning.sha,
+            "renew_script": renewing.source,
+            "renew_sha": renewing.sha,
             "rq_prefix": RQ_PREFIX,
             "default_max": default_max,
             "failure_ttl": DEFAULT_FAILURE_TTL,
@@ -80,6 +83,20 @@ def lease_text(lease: Any) -> str:
     q = lease.keys
     keys = [*q.returning(lease.job_id), q.failed, q.outbox]
     return json.dumps({"job_id": lease.job_id, "token": lease.token, "keys": keys})
+
+
+def call(
+    kit: dict[str, Any], sha: str, source: str, keys: list[str], args: list[Any], timeout: float | None = None
+) -> Any:
+    """In the watchdog: one script call on a connection of its own, closed after it."""
+    if kit["class"] in PLAIN_SOCKETS:
+        # imported only now: a live worker's watchdog holds no socket module either
+        if __package__:
+            from .resp import call_script
+        else:  # the watchdog's own interpreter: its neighbours by path
+            from resp import call_script  # type: ignore[no-redef]
+        return call_script(kit["settings"], sha, source, keys, args, timeout)
+    return _call_with_redis_py(kit, sha, source, keys, args)
 
 
 def _call_with_redis_py(kit: dict[str, Any], sha: str, source: str, keys: list[str], args: list[Any]) -> Any:
@@ -114,15 +131,7 @@ def recover(kit: dict[str, Any], lease: dict[str, Any], cause: str, hand_back: b
     else:
         ended_at = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
         args += [kit["default_max"], kit["failure_ttl"], ended_at, cause]
-    if kit["class"] in PLAIN_SOCKETS:
-        # imported only now: a live worker's watchdog holds no socket module either
-        if __package__:
-            from .resp import call_script
-        else:  # the watchdog's own interpreter: its neighbours by path
-            from resp import call_script  # type: ignore[no-redef]
-        reply = call_script(kit["settings"], sha, source, keys, args)
-    else:
-        reply = _call_with_redis_py(kit, sha, source, keys, args)
+    reply = call(kit, sha, source, keys, args)
     verdict = int(reply[0])
     if hand_back:
         if verdict == 1:

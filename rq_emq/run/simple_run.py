@@ -31,6 +31,7 @@ from .. import reporter
 from ..fence.fencing import LeaseLost
 from ..fence.job_writes import LeaseJobInterrupted
 from ..hold.held import Lease
+from . import stand_in
 from .horse_fence import HorseDeadline
 from .process_tree import kill_tree, tree
 from .watchdog import Watchdog
@@ -79,8 +80,35 @@ class SimpleRunGuard:
         self._run_serial += 1
         if self._horse_deadline is not None and lease is not None:
             self._horse_deadline.reset(me._run_deadline(lease), pid=os.getpid())
+            self._stand_in_for(lease, job)
             if self._watchdog is not None and self._horse_deadline.start_run(os.getpid()):
                 self._watchdog.poke()
+
+    def _stand_in_for(self, lease: Lease, job: Job) -> None:
+        """The renewal part of the lease the watchdog holds: it renews in this process's
+        place while the job keeps this process's threads from running (the GIL held in C
+        code): :mod:`rq_emq.run.stand_in`."""
+        deadline = self._horse_deadline
+        held = deadline.held_lease() if deadline is not None else None
+        if deadline is None or not held:
+            return
+        me: Any = self
+        after_s = self._self_kill_delay_s() + me.lease_settings.lease_check_interval_s
+        part = stand_in.renewal_part(lease, me.lease_settings, after_s, getattr(job, "timeout", None))
+        deadline.hold_lease(json.dumps({**json.loads(held), "renew": part}))
+
+    def _stand_in_renewed(self, lease: Lease) -> float | None:
+        """When the watchdog last renewed ``lease`` in this process's place (the lock
+        manager adopts it: ``LockManager.outside_renewal``)."""
+        deadline = self._horse_deadline
+        if deadline is None or lease.job_id != self._watched_job_id:
+            return None
+        return deadline.stand_in_renewed or None
+
+    def _new_lock_manager(self, client: Any) -> Any:
+        manager = super()._new_lock_manager(client)  # type: ignore[misc]
+        manager.outside_renewal = self._stand_in_renewed
+        return manager
 
     def _stopping_this_run(self) -> SimpleStop | None:
         stop = self._stop
@@ -106,8 +134,10 @@ class SimpleRunGuard:
         deadline = self._horse_deadline
         if deadline is not None:
             held = deadline.held_lease()
-            if cause and held:
-                deadline.hold_lease(json.dumps({**json.loads(held), "cause": cause}))
+            if held:
+                # a stopped run is no run to renew: the watchdog stands in no more
+                text = {name: value for name, value in json.loads(held).items() if name != "renew"}
+                deadline.hold_lease(json.dumps({**text, "cause": cause} if cause else text))
             if hand_back:
                 deadline.hand_back_on_death()
             me: Any = self

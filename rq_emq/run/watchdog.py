@@ -27,6 +27,10 @@ descendants (the kernel would re-parent them as it ended the horse); its lifelin
 watchdog is gone too. It ignores SIGINT and SIGTERM: a warm stop (Ctrl+C, systemd's SIGTERM to the whole
 group) lets the running job finish, and the job stays guarded until then.
 
+For a ``SimpleLeaseWorker``, whose job runs in the process that renews, it also renews in
+the worker's place when the worker's renewals are late and the process runs
+(:mod:`.stand_in`): a job holding the GIL keeps its lease.
+
 Signals it waits for: ``POKE`` (a new run, re-read now: from a forked horse as it starts,
 which tells it itself since a starved worker may be frozen before any step of its own
 after the fork, or from a ``SimpleLeaseWorker`` as its run begins) and ``GONE`` (its
@@ -49,11 +53,13 @@ if __package__:
     from . import seen_death
     from .horse_fence import POKE, HorseDeadline
     from .process_tree import kill_tree, libc, parent_and_group
+    from .stand_in import StandIn
 else:  # the watchdog's own interpreter: this file as a script, its neighbours by path
     sys.path.append(os.path.dirname(os.path.abspath(__file__)))
     import seen_death  # type: ignore[no-redef]
     from horse_fence import POKE, HorseDeadline  # type: ignore[no-redef]
     from process_tree import kill_tree, libc, parent_and_group  # type: ignore[no-redef]
+    from stand_in import StandIn  # type: ignore[no-redef]
 
 GONE = signal.SIGHUP
 _PR_SET_PDEATHSIG = 1
@@ -170,6 +176,8 @@ def _run(deadline: HorseDeadline, worker: int, group: bool, kit: dict[str, Any] 
     # worker's group, which is the run's to end as the worker dies, if the worker leads it
     # (else the group is its launcher's, not the run's)
     worker_leads_group = not group and _leads_group(worker)
+    # a SimpleLeaseWorker's job may starve the thread that renews: the watchdog stands in
+    stand_in = StandIn(kit, worker) if not group and kit and "renew_sha" in kit else None
     while True:
         if os.getppid() != worker:  # the worker is gone: end its run, hand its lease back, go
             pid, killed = deadline.pid, set()
@@ -186,14 +194,27 @@ def _run(deadline: HorseDeadline, worker: int, group: bool, kit: dict[str, Any] 
             return
         with deadline.locked() as held:
             pid, due = _read(deadline)
+            renew_at = None
+            if stand_in is not None and pid == worker and pid != ended and math.isfinite(due):
+                due, renew_at = stand_in.plan(deadline, due)
             wait: float | None = None
             if pid and pid != ended and math.isfinite(due):
                 wait = due - time.monotonic()
-            if wait is None or wait > 0:
+            if renew_at is not None and wait is not None and wait > 0:
+                wait = min(wait, renew_at - time.monotonic())
+                renew_now = wait <= 0
+            else:
+                renew_now = False
+            if not renew_now and (wait is None or wait > 0):
                 if not held:  # a run's start holds the lock (a moment, or it froze): read again soon
                     wait = LOCK_RETRY_S if wait is None else min(wait, LOCK_RETRY_S)
                 # what tells a run's start whether to poke (HorseDeadline.start_run)
                 deadline.wakes_at = math.inf if wait is None else time.monotonic() + wait
+        if renew_now:  # out of the lock: a run's start need not wait for Redis
+            said = stand_in.renew(deadline, due)  # type: ignore[union-attr]
+            if said:
+                _say(said)
+            continue
         if wait is not None and wait <= 0:
             if _is_run(pid, worker):
                 if deadline.pid == pid:  # still the run read (not a next one's reset memory)

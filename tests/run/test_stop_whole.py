@@ -290,24 +290,22 @@ def _death(pid: int, seen: dict[str, float]) -> threading.Thread:
     "worker_class",
     [
         "rq_emq.LeaseWorker",
-        "rq_emq.SimpleLeaseWorker",
         pytest.param("rq_emq.SpawnLeaseWorker", marks=pytest.mark.skipif(not _SPAWN, reason="RQ 3 only")),
     ],
 )
 def test_a_job_holding_the_gil_past_its_lease_ends_before_the_job_runs_elsewhere(
     r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path, worker_class: str
 ) -> None:
-    """No thread of the run's process can run: under a ``SimpleLeaseWorker`` neither the
-    renewals nor the lease clock nor the self-kill; under a ``LeaseWorker`` whose worker
-    is frozen, not the horse's fence. The watchdog ends it."""
+    """The worker is frozen and the horse's code holds the GIL, so the horse's fence cannot
+    run: the watchdog ends the horse. (A ``SimpleLeaseWorker``'s job that holds the GIL keeps
+    its lease, its watchdog renewing in its place, unless the worker is frozen:
+    tests/run/test_stand_in.py.)"""
     log = str(tmp_path / "runs.log")
     job = Queue(connection=r).enqueue("jobs.hold_gil_first_run", log, GIL_LETTERS, job_timeout=120)
     worker = procs.worker(redis_url, worker_class=worker_class, **LEASE)
     wait_for(lambda: runs(log), timeout=15, what="the first run to start")
     first = int(runs(log)[0].split()[1])
-    forking = worker_class != "rq_emq.SimpleLeaseWorker"
-    if forking:
-        os.kill(worker.pid, signal.SIGSTOP)
+    os.kill(worker.pid, signal.SIGSTOP)
     seen: dict[str, float] = {}
     watcher = _death(first, seen)
     try:
@@ -319,8 +317,7 @@ def test_a_job_holding_the_gil_past_its_lease_ends_before_the_job_runs_elsewhere
             f"{worker_class}: GIL-holding run ended {1000 * (second - seen['dead']):.0f} ms before the next"
         )
     finally:
-        if forking:
-            os.kill(worker.pid, signal.SIGCONT)
+        os.kill(worker.pid, signal.SIGCONT)
 
 
 def test_a_kill_of_the_workers_process_group_ends_a_horse_that_holds_the_gil(

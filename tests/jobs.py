@@ -333,3 +333,21 @@ def process_age() -> tuple[int, float]:
         start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
     age = time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
     return os.getpid(), age
+
+
+def swallow_then_hold_gil(log: str, letters: int) -> str:
+    """Ticks until an exception reaches it (a stop's interrupt), swallows it, then spends
+    long in one C call that holds the GIL (about 2**letters steps): after a stop, only the
+    end of its process ends it."""
+    import re
+
+    _tick(log, "start")
+    try:
+        while True:
+            time.sleep(0.02)
+            _tick(log, "tick")
+    except BaseException:  # noqa: BLE001 - the point: it swallows the stop's interrupt
+        _tick(log, "swallowed")
+    re.match(r"(a+)+$", "a" * letters + "b")
+    _tick(log, "end")
+    return "done"

@@ -135,7 +135,8 @@ class SimpleRunGuard:
         if deadline is not None:
             held = deadline.held_lease()
             if held:
-                # a stopped run is no run to renew: the watchdog stands in no more
+                # a stopped run is no run to renew: the watchdog stands in no more (and the
+                # rewrite forgets its renewals, so the lowered deadline below is the run's)
                 text = {name: value for name, value in json.loads(held).items() if name != "renew"}
                 deadline.hold_lease(json.dumps({**text, "cause": cause} if cause else text))
             if hand_back:

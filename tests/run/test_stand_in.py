@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,29 @@ def test_a_run_whose_job_was_deleted_is_not_kept_alive_by_its_watchdog(
     wait_for(lambda: not pid_alive(simple.pid), timeout=8, what="the run to be ended")
     assert "not renewed" in procs.log(simple), procs.log(simple)[-3000:]
     assert len(runs(log)) == 2, runs(log)  # its first lines, and never past the C call
+
+
+def test_a_cold_stopped_run_that_then_holds_the_gil_is_not_kept_alive(
+    r: redis.Redis, procs: Processes, redis_url: str, tmp_path: Path
+) -> None:
+    """A cold stop (two SIGTERMs) interrupts the job, which swallows the interrupt and then
+    holds the GIL in C code for seconds: no thread of the worker runs, and the stopped run
+    is no run to renew, so its watchdog ends the process the self-kill's delay and a check
+    interval after the stop (0.375 s here), not when the C call returns."""
+    log = str(tmp_path / "runs.log")
+    job = Queue(connection=r).enqueue("jobs.swallow_then_hold_gil", log, GIL_LETTERS, job_timeout=300)
+    simple = procs.worker(redis_url, worker_class="rq_emq.SimpleLeaseWorker", **LEASE)
+    wait_for(lambda: len(runs(log)) > 3, timeout=15, what="the run to tick")
+    os.kill(simple.pid, signal.SIGTERM)  # warm: the job may finish
+    time.sleep(1.2)  # RQ takes a second stop signal within a second of the first as the same
+    stopped_at = time.monotonic()
+    os.kill(simple.pid, signal.SIGTERM)  # cold
+    wait_for(lambda: simple.poll() is not None, timeout=30, what="the worker to end")
+    ended_after = time.monotonic() - stopped_at
+    lines = runs(log)
+    assert any(line.startswith("swallowed") for line in lines), lines[-5:]
+    assert not any(line.startswith("end") for line in lines), "the C call ran to its end"
+    # 0.375 s by the settings; 5 s of slack for a loaded host, half the C call's length
+    assert ended_after < 5.0, f"ended {ended_after:.2f} s after the cold stop"
+    assert STOOD_IN not in procs.log(simple)
+    wait_for(lambda: status(r, job.id) == "queued", timeout=10, what="the job handed back")

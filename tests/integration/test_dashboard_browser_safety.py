@@ -27,11 +27,22 @@ pytestmark = pytest.mark.slow
 LOGIN = "ops:s3cret"
 
 
+class _UnsubscribedWorker(SimpleWorker):
+    """RQ's own worker without its pubsub thread, which nothing here needs: redis-py's stop
+    of that thread, as the burst ends, could wait out its 60 s poll."""
+
+    def subscribe(self) -> None:
+        pass
+
+    def unsubscribe(self) -> None:
+        pass
+
+
 def failed_jobs(r: redis.Redis, queue: str, *calls: tuple[str, tuple[Any, ...], dict[str, Any]]) -> list[Job]:
     """Jobs (function name, arguments, options) that failed in ``queue``, run by RQ's own
     worker: each with its result and exception text, as rq-dashboard shows them."""
     jobs = [Queue(queue, connection=r).enqueue(func, *args, **options) for func, args, options in calls]
-    SimpleWorker([queue], connection=r).work(burst=True)
+    _UnsubscribedWorker([queue], connection=r).work(burst=True)
     assert all(job.get_status(refresh=True) == "failed" for job in jobs)
     return jobs
 

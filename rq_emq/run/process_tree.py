@@ -56,6 +56,16 @@ def parent_and_group(pid: int) -> tuple[int, int]:
         return 0, 0
 
 
+def state(pid: int) -> bytes:
+    """The state letter of ``pid`` in ``/proc`` (``R``, ``S``, ``D``, ``T``, ``Z``, ...);
+    empty once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return b""
+
+
 def lead_own_session() -> None:
     """Make this process (a horse, as it starts) the leader of a session of its own, and
     of a process group of that id. RQ makes each horse lead a process group only

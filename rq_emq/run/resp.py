@@ -14,6 +14,7 @@ connection keeps redis-py (:func:`.seen_death.recover`).
 from __future__ import annotations
 
 import socket
+import time
 from typing import Any
 
 #: How long the call may wait on Redis when the worker's settings name no timeout: the
@@ -70,11 +71,19 @@ def call_script(
     timeout: float | None = None,
 ) -> Any:
     """``EVALSHA`` (``EVAL`` when the server lacks the script) on a connection of its own,
-    closed before returning; ``timeout`` (seconds) bounds each wait on the socket below the
-    worker's own. Raises :class:`ReplyError` or an ``OSError``."""
+    closed before returning; the whole call, connect included, is bounded by ``timeout``
+    (seconds) or the worker's own socket timeout, whichever is shorter. Raises
+    :class:`ReplyError` or an ``OSError`` (``TimeoutError`` once that time is up)."""
     own = settings.get("socket_timeout") or DEFAULT_TIMEOUT_S
-    timeout = own if timeout is None else max(min(own, timeout), 0.001)
-    connect_timeout = min(settings.get("socket_connect_timeout") or timeout, timeout)
+    end = time.monotonic() + (own if timeout is None else max(min(own, timeout), 0.001))
+
+    def left() -> float:
+        remaining = end - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("no reply from Redis in time")
+        return remaining
+
+    connect_timeout = min(settings.get("socket_connect_timeout") or own, left())
     if settings.get("path"):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(connect_timeout)
@@ -83,23 +92,28 @@ def call_script(
         host, port = settings.get("host") or "localhost", int(settings.get("port") or 6379)
         sock = socket.create_connection((host, port), timeout=connect_timeout)
     with sock, sock.makefile("rb") as stream:
-        sock.settimeout(timeout)
+
+        def read() -> Any:
+            sock.settimeout(left())
+            return read_reply(stream)
+
         preamble = []
         if settings.get("password") is not None:
             user = [settings["username"]] if settings.get("username") else []
             preamble.append(encode("AUTH", *user, settings["password"]))
         if int(settings.get("db") or 0):
             preamble.append(encode("SELECT", int(settings["db"])))
-        call = encode("EVALSHA", sha, len(keys), *keys, *args)
-        sock.sendall(b"".join([*preamble, call]))
+        sock.settimeout(left())
+        sock.sendall(b"".join([*preamble, encode("EVALSHA", sha, len(keys), *keys, *args)]))
         for _ in preamble:
-            reply = read_reply(stream)
+            reply = read()
             if isinstance(reply, ReplyError):
                 raise reply
-        reply = read_reply(stream)
+        reply = read()
         if isinstance(reply, ReplyError) and str(reply).startswith("NOSCRIPT"):
+            sock.settimeout(left())
             sock.sendall(encode("EVAL", source, len(keys), *keys, *args))
-            reply = read_reply(stream)
+            reply = read()
     if isinstance(reply, ReplyError):
         raise reply
     return reply

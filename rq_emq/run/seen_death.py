@@ -41,8 +41,9 @@ GONE_WITHIN_S = 5.0
 
 
 def recovery_kit(connection: Any, default_max: int) -> bytes | None:
-    """In the worker: what its watchdog needs to hand a lease back (JSON), or None when
-    its connection cannot be rebuilt from plain settings."""
+    """In the worker: what its watchdog needs to hand a lease back, or to renew it in a
+    ``SimpleLeaseWorker``'s place (JSON: :mod:`.stand_in`), or None when its connection
+    cannot be rebuilt from plain settings."""
     from .. import scripts
     from ..keys import RQ_PREFIX
     from ..recover.sweep import DEFAULT_FAILURE_TTL
@@ -96,18 +97,25 @@ def call(
         else:  # the watchdog's own interpreter: its neighbours by path
             from resp import call_script  # type: ignore[no-redef]
         return call_script(kit["settings"], sha, source, keys, args, timeout)
-    return _call_with_redis_py(kit, sha, source, keys, args)
+    return _call_with_redis_py(kit, sha, source, keys, args, timeout)
 
 
-def _call_with_redis_py(kit: dict[str, Any], sha: str, source: str, keys: list[str], args: list[Any]) -> Any:
-    """The script call over a connection only redis-py builds (TLS)."""
+def _call_with_redis_py(
+    kit: dict[str, Any], sha: str, source: str, keys: list[str], args: list[Any], timeout: float | None
+) -> Any:
+    """The script call over a connection only redis-py builds (TLS); ``timeout`` bounds
+    its connect (the TLS handshake with it) and each reply, as the RESP path's."""
     for entry in kit["path"]:
         if entry not in sys.path:
             sys.path.append(entry)
     import redis
     import redis.connection
 
-    pool = redis.ConnectionPool(connection_class=getattr(redis.connection, kit["class"]), **kit["settings"])
+    settings = dict(kit["settings"])
+    if timeout is not None:
+        for name in ("socket_timeout", "socket_connect_timeout"):
+            settings[name] = max(min(settings.get(name) or timeout, timeout), 0.001)
+    pool = redis.ConnectionPool(connection_class=getattr(redis.connection, kit["class"]), **settings)
     client = redis.Redis(connection_pool=pool)
     try:
         try:

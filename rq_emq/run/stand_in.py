@@ -19,7 +19,7 @@ threads run again (``LockManager.outside_renewal``). A refusal (the lease lost, 
 progress for the job's progress timeout) or no reply before the run's deadline changes
 nothing: the watchdog ends the run at that deadline, as before.
 
-Two halves, one per process: :func:`renewal_part` (the worker's, at each take) and
+Two halves, one per process: :func:`renewal_part` (the worker's, as each run starts) and
 :class:`StandIn` (the watchdog's; this file is loaded by path in its interpreter, so only
 the standard library and its neighbours).
 """
@@ -34,9 +34,11 @@ from typing import Any
 if __package__:
     from . import seen_death
     from .horse_fence import HorseDeadline
+    from .process_tree import state
 else:  # the watchdog's own interpreter: its neighbours by path
     import seen_death  # type: ignore[no-redef]
     from horse_fence import HorseDeadline  # type: ignore[no-redef]
+    from process_tree import state  # type: ignore[no-redef]
 
 #: Process states (``/proc/<pid>/stat``) of a run worth renewing: running, sleeping, in
 #: the kernel. Stopped (T), traced (t), dead or zombie (X, Z) are not.
@@ -49,8 +51,7 @@ def renewal_part(lease: Any, settings: Any, after_s: float, job_timeout: Any) ->
     ``job_timeout``: RQ's timeout of the job (seconds; -1 or None: none)."""
     q = lease.keys
     trusted_s = (settings.lease_ms - settings.lease_margin_ms) / 1000.0
-    timeout = job_timeout
-    now = time.monotonic()
+    timeout, now = job_timeout, time.monotonic()
     progress = "" if lease.progress_timeout_ms is None else str(lease.progress_timeout_ms)
     return {
         "keys": [q.leases, q.stalled, q.stats],
@@ -98,7 +99,7 @@ class StandIn:
         part = _part(deadline)
         now = time.monotonic()
         valid_until = due - part["after_s"] if part is not None else now
-        if part is None or now >= valid_until or not _runs(self.worker):
+        if part is None or now >= valid_until or state(self.worker) not in RUNNING_STATES:
             self._retry_at = math.inf if part is None else now + part["early_s"] / 4
             return None
         job_id = part["args"][4]
@@ -131,14 +132,6 @@ def _part(deadline: HorseDeadline) -> dict[str, Any] | None:
     except ValueError:
         return None
     return part if isinstance(part, dict) else None
-
-
-def _runs(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] in RUNNING_STATES
-    except (OSError, IndexError):
-        return False
 
 
 def _text(value: Any) -> str:

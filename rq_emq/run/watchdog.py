@@ -52,13 +52,13 @@ from typing import Any
 if __package__:
     from . import seen_death
     from .horse_fence import POKE, HorseDeadline
-    from .process_tree import kill_tree, libc, parent_and_group
+    from .process_tree import kill_tree, libc, parent_and_group, state
     from .stand_in import StandIn
 else:  # the watchdog's own interpreter: this file as a script, its neighbours by path
     sys.path.append(os.path.dirname(os.path.abspath(__file__)))
     import seen_death  # type: ignore[no-redef]
     from horse_fence import POKE, HorseDeadline  # type: ignore[no-redef]
-    from process_tree import kill_tree, libc, parent_and_group  # type: ignore[no-redef]
+    from process_tree import kill_tree, libc, parent_and_group, state  # type: ignore[no-redef]
     from stand_in import StandIn  # type: ignore[no-redef]
 
 GONE = signal.SIGHUP
@@ -261,11 +261,7 @@ def _hand_back(
 
 def _alive(pid: int) -> bool:
     """Whether ``pid`` still runs (a zombie, dead but not reaped yet, runs no code)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
+    return state(pid) not in (b"", b"Z")
 
 
 def _group_alive(pgid: int) -> bool:

@@ -3,11 +3,13 @@ TLS only (its own TLS, a throwaway CA made at test time), through a real crash."
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -97,3 +99,23 @@ def test_the_reaper_and_a_simple_lease_worker_over_tls(tls_server: RedisServer, 
     )
     assert done.returncode == 0, done.stderr
     assert "queue default: 0 marked, 0 recovered" in done.stdout
+
+
+def test_the_watchdogs_call_over_tls_gives_up_at_its_timeout(tls_server: RedisServer) -> None:
+    """Over TLS the watchdog's call goes through redis-py: a frozen server (SIGSTOP: the
+    kernel accepts, the handshake never ends) ends it at its timeout, so that a stand-in
+    renewal never keeps the watchdog past the run's deadline."""
+    from rq_emq.run import seen_death
+
+    kit = seen_death.recovery_kit(redis.Redis.from_url(tls_server.url), default_max=5)
+    assert kit is not None
+    assert tls_server.process is not None
+    os.kill(tls_server.process.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(redis.RedisError):
+            seen_death.call(json.loads(kit), "0" * 40, "return 1", [], [], timeout=0.5)
+        # 0.5 s by the call; 1.5 s of slack for a loaded host
+        assert time.monotonic() - started < 2.0
+    finally:
+        os.kill(tls_server.process.pid, signal.SIGCONT)

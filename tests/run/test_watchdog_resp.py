@@ -8,8 +8,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -108,3 +110,22 @@ def test_the_watchdogs_hand_back_imports_no_redis_py(r: redis.Redis, redis_url: 
     said, imported = done.stdout.splitlines()
     assert said.startswith("job gone left as it is"), said
     assert imported == "no redis-py"
+
+
+def test_a_call_to_a_frozen_redis_gives_up_at_its_timeout(tmp_path: Path) -> None:
+    """The watchdog's stand-in renewal must not outlast the run's deadline: a Redis that
+    accepts the connection and never answers (SIGSTOPped) ends the whole call at its
+    timeout, the script's fallback included."""
+    server = RedisServer().start()
+    try:
+        settings = settings_of(redis.Redis.from_url(server.url))
+        assert server.process is not None
+        os.kill(server.process.pid, signal.SIGSTOP)
+        started = time.monotonic()
+        with pytest.raises(OSError):
+            call_script(settings, SHA, SET_AND_ECHO, ["k"], ["v"], timeout=0.5)
+        # 0.5 s by the call; 1.5 s of slack for a loaded host
+        assert time.monotonic() - started < 2.0
+        os.kill(server.process.pid, signal.SIGCONT)
+    finally:
+        server.stop()
